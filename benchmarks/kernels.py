@@ -1,0 +1,275 @@
+"""Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
+
+    python benchmarks/kernels.py --out benchmarks/results/kernels.json [--quick] [--impls ...]
+
+Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
+Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
+int8_per_token_head cache), and ours: ``int8``, ``int8_static``. vLLM is imported only for its
+three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
+
+Timing: each op is captured in a CUDA graph (as vLLM runs decode) and the replay is timed with
+triton.testing.do_bench(return_mode="median"); when one op's data would fit in L2, the graph runs
+the op over several copies of the cache in turn and the time is divided. ``gbs`` counts the KV
+bytes the kernel must read plus Q and the output; peak_bw_gbs is a device-to-device copy (bytes
+read + written) measured in the same run. Also writes a PNG of speedup vs bf16_fa2 over context
+next to the JSON, and a copy of both under $OUT when that is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Callable
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+try:
+    import int8kv_kernels as K
+except ImportError:  # not installed: use the source tree through a temporary alias
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "int8kv_kernels",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "__init__.py"),
+    )
+    K = importlib.util.module_from_spec(_spec)
+    sys.modules["int8kv_kernels"] = K
+    _spec.loader.exec_module(K)
+
+DEV = "cuda"
+BLOCK = 16
+L2_BYTES = 60 << 20
+SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
+IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static"]
+
+
+def graph_ms(fn: Callable[[], None], reps: int = 1) -> float:
+    fn()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    torch.cuda.synchronize()
+    return do_bench(g.replay, warmup=25, rep=100, return_mode="median") / reps
+
+
+def copy_bw_gbs() -> float:
+    n = 2 << 30
+    x = torch.empty(n, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    return 2 * n / ms / 1e6
+
+
+def kv_bytes_per_token(impl: str, nkv: int, d: int) -> int:
+    if impl in ("bf16_fa2", "bf16"):
+        return nkv * 2 * d * 2
+    if impl == "upstream_int8_pth":
+        return nkv * 2 * (d + 4)
+    return K.get_page_bytes(impl, BLOCK, nkv, d) // BLOCK
+
+
+class Cache:
+    """One impl's paged cache for a batch, filled with realistic quantized data."""
+
+    def __init__(self, impl: str, num_blocks: int, nkv: int, d: int):
+        self.impl, self.nkv, self.d = impl, nkv, d
+        if impl in ("bf16_fa2", "bf16"):
+            self.k = torch.randn(num_blocks, BLOCK, nkv, d, device=DEV, dtype=torch.bfloat16)
+            self.v = torch.randn_like(self.k)
+        elif impl == "upstream_int8_pth":
+            raw = torch.randint(-127, 128, (num_blocks, 2, BLOCK, nkv, d + 4), dtype=torch.int8,
+                                device=DEV)  # fmt: skip
+            self.k, self.v = raw[:, 0, :, :, :d], raw[:, 1, :, :, :d]
+            self.ks = raw[:, 0, :, :, d:].view(torch.float32).squeeze(-1)
+            self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
+            self.ks.uniform_(0.005, 0.02)
+            self.vs.uniform_(0.005, 0.02)
+        else:
+            lay = K.PageLayout(impl, BLOCK, nkv, d)
+            self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
+                                     device=DEV)  # fmt: skip
+            if lay.has_scales:
+                self.raw[:, lay.k_scale :].view(torch.float16).uniform_(0.005, 0.02)
+            self.sk = torch.full((nkv,), 0.01, device=DEV)
+            self.sv = torch.full((nkv,), 0.01, device=DEV)
+
+
+def attention_fn(impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int, max_s: int):
+    d = q.shape[-1]
+    scale = d**-0.5
+    if impl == "bf16_fa2":
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        return lambda: flash_attn_varlen_func(
+            q, cache.k, cache.v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q, seqused_k=seq_lens,
+            max_seqlen_k=max_s, softmax_scale=scale, causal=True, block_table=bt, fa_version=2,
+        )  # fmt: skip
+    if impl in ("bf16", "upstream_int8_pth"):
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        from vllm.v1.kv_cache_interface import KVQuantMode
+
+        nq = q.shape[1]
+        num_seqs = seq_lens.shape[0]
+        segs = 16  # vLLM's NUM_PAR_SOFTMAX_SEGMENTS; 3D path for batches up to 128 // nkv
+        thr = max(1, 128 // cache.nkv)
+        so = torch.empty(max(thr, num_seqs), nq, segs, d, device=DEV, dtype=torch.float32)
+        sm = torch.empty(max(thr, num_seqs), nq, segs, device=DEV, dtype=torch.float32)
+        se = torch.empty_like(sm)
+        quant = impl == "upstream_int8_pth"
+        return lambda: unified_attention(
+            q=q, k=cache.k, v=cache.v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q,
+            seqused_k=seq_lens, max_seqlen_k=max_s, softmax_scale=scale, causal=True,
+            window_size=(-1, -1), block_table=bt, softcap=0, q_descale=None, k_descale=None,
+            v_descale=None, seq_threshold_3D=thr, num_par_softmax_segments=segs,
+            softmax_segm_output=so, softmax_segm_max=sm, softmax_segm_expsum=se,
+            kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD if quant else KVQuantMode.NONE,
+            k_scale_cache=cache.ks if quant else None, v_scale_cache=cache.vs if quant else None,
+        )  # fmt: skip
+    ws = K.make_workspace(q.shape[0], q.shape[1], d, device=DEV)
+    return lambda: K.paged_attention(
+        q, cache.raw, out, kv_dtype=impl, block_size=BLOCK, num_kv_heads=cache.nkv,
+        query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
+        max_seq_len=max_s, softmax_scale=scale, k_scale=cache.sk, v_scale=cache.sv, workspace=ws,
+    )  # fmt: skip
+
+
+def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len) -> dict:
+    blocks_per_seq = -(-ctx // BLOCK)
+    must_kv = batch * ctx * kv_bytes_per_token(impl, nkv, d)
+    copies = max(1, min(8, -(-2 * L2_BYTES // must_kv)))
+    caches = [Cache(impl, batch * blocks_per_seq + 1, nkv, d) for _ in range(copies)]
+    bt = torch.randperm(batch * blocks_per_seq, device=DEV).int().view(batch, blocks_per_seq)
+    q = torch.randn(batch * q_len, nq, d, device=DEV, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    qsl = torch.arange(0, batch * q_len + 1, q_len, device=DEV, dtype=torch.int32)
+    sl = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
+    fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, ctx) for c in caches]
+
+    def run():
+        for f in fns:
+            f()
+
+    ms = graph_ms(run) / copies
+    moved = must_kv + 2 * q.numel() * q.element_size()
+    return dict(kernel=kernel, impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=batch,
+                ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
+
+
+def bench_write(impl, nq, nkv, d, tokens=256) -> dict:
+    num_blocks = 4096
+    key = torch.randn(tokens, nkv, d, device=DEV, dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    slots = torch.randperm(num_blocks * BLOCK, device=DEV)[:tokens]
+    c = Cache(impl, num_blocks, nkv, d)
+    if impl in ("bf16_fa2", "bf16"):
+        from vllm import _custom_ops as ops
+
+        one = torch.ones((), device=DEV)
+        fn = lambda: ops.reshape_and_cache_flash(key, value, c.k, c.v, slots, "auto", one, one)  # noqa: E731
+    elif impl == "upstream_int8_pth":
+        from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+            triton_reshape_and_cache_flash_per_token_head_quant as w,
+        )
+
+        fn = lambda: w(key, value, c.k, c.v, c.ks, c.vs, slots)  # noqa: E731
+    else:
+        fn = lambda: K.write_kv_cache(key, value, c.raw, slots, kv_dtype=impl, block_size=BLOCK,  # noqa: E731
+                                      k_scale=c.sk, v_scale=c.sv)  # fmt: skip
+    ms = graph_ms(fn, reps=20)
+    moved = 2 * key.numel() * 2 + tokens * kv_bytes_per_token(impl, nkv, d)
+    return dict(kernel="write", impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=tokens,
+                ctx=0, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["kernel"] == "decode"]
+    base = {(r["q_heads"], r["batch"], r["ctx"]): r["ms"] for r in rows if r["impl"] == "bf16_fa2"}
+    shapes = sorted({(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, (nq, nkv, d) in zip(axes[0], shapes, strict=True):
+        for impl in IMPLS[1:]:
+            for batch in sorted({r["batch"] for r in rows}):
+                pts = sorted((r["ctx"], base[(nq, batch, r["ctx"])] / r["ms"]) for r in rows
+                             if r["impl"] == impl and r["q_heads"] == nq and r["batch"] == batch
+                             and (nq, batch, r["ctx"]) in base)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"{impl} b={batch}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context")
+        ax.set_ylabel("speedup vs bf16_fa2")
+        ax.set_title(f"decode q={nq} kv={nkv} d={d}")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/kernels.json")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (one model shape)")
+    ap.add_argument("--impls", nargs="*", default=IMPLS)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    batches = [8, 32] if args.quick else [1, 8, 32, 128]
+    ctxs = [1024, 8192] if args.quick else [1024, 4096, 8192, 32768]
+    result = {"gpu": torch.cuda.get_device_name(), "command": shlex.join([sys.executable] + sys.argv),
+              "peak_bw_gbs": copy_bw_gbs(), "rows": [], "skipped": []}  # fmt: skip
+    print(f"{result['gpu']}: copy {result['peak_bw_gbs']:.0f} GB/s", flush=True)
+
+    def attempt(impl, f, *a):
+        try:
+            row = f(impl, *a)
+        except (ImportError, RuntimeError, AttributeError, TypeError) as e:
+            msg = f"{impl} {a}: {type(e).__name__}: {str(e)[:200]}"
+            print("skip", msg, flush=True)
+            result["skipped"].append(msg)
+            return
+        finally:
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
+    for nq, nkv, d in shapes:
+        for batch in batches:
+            for ctx in ctxs:
+                for impl in args.impls:
+                    attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
+        for impl in args.impls:  # prefill: 2K new tokens on an 8K context, batch 1
+            attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
+            attempt(impl, bench_write, nq, nkv, d)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    png = os.path.splitext(args.out)[0] + ".png"
+    try:
+        plot(result, png)
+    except (ImportError, KeyError, ValueError) as e:
+        print("no plot:", e)
+    if os.environ.get("OUT"):
+        for p in (args.out, png):
+            dst = os.path.join(os.environ["OUT"], os.path.basename(p))
+            if os.path.exists(p) and not os.path.exists(dst):
+                shutil.copy(p, dst)
+
+
+if __name__ == "__main__":
+    main()

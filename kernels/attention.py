@@ -1,0 +1,504 @@
+"""Paged attention over INT8 pages for vLLM's mixed batches (decodes, prefills, continuations).
+
+One Triton kernel, two launch shapes chosen on the host from Python ints only:
+
+* **decode / split-KV** (short queries, ``max_query_len * group <= 16``): grid
+  (query blocks, kv-heads, splits). All query heads of a GQA group are packed into the M dimension
+  of one program (padded to 16 rows, the smallest tl.dot), so each K/V tile is loaded once per
+  group; long contexts are split across programs (flash-decoding) so a single 32K sequence still
+  fills the GPU. Partial (acc, max, sum) go to a workspace and a small kernel merges them.
+* **prefill / mixed**: grid (query blocks, kv-heads) with 64-128 rows of (query token, head) per
+  program and no split.
+
+Dequantization never multiplies K/V elements: int8 is cast to the query dtype in registers, the
+per-token K scale multiplies the score column, the per-token V scale multiplies the P column before
+the PV product, and static per-head scales fold into the softmax scale / the output once. Dots are
+bf16/fp16 ``tl.dot`` with fp32 accumulation (runs on sm80 mma; nothing Hopper-specific is asked
+for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when ``workspace``
+is given.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .page_layout import PageLayout
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+# Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
+# alpha = exp2(0) = 1 instead of NaN from (-inf) - (-inf).
+_M_INIT = tl.constexpr(-1.0e30)
+
+# Upper bound on KV splits of one (sequence, kv-head); workspaces are sized with it.
+MAX_SPLITS = 32
+# A split shorter than this costs more in partial-result traffic and merge than it saves.
+MIN_TOKENS_PER_SPLIT = 128
+
+
+@triton.jit
+def _i8_to_f16(x):
+    # int8 -> fp16 without the conversion unit (cvt runs at 16/clk/SM, a quarter of what the
+    # bandwidth needs): flip the sign bit (offset binary u = x + 128), paste each byte under the
+    # fp16 exponent of 1024 with a byte permute (0x64uu = 1024 + u) and subtract 1152 = 1024 + 128,
+    # two lanes at a time. 5 ALU instructions per 4 elements; exact for every int8.
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, b, m;
+        mov.b32 b, 0x64646464;
+        mov.b32 m, 0x64806480;
+        xor.b32 t, $2, 0x80808080;
+        prmt.b32 $0, t, b, 0x5150;
+        prmt.b32 $1, t, b, 0x5352;
+        sub.f16x2 $0, $0, m;
+        sub.f16x2 $1, $1, m;
+        }
+        """,
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
+    # Query blocks of sequence s are numbered from qsl[s] // BLOCK_Q + s (an upper bound that
+    # needs no prefix sum of per-sequence block counts); binary search for the owner of pid_q.
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid_q:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attn_fwd(
+    q_ptr,
+    out_ptr,
+    cache_ptr,
+    cache16_ptr,
+    block_table_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    static_k_ptr,
+    static_v_ptr,
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_block,
+    stride_bt,
+    num_seqs,
+    softmax_scale,
+    soft_cap,
+    window,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    K_DATA: tl.constexpr,
+    V_DATA: tl.constexpr,
+    K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    pid_q = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    seq = _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    qb = pid_q - (q_start // BLOCK_Q + seq)
+    if qb * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_SIZE)
+    q_idx = qb * BLOCK_Q + offs_m // GROUP
+    head = kvh * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    token = (q_start + q_idx).to(tl.int64)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    score_scale = softmax_scale
+    if DOT_F32:
+        # Triton interpreter (CPU tests): its bf16 tl.dot is wrong and inline asm does not exist,
+        # so the dots run in fp32 on plainly converted int8.
+        q = q.to(tl.float32)
+    elif q.dtype == tl.bfloat16:
+        # The dots run in fp16 (int8 -> fp16 is exact and cheap, int8 -> bf16 is not). bf16 q is
+        # scaled so its largest element is <= 2^14, inside fp16 range; 1/c folds into the score.
+        q_f = q.to(tl.float32)
+        q_max = tl.maximum(tl.max(tl.max(tl.abs(q_f), axis=1), axis=0), 1.0e-30)
+        c = tl.exp2(14.0 - tl.ceil(tl.log2(q_max)))
+        q = (q_f * c).to(tl.float16)
+        score_scale = score_scale / c
+    pos = ctx + q_idx  # absolute position of each row's query token
+
+    # Keys this query block can see: [key_lo, key_hi).
+    key_hi = tl.minimum(ctx + (qb + 1) * BLOCK_Q, seq_len)
+    key_lo = 0
+    if USE_WINDOW:
+        key_lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
+        key_lo = (key_lo // TILE_N) * TILE_N
+    if SPLIT:
+        n_tiles = tl.cdiv(key_hi - key_lo, TILE_N)
+        per_split = tl.cdiv(n_tiles, num_splits) * TILE_N
+        key_lo = key_lo + split * per_split
+        key_hi = tl.minimum(key_lo + per_split, key_hi)
+
+    if not DYNAMIC:
+        score_scale = score_scale * tl.load(static_k_ptr + kvh)
+    if not USE_SOFTCAP:
+        score_scale = score_scale * _LOG2E
+
+    m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    offs_n = tl.arange(0, TILE_N)
+
+    for start in range(key_lo, key_hi, TILE_N):
+        key = start + offs_n
+        key_ok = key < key_hi
+        page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
+        base = page * stride_block + row * HEAD_SIZE
+
+        k = tl.load(
+            cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+        else:
+            k = _i8_to_f16(k)
+        s = tl.dot(q, k)
+        if DYNAMIC:
+            page16 = page * (stride_block // 2)
+            k_sc = tl.load(cache16_ptr + K_SCALE // 2 + page16 + row, mask=key_ok, other=0.0)
+            s = s * (k_sc.to(tl.float32) * score_scale)[None, :]
+        else:
+            s = s * score_scale
+        if USE_SOFTCAP:
+            # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
+            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
+        visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (pos[:, None] - key[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+
+        v = tl.load(
+            cache_ptr + V_DATA + base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0
+        )
+        if DYNAMIC:
+            v_sc = tl.load(cache16_ptr + V_SCALE // 2 + page16 + row, mask=key_ok, other=0.0)
+            p = p * v_sc.to(tl.float32)[None, :]
+        if DOT_F32:
+            v = v.to(tl.float32)
+        else:
+            v = _i8_to_f16(v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+    if not DYNAMIC:
+        acc = acc * tl.load(static_v_ptr + kvh)
+    if SPLIT:
+        ws = (token * NUM_Q_HEADS + head) * num_splits + split
+        tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
+        tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
+        tl.store(ws_acc_ptr + ws[:, None] * HEAD_SIZE + offs_d[None, :], acc, mask=row_ok[:, None])
+    else:
+        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows: no 0/0
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+
+
+@triton.jit
+def _merge_splits(
+    out_ptr,
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,
+    qsl_ptr,
+    num_seqs,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    if t >= tl.load(qsl_ptr + num_seqs):  # padding token beyond the batch: nothing was computed
+        return
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, HEAD_SIZE)
+    s_ok = offs_s < num_splits
+    ws = (t * NUM_Q_HEADS + h) * num_splits + offs_s
+    m = tl.load(ws_m_ptr + ws, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(ws_l_ptr + ws, mask=s_ok, other=0.0)
+    acc = tl.load(
+        ws_acc_ptr + ws[:, None] * HEAD_SIZE + offs_d[None, :], mask=s_ok[:, None], other=0.0
+    )
+    w = tl.exp2(m - tl.max(m, axis=0))  # splits that saw no key hold m = -1e30: weight 0
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class AttentionWorkspace:
+    """Scratch for split-KV partial results; allocate once (``make_workspace``) for CUDA graphs."""
+
+    acc: torch.Tensor  # fp32, flat: [tokens][q_heads][splits][head_size]
+    m: torch.Tensor  # fp32, flat: [tokens][q_heads][splits] running max (log2 units)
+    l: torch.Tensor  # noqa: E741  fp32, same shape: softmax denominator
+
+    def max_splits_for(self, num_tokens: int, num_q_heads: int, head_size: int) -> int:
+        """Largest power-of-two split count (<= MAX_SPLITS) whose partials fit."""
+        rows = num_tokens * num_q_heads
+        fit = min(self.m.numel() // rows, self.acc.numel() // (rows * head_size), MAX_SPLITS)
+        return 1 << (fit.bit_length() - 1) if fit >= 1 else 1
+
+
+def make_workspace(
+    max_num_tokens: int,
+    num_q_heads: int,
+    head_size: int,
+    max_splits: int = MAX_SPLITS,
+    device: torch.device | str | None = None,
+) -> AttentionWorkspace:
+    """Split-KV scratch for up to ``max_num_tokens`` decode tokens with up to ``max_splits`` splits:
+    max_num_tokens * num_q_heads * max_splits * (head_size + 2) * 4 bytes.
+
+    Pass the same one to every ``paged_attention`` call (layers run one after another). A call whose
+    partials would not fit uses fewer splits: never an allocation, never a wrong result.
+    """
+    n = max_num_tokens * num_q_heads * max_splits
+    return AttentionWorkspace(
+        acc=torch.empty(n * head_size, dtype=torch.float32, device=device),
+        m=torch.empty(n, dtype=torch.float32, device=device),
+        l=torch.empty(n, dtype=torch.float32, device=device),
+    )
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: small, so the CPU tests exercise splitting
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@dataclass(frozen=True)
+class _Config:
+    block_m: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+    split: bool
+
+
+def _choose_config(group: int, head_size: int, max_query_len: int) -> _Config:
+    if max_query_len * group <= 16 or max_query_len == 1:
+        block_m = max(16, triton.next_power_of_2(group * max_query_len))
+        # 128-token tiles, 4 warps, 3 stages: best or within 7% of the best of 9 configs at every
+        # decode shape measured on H200 (benchmarks/tune_kernels.py).
+        return _Config(block_m, tile_n=128, num_warps=4, num_stages=3, split=True)
+    block_m = 64 if head_size > 128 else 128
+    block_m = max(block_m, triton.next_power_of_2(group))
+    # Measured on H200 (2K new tokens on 8K ctx, 32/8 heads, d=128): 128x64 tiles, 4 warps,
+    # 2 stages was the fastest of 10 configs (1.36 ms; 8 warps 1.77 ms).
+    return _Config(block_m, tile_n=64, num_warps=4, num_stages=2, split=False)
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, sm_count: int, max_splits: int = MAX_SPLITS
+) -> int:
+    """Power-of-two KV splits per (sequence, kv-head) for the decode path.
+
+    Enough programs for about two waves over the SMs, but no split shorter than
+    MIN_TOKENS_PER_SPLIT (partials cost (head_size + 2) * 4 bytes per head per split).
+    Only performance depends on it: any value gives the same result.
+    """
+    programs = num_seqs * num_kv_heads
+    splits = 1
+    while (
+        splits * 2 <= max_splits
+        and programs * splits < 2 * sm_count
+        and max_seq_len >= 2 * splits * MIN_TOKENS_PER_SPLIT
+    ):
+        splits *= 2
+    return splits
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    num_kv_heads: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    workspace: AttentionWorkspace | None = None,
+    num_splits: int | None = None,
+) -> None:
+    """Causal varlen attention of ``query`` over the INT8 paged cache, written into ``output``.
+
+    query, output: [num_tokens, num_q_heads, head_size] bf16/fp16 (unit stride on head_size).
+    kv_cache: int8 [num_blocks, >= page_bytes] (page_layout.py); the new tokens' K/V must already
+    be written. query_start_loc: int32 [num_seqs + 1]; seq_lens: int32 [num_seqs], context + new
+    tokens; block_table: int32 [num_seqs, max_blocks_per_seq]. Query token i of a sequence with
+    q_len new tokens sits at position seq_len - q_len + i and sees keys j <= that position (and,
+    with ``sliding_window``, position - j < sliding_window). ``soft_cap``: s = cap * tanh(s / cap).
+    ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads]. ``num_splits`` overrides the
+    decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
+    """
+    num_tokens, num_q_heads, head_size = query.shape
+    num_seqs = seq_lens.shape[0]
+    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
+    if head_size & (head_size - 1):
+        raise ValueError(f"head_size {head_size} must be a power of two")
+    if query.stride(2) != 1 or output.stride(2) != 1:
+        raise ValueError("query/output must be contiguous along head_size")
+    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
+        raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
+    dynamic = layout.has_scales
+    if not dynamic and (k_scale is None or v_scale is None):
+        raise ValueError("int8_static needs k_scale and v_scale")
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    group = num_q_heads // num_kv_heads
+    cfg = _choose_config(group, head_size, max_query_len)
+    block_q = cfg.block_m // group
+    num_q_blocks = num_tokens // block_q + num_seqs
+
+    splits = 1
+    if cfg.split:
+        max_splits = MAX_SPLITS
+        if workspace is not None:
+            max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
+        if num_splits is None:
+            sms = _device_sms(query.device)
+            splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms, max_splits)
+        else:
+            splits = min(num_splits, max_splits)
+    use_split = splits > 1
+    if use_split and workspace is None:
+        workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
+    ws_acc, ws_m, ws_l = (
+        (workspace.acc, workspace.m, workspace.l) if use_split else (output, output, output)
+    )
+    cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
+    dummy = seq_lens
+    _attn_fwd[(num_q_blocks, num_kv_heads, splits)](
+        query,
+        output,
+        kv_cache,
+        cache16,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        ws_acc,
+        ws_m,
+        ws_l,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        kv_cache.stride(0),
+        block_table.stride(0),
+        num_seqs,
+        float(softmax_scale),
+        float(soft_cap) if soft_cap else 1.0,
+        int(sliding_window) if sliding_window else 0,
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=group,
+        BLOCK_M=cfg.block_m,
+        BLOCK_Q=block_q,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        TILE_N=cfg.tile_n,
+        K_DATA=layout.k_data,
+        V_DATA=layout.v_data,
+        K_SCALE=layout.k_scale,
+        V_SCALE=layout.v_scale,
+        DYNAMIC=dynamic,
+        USE_WINDOW=bool(sliding_window),
+        USE_SOFTCAP=bool(soft_cap),
+        SPLIT=use_split,
+        DOT_F32=query.device.type != "cuda",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if use_split:
+        _merge_splits[(num_tokens, num_q_heads)](
+            output,
+            ws_acc,
+            ws_m,
+            ws_l,
+            query_start_loc,
+            num_seqs,
+            splits,
+            output.stride(0),
+            output.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_SIZE=head_size,
+            S_PAD=triton.next_power_of_2(splits),
+            num_warps=4,
+        )

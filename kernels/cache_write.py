@@ -1,0 +1,166 @@
+"""Cache write: bf16/fp16 K and V of new tokens -> quantized INT8 pages (vLLM's reshape_and_cache)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .page_layout import PageLayout
+from .reference import QMAX, SCALE_MAX, SCALE_MIN
+
+# Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to the nearest integer,
+# ties to even, under IEEE arithmetic. libdevice.rint would do the same on the GPU but does not
+# exist in the Triton interpreter the CPU tests run in; the values are clamped to +-127 first.
+_RINT_MAGIC = tl.constexpr(12582912.0)
+_QMAX = tl.constexpr(QMAX)
+_SCALE_MIN = tl.constexpr(SCALE_MIN)
+_SCALE_MAX = tl.constexpr(SCALE_MAX)
+
+
+@triton.jit
+def _rint(x):
+    return (x + _RINT_MAGIC) - _RINT_MAGIC
+
+
+@triton.jit
+def _quantize_store(
+    x_ptr,
+    stride_xh,
+    cache_ptr,
+    cache16_ptr,
+    page_off,  # byte offset of this token's page (int64)
+    data_off: tl.constexpr,
+    scale_off: tl.constexpr,
+    slot_in_block,
+    static_scale_ptr,
+    NUM_KV_HEADS: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+):
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, HEAD_SIZE)
+    mask_h = offs_h < NUM_KV_HEADS
+    x = tl.load(
+        x_ptr + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask_h[:, None], other=0.0
+    ).to(tl.float32)
+    row = offs_h * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
+    if DYNAMIC:
+        absmax = tl.max(tl.abs(x), axis=1)
+        # IEEE division (tl.div_rn, not the approximate '/') so the scale matches torch bit for bit.
+        scale = tl.div_rn(absmax, _QMAX)
+        scale = tl.minimum(tl.maximum(scale, _SCALE_MIN), _SCALE_MAX).to(tl.float16)
+        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, scale, mask=mask_h)
+        scale = scale.to(tl.float32)  # divide by the stored scale: dequant == q * stored scale
+    else:
+        scale = tl.load(static_scale_ptr + offs_h, mask=mask_h, other=1.0).to(tl.float32)
+    y = tl.div_rn(x, scale[:, None])
+    q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
+    tl.store(
+        cache_ptr + page_off + data_off + row[:, None] * HEAD_SIZE + offs_d[None, :],
+        q,
+        mask=mask_h[:, None],
+    )
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    cache16_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_block,  # bytes between pages (>= page_bytes when vLLM pads pages)
+    NUM_KV_HEADS: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    K_DATA: tl.constexpr,
+    V_DATA: tl.constexpr,
+    K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+):
+    # One program per token, all kv-heads of K and V: one launch row per token keeps the grid
+    # independent of the data (CUDA-graph safe) and the loads wide.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    block = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    page_off = block * stride_block
+    _quantize_store(
+        key_ptr + t * stride_kt, stride_kh, cache_ptr, cache16_ptr, page_off, K_DATA, K_SCALE,
+        off, k_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC,
+    )  # fmt: skip
+    _quantize_store(
+        value_ptr + t * stride_vt, stride_vh, cache_ptr, cache16_ptr, page_off, V_DATA, V_SCALE,
+        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC,
+    )  # fmt: skip
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Quantize ``key``/``value`` and store them into their slots of ``kv_cache``, in place.
+
+    key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16; any token/head strides, unit
+    stride along head_size. kv_cache: int8 [num_blocks, >= page_bytes] (see page_layout.py).
+    slot_mapping: int32/int64 [num_tokens], slot = block * block_size + offset; negative = padding,
+    skipped. ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads], > 0.
+    No host sync, no allocation: safe inside CUDA-graph capture.
+    """
+    num_tokens, num_kv_heads, head_size = key.shape
+    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("key/value must be contiguous along head_size")
+    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1:
+        raise ValueError("kv_cache must be int8 with contiguous pages")
+    dynamic = layout.has_scales
+    if not dynamic and (k_scale is None or v_scale is None):
+        raise ValueError("int8_static needs k_scale and v_scale")
+    if num_tokens == 0:
+        return
+    cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
+    dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
+    _write_kv_kernel[(num_tokens,)](
+        key,
+        value,
+        kv_cache,
+        cache16,
+        slot_mapping,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        kv_cache.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        H_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        K_DATA=layout.k_data,
+        V_DATA=layout.v_data,
+        K_SCALE=layout.k_scale,
+        V_SCALE=layout.v_scale,
+        DYNAMIC=dynamic,
+        num_warps=4,
+    )

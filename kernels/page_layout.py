@@ -1,0 +1,98 @@
+"""Where each byte of an INT8 KV-cache page lives.
+
+The vLLM backend hands the kernels one ``torch.int8`` tensor per layer of shape
+``(num_blocks, page_bytes)`` (the block stride may be larger than ``page_bytes`` when vLLM pads
+pages). Inside a page the layout is "HND": for each kv-head, the ``block_size`` token rows of that
+head are one contiguous chunk, so a kernel tile of one kv-head is a handful of contiguous chunks.
+
+``int8`` (dynamic per-(token, kv-head) fp16 scale), H = num_kv_heads, B = block_size, D = head_size::
+
+    byte 0                                                                      page_bytes
+    | K data            | V data            | K scales          | V scales          |
+    | int8 [H][B][D]    | int8 [H][B][D]    | fp16 [H][B]       | fp16 [H][B]       |
+    ^ k_data = 0        ^ v_data = H*B*D    ^ k_scale = 2*H*B*D ^ v_scale = 2*H*B*D + 2*H*B
+
+    one K data row (token t, head h) = D bytes at k_data + (h*B + t)*D  -> 16-byte aligned
+    its scale = fp16 at k_scale + 2*(h*B + t)
+
+``int8_static`` (per-layer, per-kv-head fp32 scales passed in, nothing per token)::
+
+    | K data int8 [H][B][D] | V data int8 [H][B][D] |      page_bytes = 2*H*B*D
+
+Why this shape:
+
+* one page holds a token's whole state (data and scales), so prefix caching, swapping and
+  offloading move it as a unit;
+* data rows start at multiples of D (a multiple of 16), never after an inline scale, so every row
+  load is a run of 16-byte vector loads (upstream's inline fp32 scale breaks that);
+* scales sit in their own region after the data, read by the kernels through an fp16 view of the
+  same storage (byte offsets / 2), so they cost one small coalesced load per tile.
+
+``page_bytes`` equals ``catalogue.get_dtype(name).page_bytes(B, H, D)`` (checked at construction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .catalogue import get_dtype
+
+INT8_DTYPES: tuple[str, ...] = ("int8", "int8_static")
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Byte offsets of the regions of one page (see the module docstring for the diagram)."""
+
+    dtype_name: str
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+
+    def __post_init__(self) -> None:
+        if self.dtype_name not in INT8_DTYPES:
+            raise ValueError(f"no int8 page layout for kv dtype {self.dtype_name!r}")
+        if self.head_size % 16:
+            raise ValueError(f"head_size {self.head_size} must be a multiple of 16")
+        # Sum of our regions must be exactly what vLLM allocates from the catalogue.
+        assert self._end() == get_dtype(self.dtype_name).page_bytes(
+            self.block_size, self.num_kv_heads, self.head_size
+        )
+
+    @property
+    def has_scales(self) -> bool:
+        return self.dtype_name == "int8"
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the K (or V) data region."""
+        return self.num_kv_heads * self.block_size * self.head_size
+
+    @property
+    def k_data(self) -> int:
+        return 0
+
+    @property
+    def v_data(self) -> int:
+        return self.data_bytes
+
+    @property
+    def k_scale(self) -> int:
+        """Byte offset of the K scale region (== page end for int8_static, which has none)."""
+        return 2 * self.data_bytes
+
+    @property
+    def v_scale(self) -> int:
+        return self.k_scale + (2 * self.num_kv_heads * self.block_size if self.has_scales else 0)
+
+    def _end(self) -> int:
+        return self.v_scale + (2 * self.num_kv_heads * self.block_size if self.has_scales else 0)
+
+    @property
+    def page_bytes(self) -> int:
+        return self._end()
+
+
+def get_page_bytes(dtype_name: str, block_size: int, num_kv_heads: int, head_size: int) -> int:
+    """Bytes of one page of one layer (== catalogue page_bytes)."""
+    return PageLayout(dtype_name, block_size, num_kv_heads, head_size).page_bytes

@@ -1,0 +1,157 @@
+"""Plain-torch reference implementations: the specification the Triton kernels are tested against.
+
+Slow and simple on purpose. Everything is computed in fp32 (fp64 where noted) on whatever device the
+inputs live on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .page_layout import PageLayout
+
+# Quantization constants, shared with the kernels (cache_write.py imports them).
+QMAX = 127.0  # symmetric range [-127, 127] for both int8 dtypes: -128 is never produced
+# Smallest positive fp16 (subnormal, 2^-24). Flooring the scale here means a zero vector stores
+# scale 2^-24 and q = 0 (dequantizes to exactly 0), with no branch and no 0/0.
+SCALE_MIN = 2.0**-24
+# Largest finite fp16. absmax/127 above it (possible for bf16 inputs > 8.3e6) is clamped here and
+# the int8 values saturate at +-127: the page never holds Inf/NaN for finite inputs.
+SCALE_MAX = 65504.0
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric int8 over the last dim: returns (q int8, scale fp16 [...]).
+
+    scale = clamp(absmax / 127, 2^-24, 65504) computed in fp32 and rounded to fp16; the data is
+    divided by the *stored* fp16 scale so that q * scale is the dequantized value the kernels see.
+    q = round_half_even(clamp(x / scale, -127, 127)).
+    """
+    xf = x.float()
+    absmax = xf.abs().amax(dim=-1)
+    scale = (absmax / QMAX).clamp(SCALE_MIN, SCALE_MAX).to(torch.float16)
+    q = torch.round((xf / scale.float()[..., None]).clamp(-QMAX, QMAX)).to(torch.int8)
+    return q, scale
+
+
+def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static symmetric int8 with one fp32 scale per kv-head (x: [..., H, D], scale: [H], > 0)."""
+    xf = x.float()
+    return torch.round((xf / scale.float()[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
+
+
+def _views(kv_cache: torch.Tensor, layout: PageLayout):
+    """Named views [num_blocks, H, B, D] / [num_blocks, H, B] of the regions of every page."""
+    nb = kv_cache.shape[0]
+    h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
+    k = kv_cache[:, layout.k_data : layout.v_data].view(nb, h, b, d)
+    v = kv_cache[:, layout.v_data : layout.k_scale].view(nb, h, b, d)
+    if not layout.has_scales:
+        return k, v, None, None
+    ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, b)
+    vs = kv_cache[:, layout.v_scale : layout.page_bytes].view(torch.float16).view(nb, h, b)
+    return k, v, ks, vs
+
+
+def write_kv_cache_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Reference for ``write_kv_cache``: quantize and scatter each token into its slot, in place."""
+    layout = PageLayout(kv_dtype, block_size, key.shape[1], key.shape[2])
+    kd, vd, ks, vs = _views(kv_cache, layout)
+    keep = slot_mapping >= 0  # negative slots are padding tokens
+    slots = slot_mapping[keep].long()
+    blk, off = slots // block_size, slots % block_size
+    key, value = key[keep], value[keep]
+    if layout.has_scales:
+        qk, sk = quantize_int8(key)
+        qv, sv = quantize_int8(value)
+        ks[blk, :, off] = sk
+        vs[blk, :, off] = sv
+    else:
+        qk = quantize_int8_static(key, k_scale)
+        qv = quantize_int8_static(value, v_scale)
+    # Advanced indices on dims 0 and 2 around a slice: the indexed view is [tokens, H, D].
+    kd[blk, :, off] = qk
+    vd[blk, :, off] = qv
+
+
+def dequantize_cache(
+    kv_cache: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 K, V of every slot: [num_blocks, block_size, num_kv_heads, head_size] each."""
+    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    kd, vd, ks, vs = _views(kv_cache, layout)
+    if layout.has_scales:
+        k = kd.float() * ks.float()[..., None]
+        v = vd.float() * vs.float()[..., None]
+    else:
+        k = kd.float() * k_scale.float()[None, :, None, None]
+        v = vd.float() * v_scale.float()[None, :, None, None]
+    return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def attention_ref(
+    query: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Causal varlen paged attention in fp64 over explicit K/V slots (any dtype).
+
+    k_slots / v_slots: [num_blocks, block_size, num_kv_heads, head_size] (e.g. from
+    ``dequantize_cache``). Query token i of a sequence with q_len new tokens and seq_len in total
+    sits at position p = seq_len - q_len + i and sees key j iff j <= p and (no window or
+    p - j < sliding_window). Scores s = softmax_scale * q.k, then s = soft_cap * tanh(s / soft_cap).
+    Returns fp32 [num_tokens, num_q_heads, head_size].
+    """
+    num_tokens, nq, d = query.shape
+    block_size, nkv = k_slots.shape[1], k_slots.shape[2]
+    group = nq // nkv
+    out = torch.zeros(num_tokens, nq, d, dtype=torch.float32, device=query.device)
+    qsl = query_start_loc.tolist()
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        q0, q1 = qsl[s], qsl[s + 1]
+        q_len = q1 - q0
+        if q_len == 0:
+            continue
+        nblk = -(-seq_len // block_size)
+        blocks = block_table[s, :nblk].long()
+        k = k_slots[blocks].reshape(-1, nkv, d)[:seq_len].double()  # [L, nkv, d]
+        v = v_slots[blocks].reshape(-1, nkv, d)[:seq_len].double()
+        k = k.repeat_interleave(group, dim=1)  # [L, nq, d]
+        v = v.repeat_interleave(group, dim=1)
+        q = query[q0:q1].double()  # [q_len, nq, d]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * softmax_scale
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        j = torch.arange(seq_len, device=q.device)[None, :]
+        visible = j <= pos
+        if sliding_window is not None:
+            visible &= (pos - j) < sliding_window
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).float()
+    return out

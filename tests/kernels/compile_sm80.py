@@ -1,0 +1,106 @@
+"""Compile every kernel specialisation for sm80 (run as a script; needs no GPU, only ptxas).
+
+Run in a process without TRITON_INTERPRET (the interpreter replaces @triton.jit functions).
+Prints one line per specialisation and exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from int8kv_kernels import PageLayout  # noqa: E402
+from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
+from int8kv_kernels.cache_write import _write_kv_kernel  # noqa: E402
+
+SM80 = GPUTarget("cuda", 80, 32)
+FLOAT_ARGS = {"softmax_scale", "soft_cap"}
+
+
+def compile_one(fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stages: int = 3):
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+        else:
+            sig[name] = "fp32" if name in FLOAT_ARGS else "i32"
+    cexpr = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    src = ASTSource(fn=fn, signature=sig, constexprs=cexpr)
+    k = triton.compile(src, target=SM80, options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = k.asm["ptx"]
+    assert ".target sm_80" in ptx
+    assert "wgmma" not in ptx and "cp.async.bulk" not in ptx  # nothing Hopper-only
+    return k
+
+
+def main() -> int:
+    n = 0
+    for kv_dtype in ("int8", "int8_static"):
+        for dt in ("bf16", "fp16"):
+            for nkv, d in ((8, 128), (3, 64), (2, 256)):
+                lay = PageLayout(kv_dtype, 16, nkv, d)
+                compile_one(
+                    _write_kv_kernel,
+                    {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*i8",
+                     "cache16_ptr": "*fp16", "slot_ptr": "*i64", "k_scale_ptr": "*fp32",
+                     "v_scale_ptr": "*fp32"},
+                    dict(NUM_KV_HEADS=nkv, H_PAD=triton.next_power_of_2(nkv), HEAD_SIZE=d,
+                         BLOCK_SIZE=16, K_DATA=lay.k_data, V_DATA=lay.v_data, K_SCALE=lay.k_scale,
+                         V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales),
+                    num_warps=4,
+                )  # fmt: skip
+                n += 1
+                print("ok write", kv_dtype, dt, nkv, d, flush=True)
+    ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
+            "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
+            "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
+    cases = [  # (kv_dtype, nq, nkv, d, block_size, max_query_len, window, softcap)
+        ("int8", 32, 8, 128, 16, 1, False, False),
+        ("int8", 28, 4, 128, 16, 1, False, False),
+        ("int8", 9, 3, 64, 16, 1, True, True),
+        ("int8", 16, 2, 256, 32, 1, False, False),
+        ("int8", 32, 8, 128, 16, 2048, False, False),
+        ("int8", 9, 3, 64, 32, 512, True, True),
+        ("int8", 8, 8, 256, 16, 512, False, False),
+        ("int8_static", 32, 8, 128, 16, 1, False, False),
+        ("int8_static", 32, 8, 128, 16, 2048, True, False),
+    ]
+    for kv_dtype, nq, nkv, d, bs, mq, window, softcap in cases:
+        lay = PageLayout(kv_dtype, bs, nkv, d)
+        group = nq // nkv
+        cfg = _choose_config(group, d, mq)
+        compile_one(
+            _attn_fwd, ptrs,
+            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+                 HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, K_DATA=lay.k_data,
+                 V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
+                 DYNAMIC=lay.has_scales, USE_WINDOW=window, USE_SOFTCAP=softcap,
+                 SPLIT=cfg.split, DOT_F32=False),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        n += 1
+        print("ok attention", kv_dtype, nq, nkv, d, bs, mq, window, softcap, flush=True)
+        if cfg.split:
+            compile_one(
+                _merge_splits,
+                {"out_ptr": "*bf16", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
+                 "ws_l_ptr": "*fp32", "qsl_ptr": "*i32"},
+                dict(NUM_Q_HEADS=nq, HEAD_SIZE=d, S_PAD=32),
+                num_warps=4,
+            )  # fmt: skip
+            n += 1
+    print(f"compiled {n} specialisations for sm80")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

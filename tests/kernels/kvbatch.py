@@ -1,0 +1,144 @@
+"""Shared builders for the kernel tests: random INT8 caches, varlen batches, tolerances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from int8kv_kernels import PageLayout, paged_attention
+from int8kv_kernels.reference import attention_ref, dequantize_cache
+
+
+def make_cache(
+    kv_dtype: str, block_size: int, nkv: int, head_size: int, num_blocks: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A cache full of random int8 data and (int8) random fp16 scales; static scales for int8_static.
+
+    Scales are chosen so dequantized K/V have roughly unit magnitude, like real activations.
+    """
+    layout = PageLayout(kv_dtype, block_size, nkv, head_size)
+    cache = torch.randint(
+        -127, 128, (num_blocks, layout.page_bytes), dtype=torch.int8, device=device
+    )
+    if layout.has_scales:
+        scales = cache[:, layout.k_scale :].view(torch.float16)
+        scales.copy_((torch.rand(scales.shape, device=device) + 0.5) * (2.0 / 127))
+        return cache, None, None
+    k_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
+    v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
+    return cache, k_scale, v_scale
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    num_blocks: int
+
+
+def make_batch(
+    q_lens: list[int],
+    seq_lens: list[int],
+    nq: int,
+    head_size: int,
+    block_size: int,
+    device: str,
+    dtype: torch.dtype = torch.bfloat16,
+    q_std: float = 1.0,
+    pad_tokens: int = 0,
+) -> Batch:
+    """Varlen batch with a shuffled block table (blocks of all sequences interleaved at random).
+
+    ``pad_tokens`` adds query rows past the last sequence (vLLM pads batches for CUDA graphs).
+    """
+    assert all(0 <= q <= s for q, s in zip(q_lens, seq_lens, strict=True))
+    nblk = [-(-s // block_size) for s in seq_lens]
+    width = max(nblk) + 2  # spare columns hold garbage: kernels must never read past seq_len
+    num_blocks = sum(nblk) + 3
+    perm = torch.randperm(num_blocks)
+    table = torch.randint(0, num_blocks, (len(seq_lens), width), dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(nblk):
+        table[i, :n] = perm[used : used + n].int()
+        used += n
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    num_tokens = int(qsl[-1]) + pad_tokens
+    query = torch.randn(num_tokens, nq, head_size, device=device) * q_std
+    return Batch(
+        query=query.to(dtype),
+        query_start_loc=qsl.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=table.to(device),
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        num_blocks=num_blocks,
+    )
+
+
+def run_attention(
+    b: Batch,
+    cache: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    nkv: int,
+    k_scale=None,
+    v_scale=None,
+    out: torch.Tensor | None = None,
+    **kw,
+) -> torch.Tensor:
+    """Run the kernel on a NaN-poisoned output so any unwritten element fails the comparison."""
+    if out is None:
+        out = torch.empty_like(b.query)
+    out.fill_(float("nan"))
+    paged_attention(
+        b.query,
+        cache,
+        out,
+        kv_dtype=kv_dtype,
+        block_size=block_size,
+        num_kv_heads=nkv,
+        query_start_loc=b.query_start_loc,
+        seq_lens=b.seq_lens,
+        block_table=b.block_table,
+        max_query_len=b.max_query_len,
+        max_seq_len=b.max_seq_len,
+        softmax_scale=b.query.shape[-1] ** -0.5,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        **kw,
+    )
+    return out
+
+
+def reference(
+    b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, **kw
+) -> torch.Tensor:
+    head_size = b.query.shape[-1]
+    k, v = dequantize_cache(
+        cache, kv_dtype=kv_dtype, block_size=block_size, num_kv_heads=nkv, head_size=head_size,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+    ref = attention_ref(
+        b.query, k, v, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+        block_table=b.block_table, softmax_scale=head_size**-0.5, **kw,
+    )  # fmt: skip
+    return ref[: int(b.query_start_loc[-1])]  # rows past the batch (padding) have no reference
+
+
+def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Within bf16 tolerance: one output rounding (<= 2^-8 relative, the interpreter truncates:
+    2^-7) plus P rounded to bf16 before the PV dot on the GPU (~2^-9 relative per term)."""
+    n = ref.shape[0]
+    got = out[:n].float()
+    assert not got.isnan().any(), "unwritten (NaN-poisoned) output elements"
+    err = (got - ref).abs()
+    tol = 4e-3 + 2.0**-7 * ref.abs()
+    bad = err > tol
+    assert not bad.any(), f"{int(bad.sum())} elements off, max err {err.max().item():.4g}"

@@ -1,0 +1,147 @@
+"""Cache write kernel == plain-torch reference, bit for bit (data and scales)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from int8kv_kernels import PageLayout, write_kv_cache
+from int8kv_kernels.reference import dequantize_cache, quantize_int8, write_kv_cache_ref
+
+
+def _write_both(
+    key, value, num_blocks, block_size, slots, kv_dtype, device, k_scale=None, v_scale=None
+):
+    nkv, d = key.shape[1], key.shape[2]
+    lay = PageLayout(kv_dtype, block_size, nkv, d)
+    # Random bytes everywhere: slots the kernel must not touch have to keep them.
+    cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
+    ref = cache.clone()
+    write_kv_cache(key, value, cache, slots, kv_dtype=kv_dtype, block_size=block_size,
+                   k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    write_kv_cache_ref(key, value, ref, slots, kv_dtype=kv_dtype, block_size=block_size,
+                       k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    return cache, ref
+
+
+def _slots(n, num_blocks, block_size, device, pad_every=0):
+    slots = torch.randperm(num_blocks * block_size)[:n]
+    if pad_every:
+        slots[::pad_every] = -1
+    return slots.to(device)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32)])
+def test_write_matches_reference_bitwise(kv_dtype, dtype, nkv, head_size, block_size, device):
+    n, nb = 12, 4
+    key = (torch.randn(n, nkv, head_size, device=device) * 3).to(dtype)
+    value = torch.randn(n, nkv, head_size, device=device).to(dtype)
+    key[0] = 0  # an all-zero token
+    value[1, 0] = 0  # an all-zero head
+    ks = vs = None
+    if kv_dtype == "int8_static":
+        ks = torch.rand(nkv, device=device) * 0.05 + 0.01
+        vs = torch.rand(nkv, device=device) * 0.05 + 0.01
+    slots = _slots(n, nb, block_size, device, pad_every=5)
+    cache, ref = _write_both(key, value, nb, block_size, slots, kv_dtype, device, ks, vs)
+    assert torch.equal(cache, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_zero_and_huge_values_stay_finite(dtype, device):
+    nkv, d, bs = 2, 64, 16
+    big = torch.finfo(dtype).max
+    key = torch.randn(4, nkv, d, device=device).to(dtype)
+    value = torch.randn(4, nkv, d, device=device).to(dtype)
+    key[0] = 0
+    value[0] = 0
+    key[1, 0, :] = big  # absmax/127 overflows fp16 for bf16 inputs
+    key[1, 1, 3] = -big
+    value[2, 1, :5] = torch.tensor([big, -big, 1.0, 0.0, 2.0])
+    key[3] = 1e-30 if dtype == torch.bfloat16 else 1e-7  # scale underflows fp16
+    slots = torch.arange(4, device=device)
+    cache, ref = _write_both(key, value, 1, bs, slots, "int8", device)
+    assert torch.equal(cache, ref)
+    k, v = dequantize_cache(cache, kv_dtype="int8", block_size=bs, num_kv_heads=nkv, head_size=d)
+    k, v = k[0, :4], v[0, :4]  # [slot, head, d] of the written slots (the rest is random bytes)
+    assert torch.isfinite(k).all() and torch.isfinite(v).all()
+    assert (k[0] == 0).all() and (v[0] == 0).all()  # zero vectors round-trip exactly
+    data = cache[0, : 2 * nkv * bs * d].view(2, nkv, bs, d)[:, :, :4]  # the 4 written slots
+    assert int(data.min()) >= -127  # symmetric: -128 is never written
+    assert (k[1, 0] > 0).all()  # saturated huge values keep their sign
+
+
+def test_padding_slots_leave_cache_untouched(device):
+    nkv, d, bs, nb = 2, 64, 16, 2
+    key = torch.randn(6, nkv, d, device=device, dtype=torch.bfloat16)
+    slots = torch.full((6,), -1, dtype=torch.int64, device=device)
+    cache = torch.randint(-128, 128, (nb, PageLayout("int8", bs, nkv, d).page_bytes),
+                          dtype=torch.int8, device=device)  # fmt: skip
+    before = cache.clone()
+    write_kv_cache(key, key, cache, slots, kv_dtype="int8", block_size=bs)
+    assert torch.equal(cache, before)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device):
+    nkv, d, bs, n = 2, 64, 16, 7
+    # K and V as slices of one fused [n, 3 * nkv, d] qkv tensor, like vLLM's split of a qkv matmul.
+    qkv = torch.randn(n, 3 * nkv, d, device=device, dtype=torch.bfloat16)
+    key, value = qkv[:, nkv : 2 * nkv], qkv[:, 2 * nkv :]
+    assert not key.is_contiguous()
+    ks = vs = None
+    if kv_dtype == "int8_static":
+        ks, vs = torch.full((nkv,), 0.02, device=device), torch.full((nkv,), 0.03, device=device)
+    slots = _slots(n, 2, bs, device).int()
+    cache, ref = _write_both(key, value, 2, bs, slots, kv_dtype, device, ks, vs)
+    assert torch.equal(cache, ref)
+
+
+def test_reference_quantizer_properties():
+    # The reference itself: round half to even, divide by the stored fp16 scale, error <= scale/2.
+    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -63.5]])
+    q, s = quantize_int8(x)
+    assert s.item() == 1.0
+    assert q.tolist() == [[127, 0, 2, 2, 0, -64]]
+    x = torch.randn(64, 128) * 5
+    q, s = quantize_int8(x)
+    err = (q.float() * s.float()[:, None] - x).abs()
+    assert (err <= s.float()[:, None] / 2 * (1 + 1e-3)).all()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(1, 9),
+    nkv=st.sampled_from([1, 2, 4]),
+    scale_exp=st.integers(-20, 20),
+    pad=st.integers(0, 3),
+    fp16=st.booleans(),
+)
+def test_write_random_magnitudes(n, nkv, scale_exp, pad, fp16):
+    dtype = torch.float16 if fp16 else torch.bfloat16
+    mag = 2.0**scale_exp
+    if fp16:
+        mag = min(mag, 1000.0)
+    key = (torch.randn(n, nkv, 64) * mag).to(dtype)
+    value = (torch.randn(n, nkv, 64) * mag).to(dtype)
+    slots = _slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
+    cache, ref = _write_both(key, value, 2, 16, slots, "int8", "cpu")
+    assert torch.equal(cache, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_write_real_size_gpu(kv_dtype):
+    nkv, d, bs, n, nb = 8, 128, 16, 256, 64
+    key = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16) * 4
+    value = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16)
+    key[:3] = 0
+    ks = vs = None
+    if kv_dtype == "int8_static":
+        ks = torch.rand(nkv, device="cuda") * 0.05 + 0.01
+        vs = torch.rand(nkv, device="cuda") * 0.05 + 0.01
+    slots = _slots(n, nb, bs, "cuda", pad_every=7)
+    cache, ref = _write_both(key, value, nb, bs, slots, kv_dtype, "cuda", ks, vs)
+    assert torch.equal(cache, ref)
