@@ -1,0 +1,260 @@
+"""The attention backend's runtime half: metadata builder and impl, wired to our Triton kernels.
+
+Shaped like vLLM's ``v1/attention/backends/triton_attn.py``. Imports vLLM and torch: only loaded
+when vLLM resolves our backend class, never at shim import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
+from int8kv_kernels.catalogue import get_dtype
+
+logger = init_logger(__name__)
+
+# Split-KV scratch is sized for this many decode tokens; larger decode batches fill the GPU
+# without splitting, and the kernels then use fewer splits (never an allocation, never wrong).
+_WORKSPACE_TOKENS = 256
+
+# dtypes whose kernels exist in this release; the others are registered (so vLLM accepts the
+# name) but refused at startup with a message instead of failing inside a kernel.
+KERNEL_DTYPES = ("int8",)
+
+
+def missing_kernels(kv_cache_dtype: str) -> str | None:
+    """Why ``kv_cache_dtype`` cannot run in this release; None when its kernels exist."""
+    if kv_cache_dtype in KERNEL_DTYPES:
+        return None
+    return f"--kv-cache-dtype {kv_cache_dtype} is registered but has no kernels in this release"
+
+
+@dataclass
+class Int8KVAttentionMetadata:
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor
+    max_seq_len: int
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_size: int
+    num_splits: int
+    workspace: AttentionWorkspace
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMetadata]):
+    # Every launch shape of our kernels is correct for any batch with the same token and sequence
+    # counts (grids depend on nothing else; lengths are read on the device), so mixed batches can
+    # be captured too.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+        model_config = vllm_config.model_config
+        self.num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
+        num_q_heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.max_model_len = model_config.max_model_len
+        self.workspace = make_workspace(
+            _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
+        )
+        self.num_sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else 4
+        )
+
+    def _decode_splits(self, num_seqs: int) -> int:
+        # A function of the batch's power-of-two size class and max_model_len only: a CUDA graph
+        # captured for N >= n sequences (N <= next_pow2(n), since every power of two is a capture
+        # size) and an eager run of n sequences then use the same split count, so the same
+        # reduction order and bit-identical output; the real lengths are read on the device.
+        return choose_num_splits(
+            _next_pow2(num_seqs), self.num_kv_heads, self.max_model_len, self.num_sms
+        )
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> Int8KVAttentionMetadata:
+        m = common_attn_metadata
+        return Int8KVAttentionMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            query_start_loc=m.query_start_loc,
+            max_seq_len=m.max_seq_len,
+            seq_lens=m.seq_lens,
+            block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+            block_size=self.block_size,
+            num_splits=self._decode_splits(m.num_reqs),
+            workspace=self.workspace,
+        )
+
+    def build_for_cudagraph_capture(
+        self, common_attn_metadata: CommonAttentionMetadata
+    ) -> Int8KVAttentionMetadata:
+        metadata = self.build(0, common_attn_metadata)
+        # Capturing with max_model_len-long sequences only makes capture slow (as in triton_attn).
+        metadata.seq_lens.fill_(1)
+        return metadata
+
+
+class Int8KVAttentionImpl(AttentionImpl):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **unsupported: object,
+    ) -> None:
+        refuse = _refusal(kv_cache_dtype, head_size, alibi_slopes, attn_type, sinks, unsupported)
+        if refuse:
+            raise ValueError(f"int8kv-shim: {refuse}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap or None
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+        # Static scales (int8_static) are loaded into these after weight loading.
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Int8KVAttentionMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("int8kv-shim: fused output quantization is not supported")
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        n = attn_metadata.num_actual_tokens
+        paged_attention(
+            query[:n],
+            kv_cache,
+            output[:n],
+            kv_dtype=self.kv_cache_dtype,
+            block_size=attn_metadata.block_size,
+            num_kv_heads=self.num_kv_heads,
+            query_start_loc=attn_metadata.query_start_loc,
+            seq_lens=attn_metadata.seq_lens,
+            block_table=attn_metadata.block_table,
+            max_query_len=attn_metadata.max_query_len,
+            max_seq_len=attn_metadata.max_seq_len,
+            softmax_scale=self.scale,
+            sliding_window=self.sliding_window,
+            soft_cap=self.logits_soft_cap,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            workspace=attn_metadata.workspace,
+            num_splits=attn_metadata.num_splits,
+        )
+        return output
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        write_kv_cache(
+            key,
+            value,
+            kv_cache,
+            slot_mapping,
+            kv_dtype=self.kv_cache_dtype,
+            block_size=_block_size(kv_cache, self.kv_cache_dtype, self.num_kv_heads, self.head_size),
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
+
+    def fused_output_quant_supported(self, quant_key: object) -> bool:
+        return False
+
+    def fused_rope_kvcache_supported(self) -> bool:
+        return False
+
+
+def _block_size(kv_cache: torch.Tensor, kv_dtype: str, num_kv_heads: int, head_size: int) -> int:
+    # The page holds block_size tokens' whole state, so its byte count gives block_size back.
+    per_token = num_kv_heads * get_dtype(kv_dtype).bytes_per_token_head(head_size)
+    return kv_cache.shape[1] // per_token
+
+
+def _refusal(
+    kv_cache_dtype: str,
+    head_size: int,
+    alibi_slopes: object,
+    attn_type: str,
+    sinks: object,
+    unsupported: dict[str, object],
+) -> str | None:
+    """Why a layer cannot run on our kernels, in one line; None when it can."""
+    dtype = get_dtype(kv_cache_dtype)
+    if missing := missing_kernels(kv_cache_dtype):
+        return missing
+    if head_size not in dtype.head_sizes:
+        return (
+            f"head size {head_size} is not supported by --kv-cache-dtype {kv_cache_dtype} "
+            f"(supported: {', '.join(map(str, dtype.head_sizes))})"
+        )
+    if attn_type != AttentionType.DECODER:
+        return f"{attn_type} attention is not supported (decoder self-attention only)"
+    if alibi_slopes is not None:
+        return "ALiBi attention is not supported"
+    if sinks is not None:
+        return "attention sinks are not supported"
+    extra = [k for k, v in unsupported.items() if v not in (None, False, -1)]
+    if extra:
+        return f"unsupported attention options: {', '.join(sorted(extra))}"
+    return None

@@ -1,0 +1,175 @@
+"""``int8kv``: the shim's command line.
+
+``int8kv doctor`` checks whether the shim can do what the user wants on this machine (it also runs
+where there is no GPU); ``int8kv dtypes`` prints the dtype table (the README's table is this output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from int8kv_shim._catalogue import load_catalogue
+from int8kv_shim.environment_variables import INT8KV_SHIM, TRUTHY_VALUES, activation_requested
+from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
+
+MIN_COMPUTE_CAPABILITY = (8, 0)  # same bound as backend.MIN_COMPUTE_CAPABILITY (no vLLM import)
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    name: str
+    capability: tuple[int, int]
+    count: int
+
+
+def detect_gpu() -> tuple[GPUInfo | None, str]:
+    """The first visible CUDA GPU, or None and why not."""
+    try:
+        import torch
+    except ImportError:
+        return None, "no GPU: torch is not installed"
+    try:
+        if not torch.cuda.is_available():
+            return None, "no GPU: kernels cannot run here"
+        major, minor = torch.cuda.get_device_capability(0)
+        info = GPUInfo(torch.cuda.get_device_name(0), (major, minor), torch.cuda.device_count())
+    except Exception as exc:  # a broken driver must not crash the diagnosis
+        return None, f"no GPU: CUDA is unusable here ({exc})"
+    return info, ""
+
+
+def _missing_kernels(name: str) -> str | None:
+    # Imports vLLM, torch and triton: called only when everything else says the dtype could run.
+    from int8kv_shim.attention_impl import missing_kernels
+
+    return missing_kernels(name)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    catalogue = load_catalogue()
+    problems: list[str] = []
+    out = print
+
+    out(f"int8kv-shim   {shim_version()}")
+
+    check = check_vllm_version()
+    vllm_state = "ok" if check.supported else "NOT SUPPORTED"
+    out(
+        f"vLLM          {check.installed or 'not installed'} "
+        f"(supported: {SUPPORTED_VLLM_VERSION}): {vllm_state}"
+    )
+
+    active = activation_requested()
+    raw = os.environ.get(INT8KV_SHIM)
+    setting = f"{INT8KV_SHIM}={raw}" if raw is not None else f"{INT8KV_SHIM} unset"
+    out(
+        f"activation    {'on' if active else 'off'} ({setting}; on = {'/'.join(sorted(TRUTHY_VALUES))})"
+    )
+    if active and not check.supported:
+        problems.append(
+            f"{INT8KV_SHIM} is set but {check.describe()}: the shim stays inactive; "
+            f"pip install vllm=={SUPPORTED_VLLM_VERSION}, or unset {INT8KV_SHIM}"
+        )
+
+    registered = active and check.supported
+    if registered:
+        out(f"dtypes        {', '.join(catalogue.DTYPE_NAMES)} registered")
+    else:
+        why = "activation off" if not active else "vLLM unsupported"
+        out(f"dtypes        none registered ({why})")
+
+    gpu, no_gpu_reason = detect_gpu()
+    if gpu is None:
+        out(f"GPU           {no_gpu_reason}")
+    else:
+        major, minor = gpu.capability
+        count = f" (+{gpu.count - 1} more)" if gpu.count > 1 else ""
+        out(f"GPU           {gpu.name}, compute capability {major}.{minor}{count}")
+
+    out("can run here:")
+    for name in catalogue.DTYPE_NAMES:
+        reason = _why_not(name, active, check.supported, gpu)
+        out(f"  {name:<12}  {'yes' if reason is None else 'no: ' + reason}")
+        if reason is not None and name in (args.dtype or ()):
+            problems.append(f"--kv-cache-dtype {name} cannot work here: {reason}")
+
+    for problem in problems:
+        out(f"PROBLEM: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _why_not(name: str, active: bool, vllm_ok: bool, gpu: GPUInfo | None) -> str | None:
+    if not vllm_ok:
+        return f"needs vLLM {SUPPORTED_VLLM_VERSION}"
+    if not active:
+        return f"set {INT8KV_SHIM}=1"
+    if gpu is None:
+        return "no GPU"
+    if gpu.capability < MIN_COMPUTE_CAPABILITY:
+        major, minor = MIN_COMPUTE_CAPABILITY
+        return f"needs compute capability >= {major}.{minor}, this GPU is {gpu.capability[0]}.{gpu.capability[1]}"
+    return _missing_kernels(name)
+
+
+def dtypes_table(head_size: int) -> str:
+    """The Markdown table of our dtypes, computed from the catalogue."""
+    catalogue = load_catalogue()
+    bf16 = 2 * 2 * head_size
+    lines = [
+        f"| `--kv-cache-dtype` | bits | scales | bytes per token and KV head (K+V, head size "
+        f"{head_size}) | tokens per GiB vs BF16 | format |",
+        "|---|---|---|---|---|---|",
+        f"| (BF16, vLLM's `auto`) | 16 | none | {bf16} | 1.00x | |",
+    ]
+    for entry in catalogue.CATALOGUE.values():
+        scales = entry.scale_kind.replace("_", " ")
+        if entry.group_size is not None:
+            scales += f" ({entry.group_size} elements)"
+        if entry.has_zero_point:
+            scales += ", with zero point"
+        lines.append(
+            f"| `{entry.name}` | {entry.bits} | {scales} | "
+            f"{entry.bytes_per_token_head(head_size)} | {entry.capacity_vs_bf16(head_size):.2f}x "
+            f"| {entry.description} |"
+        )
+    return "\n".join(lines)
+
+
+def print_dtypes(args: argparse.Namespace) -> int:
+    print(dtypes_table(args.head_size))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="int8kv", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_doctor = sub.add_parser(
+        "doctor",
+        help="check versions, activation and GPU; non-zero exit when what you ask for cannot work",
+    )
+    p_doctor.add_argument(
+        "--dtype",
+        action="append",
+        choices=load_catalogue().DTYPE_NAMES,
+        help="a KV-cache dtype you intend to use (repeatable): fail unless it can run here",
+    )
+    p_doctor.set_defaults(func=doctor)
+
+    p_dtypes = sub.add_parser("dtypes", help="print the table of KV-cache dtypes (Markdown)")
+    p_dtypes.add_argument("--head-size", type=int, default=128)
+    p_dtypes.set_defaults(func=print_dtypes)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""Every change the shim makes to vLLM 0.24.0, one small named function per site.
+
+Each ``patch_*`` / ``guard_*`` function takes the freshly imported vLLM module it patches (they run
+as wrapt post-import hooks, or at once when the module is already imported), is idempotent, and
+records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. The site map and the
+reasons live in ``shared/notes/vllm-0.24-patch-points.md`` (section numbers below refer to it).
+
+Two sets of sites:
+
+* ``ACTIVE_SITES`` -- the supported vLLM: make our dtypes valid and route them to our backend.
+* ``GUARD_SITES`` -- any other vLLM (the shim is inert): widen nothing, but turn a request for one
+  of our dtypes into :class:`~int8kv_shim.package.UnsupportedVLLMVersionError` instead of
+  pydantic's generic "Input should be 'auto', ..." error. They touch only
+  ``EngineArgs.create_engine_config`` and ``get_kwargs`` in ``vllm.engine.arg_utils``, stable for
+  many releases, and skip themselves where they do not find them.
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import wrapt
+
+from int8kv_shim._catalogue import dtype_names
+from int8kv_shim._logging import get_logger
+from int8kv_shim.package import UnsupportedVLLMVersionError, VersionCheck, check_vllm_version
+
+BACKEND_CLASS_PATH = "int8kv_shim.backend.Int8KVAttentionBackend"
+
+# Patch name -> undo callable, in application order. Presence means "applied": the idempotence test.
+_UNDO: dict[str, Callable[[], None]] = {}
+
+_MISSING = object()
+
+# vLLM's own CacheDType, kept by P1 for modules that bind the name after P1 ran (P2).
+_upstream_cache_dtype: dict[str, Any] = {}
+
+# What made the shim inert (set by instrument()); the guards' error quotes it.
+_inert_because: list[VersionCheck] = []
+
+
+def set_inert_reason(check: VersionCheck) -> None:
+    _inert_because[:] = [check]
+
+
+def is_applied(name: str) -> bool:
+    return name in _UNDO
+
+
+def applied_patches() -> tuple[str, ...]:
+    return tuple(_UNDO)
+
+
+def undo_all() -> None:
+    """Revert every applied patch, newest first (later patches may rely on earlier ones)."""
+    for name in reversed(list(_UNDO)):
+        _UNDO.pop(name)()
+
+
+# --------------------------------------------------------------------------------------------------
+# P1  vllm.config.cache: CacheDType and CacheConfig's validator (notes §1.1, §1.3)
+
+
+def patch_cache_dtype_literal(cache: ModuleType) -> None:
+    """Add our names to ``CacheDType`` and rebuild CacheConfig's pydantic schema with them.
+
+    pydantic builds the validator when the class is created, from ``__dataclass_fields__[...].type``;
+    rebinding the module's ``CacheDType`` alone would change nothing.
+    """
+    if is_applied("cache_dtype_literal"):
+        return
+    config_cls = cache.CacheConfig
+    field = config_cls.__dataclass_fields__["cache_dtype"]
+    original = (cache.CacheDType, field.type, config_cls.__annotations__.get("cache_dtype"))
+    names = typing.get_args(cache.CacheDType) + dtype_names()
+    widened = typing.Literal[tuple(dict.fromkeys(names))]  # type: ignore[valid-type]
+
+    _upstream_cache_dtype["literal"] = cache.CacheDType
+    _set_cache_dtype_type(cache, widened, widened, widened)
+    _UNDO["cache_dtype_literal"] = lambda: _set_cache_dtype_type(cache, *original)
+    get_logger().info("int8kv-shim active: --kv-cache-dtype accepts %s", ", ".join(dtype_names()))
+
+
+def _set_cache_dtype_type(
+    cache: ModuleType, literal: Any, field_type: Any, annotation: Any
+) -> None:
+    from pydantic.dataclasses import rebuild_dataclass
+
+    config_cls = cache.CacheConfig
+    cache.CacheDType = literal
+    config_cls.__dataclass_fields__["cache_dtype"].type = field_type
+    if annotation is None:
+        config_cls.__annotations__.pop("cache_dtype", None)
+    else:
+        config_cls.__annotations__["cache_dtype"] = annotation
+    rebuild_dataclass(config_cls, force=True)
+    # VllmConfig embeds CacheConfig's schema when it is built; when the shim comes late (plugin
+    # path) it already exists and would still reject `cache_config={"cache_dtype": "int8"}`.
+    vllm_config_mod = sys.modules.get("vllm.config.vllm")
+    if vllm_config_mod is not None and hasattr(vllm_config_mod, "VllmConfig"):
+        rebuild_dataclass(vllm_config_mod.VllmConfig, force=True)
+    arg_utils = sys.modules.get("vllm.engine.arg_utils")
+    if arg_utils is not None:
+        _clear_cli_kwargs_cache(arg_utils)
+
+
+# --------------------------------------------------------------------------------------------------
+# P2  vllm.v1.attention.selector: its own binding of CacheDType (notes §0, §2.2)
+
+
+def patch_selector_cache_dtype(selector: ModuleType) -> None:
+    """``get_attn_backend`` asserts the dtype is in the ``CacheDType`` it imported by name."""
+    if is_applied("selector_cache_dtype"):
+        return
+    cache = sys.modules.get("vllm.config.cache")
+    if cache is None or not is_applied("cache_dtype_literal"):
+        return  # nothing widened to propagate (the selector imports vllm.config.cache first)
+    original = selector.CacheDType
+    if original is cache.CacheDType:
+        # Imported after P1, so it bound the widened Literal; undo must still restore vLLM's own.
+        original = _upstream_cache_dtype["literal"]
+    selector.CacheDType = cache.CacheDType
+
+    def undo() -> None:
+        selector.CacheDType = original
+
+    _UNDO["selector_cache_dtype"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# P3  vllm.engine.arg_utils: the lru-cached CLI kwargs (notes §1.2)
+
+
+def patch_cli_choices_cache(arg_utils: ModuleType) -> None:
+    """Drop ``--kv-cache-dtype`` choices computed from the old Literal (late activation)."""
+    if is_applied("cli_choices_cache"):
+        return
+    _clear_cli_kwargs_cache(arg_utils)
+    _UNDO["cli_choices_cache"] = lambda: _clear_cli_kwargs_cache(arg_utils)
+
+
+def _clear_cli_kwargs_cache(arg_utils: ModuleType) -> None:
+    compute_kwargs = getattr(arg_utils, "_compute_kwargs", None)
+    if compute_kwargs is not None:
+        compute_kwargs.cache_clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# P4  vllm.utils.torch_utils: STR_DTYPE_TO_TORCH_DTYPE (notes §1.4)
+
+
+def patch_str_dtype_to_torch_dtype(torch_utils: ModuleType) -> None:
+    """Map our names to ``torch.int8``: each block is one flat int8 page (scales included).
+
+    Mutated in place because several modules imported the dict by name. ``"int8"`` is already
+    there upstream; undo restores exactly what was there before, absent keys included.
+    """
+    if is_applied("str_dtype_to_torch_dtype"):
+        return
+    import torch
+
+    table = torch_utils.STR_DTYPE_TO_TORCH_DTYPE
+    saved = {name: table.get(name, _MISSING) for name in dtype_names()}
+    for name in saved:
+        table[name] = torch.int8
+
+    def undo() -> None:
+        for name, value in saved.items():
+            if value is _MISSING:
+                table.pop(name, None)
+            else:
+                table[name] = value
+
+    _UNDO["str_dtype_to_torch_dtype"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# P5  vllm.v1.attention.backends.registry: AttentionBackendEnum.CUSTOM (notes §2.1)
+
+
+def patch_register_backend(registry: ModuleType) -> None:
+    """Point ``CUSTOM`` at our backend; the registry is a per-process dict, so every process."""
+    if is_applied("register_backend"):
+        return
+    custom = registry.AttentionBackendEnum.CUSTOM
+    previous = registry._ATTN_OVERRIDES.get(custom)
+    if previous is not None and previous != BACKEND_CLASS_PATH:
+        # Only our backend can read our page layout, so ours must win for our dtypes.
+        get_logger().warning(
+            "int8kv-shim: replacing the CUSTOM attention backend %s registered by someone "
+            "else with %s",
+            previous,
+            BACKEND_CLASS_PATH,
+        )
+    registry.register_backend(custom, BACKEND_CLASS_PATH)
+
+    def undo() -> None:
+        if previous is None:
+            registry._ATTN_OVERRIDES.pop(custom, None)
+        else:
+            registry.register_backend(custom, previous)
+
+    _UNDO["register_backend"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# P6  vllm.platforms.cuda: _get_backend_priorities (notes §2.3, §2.5)
+
+
+def patch_backend_priorities(cuda: ModuleType) -> None:
+    """Put CUSTOM first for layers whose KV dtype is ours; every other call is untouched.
+
+    ``get_valid_backends`` looks the function up as a module global at call time, so rebinding it
+    is enough. No other backend accepts our dtype strings, so a refusal by ours (compute
+    capability, head size, MLA, ...) surfaces as vLLM's "No valid attention backend" error with
+    our reason in it, never as a silent fall-back.
+    """
+    if is_applied("backend_priorities"):
+        return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    custom = AttentionBackendEnum.CUSTOM
+    ours = frozenset(dtype_names())
+    original = cuda._get_backend_priorities
+
+    def put_ours_first(
+        wrapped: Callable[..., list[Any]], instance: Any, args: tuple, kwargs: dict
+    ) -> list[Any]:
+        priorities = wrapped(*args, **kwargs)
+        if _kv_cache_dtype_arg(*args, **kwargs) not in ours:
+            return priorities  # the very list vLLM returns (it is @cache'd): unchanged
+        return [custom, *(b for b in priorities if b is not custom)]
+
+    cuda._get_backend_priorities = wrapt.FunctionWrapper(original, put_ours_first)
+
+    def undo() -> None:
+        cuda._get_backend_priorities = original
+
+    _UNDO["backend_priorities"] = undo
+
+
+def _kv_cache_dtype_arg(
+    use_mla: bool,
+    device_capability: Any,
+    num_heads: int | None = None,
+    kv_cache_dtype: str | None = None,
+) -> str | None:
+    # Mirrors _get_backend_priorities' signature so positional and keyword calls both bind.
+    return kv_cache_dtype
+
+
+# --------------------------------------------------------------------------------------------------
+# P7  vllm.model_executor.layers.attention.attention: Attention.get_kv_cache_spec (notes §3.1, §9)
+
+
+def patch_kv_cache_spec(attention: ModuleType) -> None:
+    """Give layers with our dtypes a spec whose page size counts every byte of our page.
+
+    vLLM's own spec would size a page as 2 * head_size bytes per token-head (scales not counted),
+    and the engine core sizes the whole cache from specs, so our layers get our spec subclasses.
+    """
+    if is_applied("kv_cache_spec"):
+        return
+    ours = frozenset(dtype_names())
+    original = attention.Attention.get_kv_cache_spec
+
+    def use_our_spec(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        spec = wrapped(*args, **kwargs)
+        layer = instance if instance is not None else args[0]  # called through the class
+        if spec is None or layer.kv_cache_dtype not in ours:
+            return spec
+        from int8kv_shim.kv_spec import to_int8kv_spec
+
+        return to_int8kv_spec(spec, layer.kv_cache_dtype)
+
+    attention.Attention.get_kv_cache_spec = wrapt.FunctionWrapper(original, use_our_spec)
+
+    def undo() -> None:
+        attention.Attention.get_kv_cache_spec = original
+
+    _UNDO["kv_cache_spec"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# Guards: the inert mode, for any vLLM but the supported one (notes §8)
+
+
+def guard_create_engine_config(arg_utils: ModuleType) -> None:
+    """Fail ``EngineArgs.create_engine_config`` with our message when one of our dtypes is asked.
+
+    That method is where every entry point (``vllm serve``, ``LLM(...)``, benchmarks) builds the
+    CacheConfig whose pydantic validator would otherwise reject the name generically.
+    """
+    if is_applied("guard_create_engine_config"):
+        return
+    engine_args = getattr(arg_utils, "EngineArgs", None)
+    if engine_args is None or "create_engine_config" not in vars(engine_args):
+        return
+    ours = frozenset(dtype_names())
+    original = vars(engine_args)["create_engine_config"]
+
+    def refuse_our_dtypes(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        requested = getattr(instance, "kv_cache_dtype", None)
+        if requested in ours:
+            check = _inert_because[0] if _inert_because else check_vllm_version()
+            raise UnsupportedVLLMVersionError(requested, check)
+        return wrapped(*args, **kwargs)
+
+    engine_args.create_engine_config = wrapt.FunctionWrapper(original, refuse_our_dtypes)
+
+    def undo() -> None:
+        engine_args.create_engine_config = original
+
+    _UNDO["guard_create_engine_config"] = undo
+
+
+def guard_cli_choices(arg_utils: ModuleType) -> None:
+    """Let ``--kv-cache-dtype <ours>`` through argparse so the error above can explain itself.
+
+    Without this, the CLI would stop at argparse's "invalid choice" first. Only the argparse
+    ``choices`` that ``EngineArgs.add_cli_args`` gets from ``get_kwargs(CacheConfig)`` (a fresh
+    copy per call) are widened; CacheConfig itself still rejects the name, through our guard.
+    """
+    if is_applied("guard_cli_choices"):
+        return
+    original = getattr(arg_utils, "get_kwargs", None)
+    if original is None:
+        return
+    names = dtype_names()
+
+    def add_our_choices(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        result = wrapped(*args, **kwargs)
+        choices = result.get("cache_dtype", {}).get("choices") if isinstance(result, dict) else None
+        if isinstance(choices, list):
+            choices.extend(n for n in names if n not in choices)
+        return result
+
+    arg_utils.get_kwargs = wrapt.FunctionWrapper(original, add_our_choices)
+
+    def undo() -> None:
+        arg_utils.get_kwargs = original
+
+    _UNDO["guard_cli_choices"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# Which functions run when which module is imported. Order within a module matters (P1 before its
+# dependents); across modules vLLM's own import order decides, and each function copes with it.
+
+ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
+    "vllm.utils.torch_utils": (patch_str_dtype_to_torch_dtype,),
+    "vllm.config.cache": (patch_cache_dtype_literal,),
+    "vllm.engine.arg_utils": (patch_cli_choices_cache,),
+    "vllm.v1.attention.backends.registry": (patch_register_backend,),
+    "vllm.v1.attention.selector": (patch_selector_cache_dtype,),
+    "vllm.platforms.cuda": (patch_backend_priorities,),
+    "vllm.model_executor.layers.attention.attention": (patch_kv_cache_spec,),
+}
+
+GUARD_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
+    "vllm.engine.arg_utils": (guard_create_engine_config, guard_cli_choices),
+}
