@@ -68,6 +68,29 @@ def _i8_to_f16(x):
 
 
 @triton.jit
+def _load_pages(bt_row, key, key_hi, BLOCK_SIZE: tl.constexpr):
+    """Page of each key of a tile (block-table gather); 0 for keys past the end."""
+    return tl.load(bt_row + key // BLOCK_SIZE, mask=key < key_hi, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_scales(
+    cache16_ptr, page, key, key_hi, kvh, stride_block,
+    BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr,
+):  # fmt: skip
+    """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``); ones if static."""
+    if DYNAMIC:
+        ok = key < key_hi
+        idx = page * (stride_block // 2) + kvh * BLOCK_SIZE + key % BLOCK_SIZE
+        k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=ok, other=0.0)
+        v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=ok, other=0.0)
+    else:
+        k_sc = tl.full(key.shape, 1.0, tl.float16)
+        v_sc = k_sc
+    return k_sc, v_sc
+
+
+@triton.jit
 def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
     # Query blocks of sequence s are numbered from qsl[s] // BLOCK_Q + s (an upper bound that
     # needs no prefix sum of per-sequence block counts); binary search for the owner of pid_q.
@@ -80,6 +103,97 @@ def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def _chunked_kv_loop(
+    q, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh, stride_block, window,
+    score_scale, soft_cap,
+    BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    CHUNKS: tl.constexpr, K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr, USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """The KV loop of the decode path, split-K inside the program (flash-decoding within a CTA).
+
+    Each tile of TILE_N keys is cut into CHUNKS chunks that keep their own running softmax: the
+    dots are batched over chunks, so the compiler gives each warp its own chunk, and the row max /
+    sum reductions stay inside a warp (no cross-warp barrier per tile, which is what bounds a
+    16-row decode tile whose keys are spread over all warps). The chunks merge once, at the end.
+    Returns (m, l, acc) over the program's keys, in the 2D loop's units.
+    """
+    C: tl.constexpr = TILE_N // CHUNKS
+    offs_d = tl.arange(0, HEAD_SIZE)
+    offs_k = tl.arange(0, CHUNKS)[:, None] * C + tl.arange(0, C)[None, :]  # [CHUNKS, C]
+    q3 = tl.broadcast_to(q[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
+    m_i = tl.full([CHUNKS, BLOCK_M], _M_INIT, tl.float32)
+    l_i = tl.zeros([CHUNKS, BLOCK_M], tl.float32)
+    acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_SIZE], tl.float32)
+    # Scales prefetched two deep, as in the 2D loop.
+    sc_page = _load_pages(bt_row, key_lo + offs_k, key_hi, BLOCK_SIZE)
+    k_sc, v_sc = _load_scales(
+        cache16_ptr, sc_page, key_lo + offs_k, key_hi, kvh, stride_block,
+        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+    )  # fmt: skip
+    sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_k, key_hi, BLOCK_SIZE)
+    for start in range(key_lo, key_hi, TILE_N):
+        key = start + offs_k
+        key_ok = key < key_hi
+        page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        base = page * stride_block + (kvh * BLOCK_SIZE + key % BLOCK_SIZE) * HEAD_SIZE
+        if DYNAMIC:
+            k_sc_next, v_sc_next = _load_scales(
+                cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
+                BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+            )  # fmt: skip
+            sc_page = _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
+        else:
+            k_sc_next, v_sc_next = k_sc, v_sc
+
+        k = tl.load(
+            cache_ptr + K_DATA + base[:, None, :] + offs_d[None, :, None],
+            mask=key_ok[:, None, :],
+            other=0,
+        )  # [CHUNKS, HEAD_SIZE, C]
+        if DOT_F32:
+            k = k.to(tl.float32)
+        else:
+            k = _i8_to_f16(k)
+        s = tl.dot(q3, k)  # [CHUNKS, BLOCK_M, C]
+        if DYNAMIC:
+            s = s * (k_sc.to(tl.float32) * score_scale)[:, None, :]
+        else:
+            s = s * score_scale
+        if USE_SOFTCAP:
+            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
+        visible = key_ok[:, None, :] & (key[:, None, :] <= pos[None, :, None])
+        if USE_WINDOW:
+            visible = visible & (pos[None, :, None] - key[:, None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=2))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, :, None])
+        l_i = l_i * alpha + tl.sum(p, axis=2)
+        m_i = m_new
+
+        v = tl.load(
+            cache_ptr + V_DATA + base[:, :, None] + offs_d[None, None, :],
+            mask=key_ok[:, :, None],
+            other=0,
+        )  # [CHUNKS, C, HEAD_SIZE]
+        if DYNAMIC:
+            p = p * v_sc.to(tl.float32)[:, None, :]
+        if DOT_F32:
+            v = v.to(tl.float32)
+        else:
+            v = _i8_to_f16(v)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v)
+        k_sc, v_sc = k_sc_next, v_sc_next
+
+    m = tl.max(m_i, axis=0)
+    w = tl.exp2(m_i - m[None, :])
+    return m, tl.sum(l_i * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
 
 
 @triton.jit
@@ -113,6 +227,7 @@ def _attn_fwd(
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
     K_DATA: tl.constexpr,
     V_DATA: tl.constexpr,
     K_SCALE: tl.constexpr,
@@ -180,58 +295,81 @@ def _attn_fwd(
     if not USE_SOFTCAP:
         score_scale = score_scale * _LOG2E
 
-    m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
-    offs_n = tl.arange(0, TILE_N)
+    if CHUNKS > 1:
+        m_i, l_i, acc = _chunked_kv_loop(
+            q, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh, stride_block, window,
+            score_scale, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS, K_DATA, V_DATA,
+            K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32,
+        )  # fmt: skip
+    else:
+        m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
+        offs_n = tl.arange(0, TILE_N)
+        # Per-token scales are 2-byte gathers, too narrow for the pipeliner's asynchronous copies, so
+        # they are prefetched by hand, two deep: iteration i gathers the pages of tile i+2 and the
+        # scales of tile i+1 (from pages gathered in iteration i-1) and reads only what iteration i-1
+        # issued, so no load is waited on in the iteration that issues it.
+        sc_page = _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE)
+        k_sc, v_sc = _load_scales(
+            cache16_ptr, sc_page, key_lo + offs_n, key_hi, kvh, stride_block,
+            BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+        )  # fmt: skip
+        sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_n, key_hi, BLOCK_SIZE)
 
-    for start in range(key_lo, key_hi, TILE_N):
-        key = start + offs_n
-        key_ok = key < key_hi
-        page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
-        base = page * stride_block + row * HEAD_SIZE
+        for start in range(key_lo, key_hi, TILE_N):
+            key = start + offs_n
+            key_ok = key < key_hi
+            page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
+            base = page * stride_block + row * HEAD_SIZE
+            if DYNAMIC:
+                k_sc_next, v_sc_next = _load_scales(
+                    cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
+                    BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                )  # fmt: skip
+                sc_page = _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
+            else:
+                k_sc_next, v_sc_next = k_sc, v_sc
 
-        k = tl.load(
-            cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-        else:
-            k = _i8_to_f16(k)
-        s = tl.dot(q, k)
-        if DYNAMIC:
-            page16 = page * (stride_block // 2)
-            k_sc = tl.load(cache16_ptr + K_SCALE // 2 + page16 + row, mask=key_ok, other=0.0)
-            s = s * (k_sc.to(tl.float32) * score_scale)[None, :]
-        else:
-            s = s * score_scale
-        if USE_SOFTCAP:
-            # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
-            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
-        visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (pos[:, None] - key[None, :] < window)
-        s = tl.where(visible, s, float("-inf"))
+            k = tl.load(
+                cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
+            )
+            if DOT_F32:
+                k = k.to(tl.float32)
+            else:
+                k = _i8_to_f16(k)
+            s = tl.dot(q, k)
+            if DYNAMIC:
+                s = s * (k_sc.to(tl.float32) * score_scale)[None, :]
+            else:
+                s = s * score_scale
+            if USE_SOFTCAP:
+                # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
+                s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
+            visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (pos[:, None] - key[None, :] < window)
+            s = tl.where(visible, s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
 
-        v = tl.load(
-            cache_ptr + V_DATA + base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0
-        )
-        if DYNAMIC:
-            v_sc = tl.load(cache16_ptr + V_SCALE // 2 + page16 + row, mask=key_ok, other=0.0)
-            p = p * v_sc.to(tl.float32)[None, :]
-        if DOT_F32:
-            v = v.to(tl.float32)
-        else:
-            v = _i8_to_f16(v)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            v = tl.load(
+                cache_ptr + V_DATA + base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0
+            )
+            if DYNAMIC:
+                p = p * v_sc.to(tl.float32)[None, :]
+            if DOT_F32:
+                v = v.to(tl.float32)
+            else:
+                v = _i8_to_f16(v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            k_sc, v_sc = k_sc_next, v_sc_next
 
     if not DYNAMIC:
         acc = acc * tl.load(static_v_ptr + kvh)
@@ -336,6 +474,7 @@ class _Config:
     num_warps: int
     num_stages: int
     split: bool
+    chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
 
 
 def _choose_config(group: int, head_size: int, max_query_len: int) -> _Config:
@@ -343,7 +482,7 @@ def _choose_config(group: int, head_size: int, max_query_len: int) -> _Config:
         block_m = max(16, triton.next_power_of_2(group * max_query_len))
         # 128-token tiles, 4 warps, 3 stages: best or within 7% of the best of 9 configs at every
         # decode shape measured on H200 (benchmarks/tune_kernels.py).
-        return _Config(block_m, tile_n=128, num_warps=4, num_stages=3, split=True)
+        return _Config(block_m, tile_n=128, num_warps=4, num_stages=5, split=True)
     block_m = 64 if head_size > 128 else 128
     block_m = max(block_m, triton.next_power_of_2(group))
     # Measured on H200 (2K new tokens on 8K ctx, 32/8 heads, d=128): 128x64 tiles, 4 warps,
@@ -474,6 +613,7 @@ def paged_attention(
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
         TILE_N=cfg.tile_n,
+        CHUNKS=cfg.chunks,
         K_DATA=layout.k_data,
         V_DATA=layout.v_data,
         K_SCALE=layout.k_scale,

@@ -6,6 +6,7 @@ Prints one line per specialisation and exits non-zero on the first failure.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -73,15 +74,19 @@ def main() -> int:
         ("int8", 8, 8, 256, 16, 512, False, False),
         ("int8_static", 32, 8, 128, 16, 1, False, False),
         ("int8_static", 32, 8, 128, 16, 2048, True, False),
+        ("int8", 32, 8, 128, 16, 1, False, False, 4),
+        ("int8_static", 9, 3, 64, 16, 1, True, True, 4),
     ]
-    for kv_dtype, nq, nkv, d, bs, mq, window, softcap in cases:
+    for kv_dtype, nq, nkv, d, bs, mq, window, softcap, *chunks in cases:
         lay = PageLayout(kv_dtype, bs, nkv, d)
         group = nq // nkv
         cfg = _choose_config(group, d, mq)
+        if chunks:  # the split-K-inside-the-program decode loop, off by default
+            cfg = dataclasses.replace(cfg, chunks=chunks[0])
         compile_one(
             _attn_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, K_DATA=lay.k_data,
+                 HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
                  V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
                  DYNAMIC=lay.has_scales, USE_WINDOW=window, USE_SOFTCAP=softcap,
                  SPLIT=cfg.split, DOT_F32=False),

@@ -37,6 +37,27 @@ def test_attention_matches_reference(case, kv_dtype, device):
     assert_close_bf16(out, ref)
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+@pytest.mark.parametrize("case", CASES[:2] + CASES[5:8], ids=lambda c: c[0])
+def test_chunked_decode_loop_matches_reference(case, kv_dtype, device, monkeypatch):
+    # The split-K-inside-the-program loop (chunks > 1) is off by default: force it.
+    import dataclasses
+
+    import int8kv_kernels.attention as attention
+
+    choose = attention._choose_config
+    monkeypatch.setattr(
+        attention,
+        "_choose_config",
+        lambda *a: dataclasses.replace(choose(*a), chunks=4) if choose(*a).split else choose(*a),
+    )
+    _, q_lens, seq_lens, nq, nkv, d, bs, kw = case
+    b = make_batch(q_lens, seq_lens, nq, d, bs, device, q_std=2.0 if "soft_cap" in kw else 1.0)
+    cache, ks, vs = make_cache(kv_dtype, bs, nkv, d, b.num_blocks, device)
+    args = dict(kv_dtype=kv_dtype, block_size=bs, nkv=nkv, k_scale=ks, v_scale=vs)
+    assert_close_bf16(run_attention(b, cache, **args, **kw), reference(b, cache, **args, **kw))
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
 def test_many_blocks_shuffled_table_and_splits(num_splits, device):
     # 600 tokens over 38 shuffled blocks; forced split counts must all give the same answer.

@@ -1,0 +1,75 @@
+# ruff: noqa: B023, E501
+"""Decode launch-config sweep for the INT8 attention kernel (one GPU call, no vLLM needed).
+
+Prints, per decode shape and config (tile, warps, stages, splits), the time and the fraction of the
+measured copy bandwidth counting the bytes the kernel must read. Used to pick _choose_config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time  # noqa: E402
+
+import int8kv_kernels.attention as A  # noqa: E402
+from int8kv_kernels import make_workspace, paged_attention  # noqa: E402
+
+CONFIGS = [(128, 4, 5, 4), (128, 4, 3, 4), (128, 4, 5, 1), (64, 2, 5, 2), (128, 8, 4, 8), (128, 4, 4, 4)]
+SHAPES = [(32, 8192), (8, 8192), (128, 1024), (8, 1024), (1, 32768), (64, 32768)]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    bw = copy_bw()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}", flush=True)
+    nq, nkv, d = 32, 8, 128
+    ws = make_workspace(128, nq, d, device="cuda")
+    orig = A._choose_config
+    log = []
+    for batch, ctx in SHAPES:
+        kv_bytes = batch * ctx * nkv * (2 * d + 4)
+        copies = max(1, min(8, -(-2 * L2_BYTES // kv_bytes)))
+        caches, bt, q, out, qsl, sl = decode_setup(batch, ctx, nq, nkv, d, copies=copies)
+        must = kv_bytes + 2 * q.numel() * 2
+        heur = A.choose_num_splits(batch, nkv, ctx, sms)
+        line = []
+        for kv_dtype in ("int8", "int8_static"):
+            scales = torch.full((nkv,), 0.01, device="cuda")
+            for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:3]:
+                for ns in sorted({heur, min(32, heur * 2)}):
+                    A._choose_config = lambda g, hd, mq, tn=tn, w=w, st=st, ch=ch: A._Config(max(16, triton.next_power_of_2(g)), tn, w, st, True, ch)
+
+                    def run(ns=ns):
+                        for c in caches:
+                            paged_attention(q, c, out, kv_dtype=kv_dtype, block_size=16, num_kv_heads=nkv, query_start_loc=qsl, seq_lens=sl, block_table=bt, max_query_len=1, max_seq_len=ctx, softmax_scale=d**-0.5, workspace=ws, num_splits=ns, k_scale=scales, v_scale=scales)
+
+                    try:
+                        ms = graph_time(run) / copies
+                    except Exception as e:  # noqa: BLE001
+                        print("fail", kv_dtype, tn, w, st, ch, ns, repr(e)[:150], flush=True)
+                        continue
+                    b = must if kv_dtype == "int8" else must - batch * ctx * nkv * 4
+                    frac = b / ms / 1e6 / bw
+                    log.append(dict(dtype=kv_dtype, batch=batch, ctx=ctx, tile=tn, warps=w, stages=st, chunks=ch, splits=ns, us=ms * 1e3, frac=frac))
+                    line.append((frac, kv_dtype, tn, w, st, ch, ns, ms * 1e3))
+        A._choose_config = orig
+        line.sort(reverse=True)
+        print(f"b={batch} ctx={ctx} heur_splits={heur}", flush=True)
+        for frac, kv_dtype, tn, w, st, ch, ns, us in line[:6]:
+            print(f"   {kv_dtype:11s} tile={tn:3d} w={w} st={st} ch={ch} splits={ns:2d} {us:9.1f}us {frac * 100:5.1f}%bw", flush=True)
+        caches = None  # free before the next shape
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
+            json.dump(dict(copy_gbs=bw, rows=log), f)
+
+
+if __name__ == "__main__":
+    main()
