@@ -307,16 +307,20 @@ def _attn_fwd(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
         offs_n = tl.arange(0, TILE_N)
-        # Per-token scales are 2-byte gathers, too narrow for the pipeliner's asynchronous copies, so
-        # they are prefetched by hand, two deep: iteration i gathers the pages of tile i+2 and the
-        # scales of tile i+1 (from pages gathered in iteration i-1) and reads only what iteration i-1
-        # issued, so no load is waited on in the iteration that issues it.
-        sc_page = _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE)
-        k_sc, v_sc = _load_scales(
-            cache16_ptr, sc_page, key_lo + offs_n, key_hi, kvh, stride_block,
-            BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
-        )  # fmt: skip
-        sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_n, key_hi, BLOCK_SIZE)
+        # Per-token scales are 2-byte gathers, too narrow for the pipeliner's asynchronous copies.
+        # On the (memory-bound) decode path they are prefetched by hand, two deep: iteration i
+        # gathers the pages of tile i+2 and the scales of tile i+1 (from pages gathered in
+        # iteration i-1) and reads only what iteration i-1 issued, so no load is waited on in the
+        # iteration that issues it. Prefill tiles have enough math to hide a plain gather, and the
+        # carried registers would spill there.
+        PREFETCH: tl.constexpr = SPLIT and DYNAMIC
+        if PREFETCH:
+            sc_page = _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE)
+            k_sc, v_sc = _load_scales(
+                cache16_ptr, sc_page, key_lo + offs_n, key_hi, kvh, stride_block,
+                BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+            )  # fmt: skip
+            sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_n, key_hi, BLOCK_SIZE)
 
         for start in range(key_lo, key_hi, TILE_N):
             key = start + offs_n
@@ -324,14 +328,17 @@ def _attn_fwd(
             page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
             row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
             base = page * stride_block + row * HEAD_SIZE
-            if DYNAMIC:
+            if PREFETCH:
                 k_sc_next, v_sc_next = _load_scales(
                     cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
                     BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
                 )  # fmt: skip
                 sc_page = _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
             else:
-                k_sc_next, v_sc_next = k_sc, v_sc
+                k_sc, v_sc = _load_scales(
+                    cache16_ptr, page, key, key_hi, kvh, stride_block,
+                    BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                )  # fmt: skip
 
             k = tl.load(
                 cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
@@ -369,7 +376,8 @@ def _attn_fwd(
             else:
                 v = _i8_to_f16(v)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            k_sc, v_sc = k_sc_next, v_sc_next
+            if PREFETCH:
+                k_sc, v_sc = k_sc_next, v_sc_next
 
     if not DYNAMIC:
         acc = acc * tl.load(static_v_ptr + kvh)
@@ -477,17 +485,32 @@ class _Config:
     chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
 
 
-def _choose_config(group: int, head_size: int, max_query_len: int) -> _Config:
+def _choose_config(
+    group: int, head_size: int, max_query_len: int, cc_major: int = 8
+) -> _Config:
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = max(16, triton.next_power_of_2(group * max_query_len))
-        # 128-token tiles, 4 warps, 3 stages: best or within 7% of the best of 9 configs at every
-        # decode shape measured on H200 (benchmarks/tune_kernels.py).
+        # 128-token tiles, 4 warps, 5 stages (two K/V buffers): the best int8 config at the large
+        # decode shapes of benchmarks/tune_decode.py on an H200 (same code path as sm80: mma.sync).
         return _Config(block_m, tile_n=128, num_warps=4, num_stages=5, split=True)
     block_m = 64 if head_size > 128 else 128
     block_m = max(block_m, triton.next_power_of_2(group))
-    # Measured on H200 (2K new tokens on 8K ctx, 32/8 heads, d=128): 128x64 tiles, 4 warps,
-    # 2 stages was the fastest of 10 configs (1.36 ms; 8 warps 1.77 ms).
-    return _Config(block_m, tile_n=64, num_warps=4, num_stages=2, split=False)
+    # A 128x128 fp32 accumulator over 4 warps spills on sm80 (ptxas: ~700 bytes) but not over 8;
+    # Hopper's wgmma keeps it in fewer registers, and 4 warps measured fastest on the H200
+    # (benchmarks/tune_kernels.py prefill sweep).
+    num_warps = 4 if cc_major >= 9 else 8
+    return _Config(block_m, tile_n=64, num_warps=num_warps, num_stages=2, split=False)
+
+
+@functools.cache
+def _cc_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def _device_cc_major(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # interpreter
+    return _cc_major(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def choose_num_splits(
@@ -561,7 +584,7 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads
-    cfg = _choose_config(group, head_size, max_query_len)
+    cfg = _choose_config(group, head_size, max_query_len, _device_cc_major(query.device))
     block_q = cfg.block_m // group
     num_q_blocks = num_tokens // block_q + num_seqs
 

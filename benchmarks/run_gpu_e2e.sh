@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 4's GPU work on the GPU host, one step per call, from the repo root:
+#
+#   bash benchmarks/run_gpu_e2e.sh stage                 # bundle + package only (check it imports)
+#   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e, gpu-marked (~8-10 min)
+#   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
+#   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
+#   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
+#        --configs auto_fa2,auto_triton  then  --configs int8_per_token_head,int8 --append)
+#
+# Assumes the offline vLLM bundle (shared/gpu/README.md) has been staged on this host by earlier
+# calls, or that this call carries its parts. Logs and results go to $OUT (the device tool's output
+# folder; /tmp/int8kv-out otherwise).
+set -uo pipefail
+step=${1:-}; shift || true
+case "$step" in stage|tests|alltests|accuracy|throughput) ;;
+  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput [args]"; exit 2 ;;
+esac
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-/tmp/int8kv-out}; export OUT
+mkdir -p "$OUT/logs"
+
+# shellcheck disable=SC1090,SC1091
+source .gpu/p*/stage.sh 2>/dev/null || source /tmp/gpu-bundle/stage.sh
+if [ -z "${SMOLLM2_DIR:-}" ]; then
+  echo "run_gpu_e2e: the vLLM bundle is not ready on this host (see above)"; exit 3
+fi
+
+# The package as a user would have it: `int8kv_kernels` (repo folder kernels/), `int8kv_shim`, and
+# the `vllm.general_plugins` entry point that vLLM loads in every process, engine core included.
+# Preferred: an editable install. Fallback: a site folder on PYTHONPATH with symlinks and a
+# hand-written dist-info (importlib.metadata finds entry points in any sys.path folder).
+if ! python3 -c "import int8kv_shim, int8kv_kernels" 2>/dev/null; then
+  if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/pip.log" 2>&1 \
+     || ! python3 -c "import int8kv_shim, int8kv_kernels" 2>/dev/null; then
+    echo "run_gpu_e2e: editable install failed (tail of $OUT/logs/pip.log below); using a site dir"
+    tail -3 "$OUT/logs/pip.log"
+    SITE=/tmp/int8kv-site; rm -rf "$SITE"; mkdir -p "$SITE/int8kv_shim-0.0.0.dist-info"
+    ln -s "$REPO/kernels" "$SITE/int8kv_kernels"; ln -s "$REPO/int8kv_shim" "$SITE/int8kv_shim"
+    printf 'Metadata-Version: 2.1\nName: int8kv-shim\nVersion: 0.0.0\n' \
+      > "$SITE/int8kv_shim-0.0.0.dist-info/METADATA"
+    printf '[vllm.general_plugins]\nint8kv_shim = int8kv_shim.plugin:register\n' \
+      > "$SITE/int8kv_shim-0.0.0.dist-info/entry_points.txt"
+    export PYTHONPATH="$SITE:$PYTHONPATH"
+    # without the entry point working, a sitecustomize imports the shim in every process
+    [ -f sitecustomize_example/sitecustomize.py ] && export PYTHONPATH="$REPO/sitecustomize_example:$PYTHONPATH"
+  fi
+fi
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, vllm, int8kv_shim; print(sys.version.split()[0], 'torch', torch.__version__, 'vllm', vllm.__version__, 'shim', int8kv_shim.__file__)"
+  python3 -c "from importlib.metadata import entry_points as e; print('plugins:', [x.value for x in e(group='vllm.general_plugins')])"
+} 2>&1 | tee "$OUT/logs/env.log"
+
+run() { echo "+ $*"; "$@" 2>&1 | tee "$OUT/logs/$step.log"; return "${PIPESTATUS[0]}"; }
+case "$step" in
+  stage) rc=0 ;;
+  tests) run python3 -m pytest tests/e2e -m gpu -v -rA -s "$@"; rc=$? ;;
+  alltests) run python3 -m pytest tests -m gpu -v -rA "$@"; rc=$? ;;
+  accuracy) run python3 benchmarks/accuracy.py "$@"; rc=$? ;;
+  throughput) run python3 benchmarks/throughput.py "$@"; rc=$? ;;
+esac
+cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null
+echo "run_gpu_e2e: $step exited $rc; logs and results in $OUT"
+exit "$rc"

@@ -1,0 +1,302 @@
+"""Generation throughput of vLLM on a fixed KV budget, BF16 vs quantized KV caches.
+
+For each configuration (own process, own engine, CUDA graphs + torch.compile ON as vLLM ships them)
+and each context length: ``LLM.generate`` on random-token prompts (seeded) with ``--output-len``
+output tokens each (``ignore_eos``), enough prompts to fill the KV cache ``--fill`` times over as
+vLLM sized it. ``gen_tok_s`` = output tokens / wall time of that ``generate`` call (prefill
+included, as in vLLM's own throughput benchmark); an untimed warm-up ``generate`` on a few prompts
+of the same length comes first so lazy kernel compilation/autotuning is not timed.
+
+The KV budget is fixed through one ``--gpu-memory-utilization`` for every configuration, so a
+cache format that needs fewer bytes per token gets more tokens (``kv_cache_tokens``, vLLM's own
+number: blocks x block size, what it logs as "GPU KV cache size"). ``max_model_len`` is fixed too
+(``--max-model-len``, default the model's ``max_position_embeddings``); a context length longer
+than the model allows is skipped and the reason recorded. A prompt of context ``ctx`` has
+``min(ctx, max_model_len - output_len)`` tokens, so with SmolLM2 (8192 positions) the 8K rows use
+7936-token prompts (the ``prompt_len`` in the details file).
+
+Configurations: ``auto_fa2`` (BF16, FlashAttention-2 forced: vLLM's Ampere default; the bundle has
+no FA3), ``auto_triton`` (BF16, Triton backend), ``int8_per_token_head`` (upstream, Triton) and our
+dtypes (``int8`` ...; no backend argument: the shim's plugin selects ours, with INT8KV_SHIM=1 set
+only in those processes).
+
+Writes ``--out`` (benchmarks/results/throughput.json, issue 4's schema) and
+``throughput_details.json``; ``--append`` merges into existing files (rows replaced by
+(dtype, ctx)), so a run can be split over several device calls with ``--configs``/``--ctx``.
+Plot with ``python benchmarks/plot_throughput.py`` (needs matplotlib; runs on any machine).
+
+GPU host: ``bash benchmarks/run_gpu_e2e.sh throughput [extra args]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+DEFAULT_CONFIGS = "auto_fa2,auto_triton,int8_per_token_head,int8"
+DEFAULT_CTX = "1024,8192,32768"
+WARMUP_PROMPTS = 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("SMOLLM2_DIR"), help="HF model folder")
+    p.add_argument("--model-name", default="SmolLM2-135M-Instruct")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma list of row labels")
+    p.add_argument("--ctx", default=DEFAULT_CTX, help="comma list of context lengths (tokens)")
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--max-model-len", type=int, default=0, help="0 = max_position_embeddings")
+    p.add_argument("--fill", type=float, default=1.0, help="prompts = fill x cache / seq len")
+    p.add_argument("--num-prompts", type=int, default=0, help="fixed count instead of --fill")
+    p.add_argument("--max-num-seqs", type=int, default=0, help="0 = vLLM's default")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per configuration")
+    p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
+    p.add_argument("--append", action="store_true", help="merge into an existing --out")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--label", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def model_max_len(model_dir: str) -> int:
+    """``max_position_embeddings`` from the model's config.json (what vLLM caps max_model_len to)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(cfg["max_position_embeddings"])
+
+
+def plan_ctx(
+    ctxs: list[int], max_model_len: int, output_len: int
+) -> tuple[list[tuple[int, int]], list[dict[str, Any]]]:
+    """[(ctx, prompt_len)] to run, and the skipped ones with why.
+
+    A context longer than the model's max_model_len is skipped rather than run with RoPE positions
+    the model never saw (vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set).
+    """
+    plan, skipped = [], []
+    for ctx in ctxs:
+        if ctx > max_model_len:
+            skipped.append({"ctx": ctx, "reason": f"longer than max_model_len {max_model_len}"})
+        elif ctx <= output_len:
+            skipped.append({"ctx": ctx, "reason": f"not longer than output_len {output_len}"})
+        else:
+            plan.append((ctx, min(ctx, max_model_len - output_len)))
+    return plan, skipped
+
+
+def num_prompts_for(kv_tokens: int, prompt_len: int, output_len: int, fill: float) -> int:
+    """Prompts whose full sequences take ``fill`` times the KV cache (at least 1)."""
+    return max(1, math.ceil(fill * kv_tokens / (prompt_len + output_len)))
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of uniformly random token ids in [1000, vocab) (skips specials), seeded."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.integers(1000, vocab, size=(n, length), dtype=np.int64).tolist()
+
+
+def worker(args: argparse.Namespace) -> int:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(Path(args.result).with_suffix(".spec.json").read_text())
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        **common.llm_kwargs_for(args.label),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=spec["max_model_len"],
+        enable_prefix_caching=False,  # random prompts never hit; keep hashing out of the timing
+        seed=args.seed,
+    )
+    if args.max_num_seqs:
+        kwargs["max_num_seqs"] = args.max_num_seqs
+    t0 = time.monotonic()
+    llm = LLM(**kwargs)
+    start_s = time.monotonic() - t0
+    kv_tokens, blocks, block_size = common.kv_cache_tokens(llm)
+    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    print(f"[{args.label}] engine up in {start_s:.0f}s, {kv_tokens} KV tokens", flush=True)
+
+    rows, extra = [], []
+    for ctx, prompt_len in spec["plan"]:
+        n = args.num_prompts or num_prompts_for(kv_tokens, prompt_len, args.output_len, args.fill)
+        sp = SamplingParams(
+            max_tokens=args.output_len, ignore_eos=True, temperature=0.0, detokenize=False
+        )
+        warm = random_prompts(WARMUP_PROMPTS, prompt_len, vocab, args.seed + 1)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], sp, use_tqdm=False)
+        prompts = [
+            TokensPrompt(prompt_token_ids=p)
+            for p in random_prompts(n, prompt_len, vocab, args.seed + ctx)
+        ]
+        t1 = time.monotonic()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        wall = time.monotonic() - t1
+        out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        rows.append(
+            {
+                "dtype": args.label,
+                "ctx": ctx,
+                "num_prompts": n,
+                "output_len": args.output_len,
+                "gen_tok_s": round(out_tokens / wall, 1),
+                "kv_cache_tokens": kv_tokens,
+            }
+        )
+        extra.append(
+            {
+                "dtype": args.label,
+                "ctx": ctx,
+                "prompt_len": prompt_len,
+                "wall_s": round(wall, 2),
+                "output_tokens": out_tokens,
+                "total_tok_s": round((out_tokens + n * prompt_len) / wall, 1),
+                "num_gpu_blocks": blocks,
+                "block_size": block_size,
+                "max_num_seqs": sched.max_num_seqs,
+                "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "engine_start_s": round(start_s, 1),
+                "llm_kwargs": common.llm_kwargs_for(args.label),
+                "shim": os.environ.get(common.SHIM_ENV, ""),
+            }
+        )
+        print(f"[{args.label}] ctx {ctx}: {json.dumps(rows[-1])} in {wall:.1f}s", flush=True)
+    Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if not args.model or not Path(args.model).is_dir():
+        print("throughput: no model folder (--model or $SMOLLM2_DIR)", file=sys.stderr)
+        return 2
+    max_len = args.max_model_len or model_max_len(args.model)
+    plan, skipped = plan_ctx(
+        [int(c) for c in common.parse_list(args.ctx)], max_len, args.output_len
+    )
+    labels = common.parse_list(args.configs)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="int8kv-throughput-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    logdir = Path(os.environ["OUT"]) / "logs" if os.environ.get("OUT") else workdir
+    print(f"throughput: configs {labels}, (ctx, prompt_len) {plan}, skipped {skipped}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    extra: list[dict[str, Any]] = []
+    runs: dict[str, Any] = {}
+    for label in labels:
+        result = workdir / f"{label}.json"
+        result.with_suffix(".spec.json").write_text(
+            json.dumps({"plan": plan, "max_model_len": max_len})
+        )
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--label",
+            label,
+            "--result",
+            str(result),
+            "--model",
+            args.model,
+            "--output-len",
+            str(args.output_len),
+            "--fill",
+            str(args.fill),
+            "--num-prompts",
+            str(args.num_prompts),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--seed",
+            str(args.seed),
+            "--gpu-memory-utilization",
+            str(args.gpu_memory_utilization),
+        ]
+        env = common.child_env(label, args.shim_everywhere)
+        rc, secs, tail = common.run_child(
+            cmd, env, args.timeout, logdir / f"throughput_{label}.log"
+        )
+        run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1), "shim": env.get("INT8KV_SHIM")}
+        if rc == 0 and result.exists():
+            got = json.loads(result.read_text())
+            rows += got["rows"]
+            extra += got["extra"]
+        else:
+            run["error"] = "timeout" if rc == -9 else common.error_summary(tail)
+        runs[label] = run
+        print(f"throughput: {label}: rc={rc} in {secs:.0f}s {run.get('error', '')}", flush=True)
+
+    out = Path(args.out)
+    details_path = out.with_name(out.stem + "_details.json")
+    doc: dict[str, Any] = {
+        "gpu": common.gpu_name(),
+        "command": common.command_line(),
+        "model": args.model_name,
+        "rows": rows,
+    }
+    details: dict[str, Any] = {
+        "settings": {
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "max_model_len": max_len,
+            "output_len": args.output_len,
+            "fill": args.fill,
+            "num_prompts": args.num_prompts or None,
+            "max_num_seqs": args.max_num_seqs or "vLLM default",
+            "seed": args.seed,
+            "prompts": "uniform random token ids in [1000, vocab)",
+            "gen_tok_s": "output tokens / wall time of LLM.generate (prefill included)",
+        },
+        "skipped": skipped,
+        "runs": runs,
+        "rows": extra,
+    }
+    if args.append and out.exists():
+        old = json.loads(out.read_text())
+        doc["rows"] = common.merge_rows(old.get("rows", []), rows, ("dtype", "ctx"))
+        doc["command"] = old.get("command", "") + " ; " + doc["command"]
+        if details_path.exists():
+            old_d = json.loads(details_path.read_text())
+            details["rows"] = common.merge_rows(old_d.get("rows", []), extra, ("dtype", "ctx"))
+            details["runs"] = {**old_d.get("runs", {}), **runs}
+            skipped_ctx = {s["ctx"] for s in skipped}
+            details["skipped"] = skipped + [
+                s for s in old_d.get("skipped", []) if s["ctx"] not in skipped_ctx
+            ]
+    common.validate_throughput(doc)
+    for path in common.write_json(doc, out) + common.write_json(details, details_path):
+        print(f"throughput: wrote {path}")
+    try:
+        import plot_throughput
+
+        png = plot_throughput.plot(out, out.with_suffix(".png"))
+        print(f"throughput: wrote {png}")
+    except Exception as e:  # e.g. no matplotlib on the GPU host: plot elsewhere from the JSON
+        print(f"throughput: no plot ({e}); run benchmarks/plot_throughput.py where matplotlib is")
+    print(f"{'dtype':<22}{'ctx':>7}{'prompts':>9}{'gen tok/s':>12}{'kv tokens':>12}")
+    for r in doc["rows"]:
+        print(
+            f"{r['dtype']:<22}{r['ctx']:>7}{r['num_prompts']:>9}{r['gen_tok_s']:>12.0f}"
+            f"{r['kv_cache_tokens']:>12}"
+        )
+    return 0 if all(r["rc"] == 0 for r in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

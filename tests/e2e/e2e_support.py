@@ -1,0 +1,260 @@
+"""Helpers of the vLLM end-to-end tests: prompts, a tiny random GQA Llama, running vLLM, comparing.
+
+Importable without vLLM or a GPU (the comparison logic is unit tested on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "benchmarks" / "corpus" / "pride_and_prejudice.txt"
+WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+
+# Prompt lengths (tokens): short to well past 1K so that prompts span many KV blocks and decode
+# runs with long contexts (split-KV decode paths), plus prompts sharing a long prefix for the
+# prefix-cache test.
+PROMPT_LENGTHS = (
+    12,
+    20,
+    33,
+    48,
+    64,
+    100,
+    150,
+    250,
+    300,
+    400,
+    600,
+    700,
+    800,
+    1000,
+    1100,
+    1300,
+    1500,
+    1800,
+    2000,
+    2300,
+)
+SHARED_PREFIX_LEN = 1200
+SHARED_SUFFIX_LENS = (17, 50, 90, 200)
+TINY_ATTN_OUT_SCALE = 1.0  # standard init; see build_tiny_llama
+MAX_MODEL_LEN = 2560  # longest prompt (2300) + generated tokens, rounded up to a block multiple
+GEN_TOKENS = 32
+
+
+def corpus_token_ids(tokenizer_dir: str | Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return list(tok(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
+
+
+def make_prompts(ids: Sequence[int]) -> list[list[int]]:
+    """24 deterministic prompts cut from the corpus: 20 of varied length, 4 with a shared prefix.
+
+    Each prompt starts at a different place (no accidental shared prefixes among the 20), the shared
+    ones all start with the same ``SHARED_PREFIX_LEN`` tokens and continue with different text.
+    """
+    need = sum(PROMPT_LENGTHS) + SHARED_PREFIX_LEN + sum(SHARED_SUFFIX_LENS)
+    if len(ids) < need:
+        raise ValueError(f"corpus has {len(ids)} tokens, prompts need {need}")
+    prompts, pos = [], 0
+    for n in PROMPT_LENGTHS:
+        prompts.append(list(ids[pos : pos + n]))
+        pos += n
+    prefix = list(ids[pos : pos + SHARED_PREFIX_LEN])
+    pos += SHARED_PREFIX_LEN
+    for n in SHARED_SUFFIX_LENS:
+        prompts.append(prefix + list(ids[pos : pos + n]))
+        pos += n
+    return prompts
+
+
+# --------------------------------------------------------------------------------------------
+# tiny random GQA Llama
+
+
+def build_tiny_llama(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path,
+    *,
+    seed: int = 0,
+    head_dim: int = 128,
+    attn_out_scale: float = 1.0,
+) -> Path:
+    """Save a random 4-layer GQA Llama (8 query / 2 KV heads) with SmolLM2's tokenizer to ``out_dir``.
+
+    hidden 256, ``head_dim`` 128 by default (SmolLM2 covers 64), vocab = the tokenizer's, BF16
+    safetensors, fixed seed. ``attn_out_scale`` multiplies every ``o_proj`` weight: it sets how much
+    the attention output (the only thing the KV cache touches) weighs in the residual stream.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(attn_out_scale)
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# running vLLM
+
+
+def run_vllm(
+    name: str,
+    llm_kwargs: Mapping[str, Any],
+    phases: Sequence[Mapping[str, Any]],
+    *,
+    shim: bool,
+    workdir: str | Path,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run ``tests/e2e/vllm_worker.py`` for one engine in a fresh process and return its result.
+
+    ``shim`` sets ``INT8KV_SHIM=1`` in that process only (and removes it otherwise). The log goes to
+    ``workdir/NAME.log`` and, on a device run, also to ``$OUT/logs/``.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, result, log = (workdir / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    spec.write_text(json.dumps({"llm_kwargs": dict(llm_kwargs), "phases": list(phases)}))
+    env = dict(os.environ)
+    if shim:
+        env["INT8KV_SHIM"] = "1"
+    else:
+        env.pop("INT8KV_SHIM", None)
+    timeout_s = timeout_s or float(os.environ.get("INT8KV_E2E_TIMEOUT", "1200"))
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(spec), str(result)],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # so a timeout can kill the engine core process too
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = -9
+    if os.environ.get("OUT"):
+        dst = Path(os.environ["OUT"]) / "logs"
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, dst / f"e2e_{name}.log")
+    tail = log.read_text(errors="replace")[-4000:]
+    if rc != 0 or not result.exists():
+        raise RuntimeError(
+            f"vLLM run {name!r} failed (rc={rc}) after {time.monotonic() - t0:.0f}s:\n{tail}"
+        )
+    out = json.loads(result.read_text())
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# comparing greedy outputs
+
+
+@dataclass
+class Comparison:
+    """How two runs' greedy outputs for the same prompts compare over the first ``n`` tokens."""
+
+    n: int
+    identical: int = 0
+    near_tie: list[int] = field(default_factory=list)  # diverged where both tokens are near-ties
+    mismatch: list[int] = field(default_factory=list)  # diverged on a token the other ruled out
+    first_divergence: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.identical + len(self.near_tie) + len(self.mismatch)
+
+    @property
+    def identical_fraction(self) -> float:
+        return self.identical / self.total if self.total else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.identical}/{self.total} identical over the first {self.n} tokens; "
+            f"near-tie divergences at {self._fmt(self.near_tie)}; "
+            f"real mismatches at {self._fmt(self.mismatch)}"
+        )
+
+    def _fmt(self, idx: list[int]) -> str:
+        return "[" + ", ".join(f"p{i}@t{self.first_divergence[i]}" for i in idx) + "]"
+
+
+def compare_greedy(
+    ref: Mapping[str, Any], other: Mapping[str, Any], n: int = GEN_TOKENS
+) -> Comparison:
+    """Compare two phases' outputs (``vllm_worker`` format) prompt by prompt.
+
+    A divergence is a *near tie* when, at the first differing position, each run's token is among
+    the other run's top-k logprobs there — the convention of vLLM's own ``check_logprobs_close``:
+    two tokens that close in probability are legitimately flipped by any rounding difference
+    (batch composition, CUDA graph padding, a quantized cache). Otherwise it is a *mismatch*: one
+    run picked a token the other considered unlikely, which points at a real difference.
+    """
+    cmp = Comparison(n=n)
+    a_ids, b_ids = ref["token_ids"], other["token_ids"]
+    if len(a_ids) != len(b_ids):
+        raise ValueError(f"{len(a_ids)} vs {len(b_ids)} prompts")
+    for i, (a, b) in enumerate(zip(a_ids, b_ids, strict=True)):
+        a, b = a[:n], b[:n]
+        pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if pos is None and len(a) == len(b):
+            cmp.identical += 1
+            continue
+        pos = min(len(a), len(b)) if pos is None else pos
+        cmp.first_divergence[i] = pos
+        if (
+            pos < min(len(a), len(b))
+            and _in_topk(other, i, pos, a[pos])
+            and _in_topk(ref, i, pos, b[pos])
+        ):
+            cmp.near_tie.append(i)
+        else:
+            cmp.mismatch.append(i)
+    return cmp
+
+
+def _in_topk(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> bool:
+    lps = run.get("logprobs") or []
+    if prompt >= len(lps) or pos >= len(lps[prompt]):
+        return False
+    return any(t == token for t, _ in lps[prompt][pos])

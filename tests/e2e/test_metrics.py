@@ -1,0 +1,600 @@
+"""CPU tests of the benchmark and e2e helpers: metric math, corpus handling, JSON schemas.
+
+No vLLM engine and no GPU: vLLM is only imported for its ``Logprob``/``FlatLogprobs`` containers
+(skipped where vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import e2e_support  # noqa: E402
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    # benchmarks/ is a folder of scripts, not a package: load by path under a unique module name
+    # (the scripts import their sibling ``common`` through sys.path, which this puts in place).
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+common = _load("int8kv_bench_common", REPO / "benchmarks" / "common.py")
+accuracy = _load("int8kv_bench_accuracy", REPO / "benchmarks" / "accuracy.py")
+throughput = _load("int8kv_bench_throughput", REPO / "benchmarks" / "throughput.py")
+
+
+class _LP:
+    """Stand-in for vllm.logprobs.Logprob (only ``.logprob`` is read)."""
+
+    def __init__(self, logprob: float, rank: int | None = None) -> None:
+        self.logprob = logprob
+        self.rank = rank
+
+
+def _softmax_logprobs(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _prompt_logprobs_dicts(lp: np.ndarray, prompt: list[int], k: int) -> list[dict | None]:
+    """What vLLM returns for a prompt, built from full (n, vocab) log-probs: None, then per
+    position the actual next token (with its rank) plus the top-k."""
+    out: list[dict | None] = [None]
+    for pos in range(1, len(prompt)):
+        row = lp[pos - 1]
+        order = np.argsort(-row, kind="stable")
+        tgt = prompt[pos]
+        d = {int(tgt): _LP(float(row[tgt]), int(np.where(order == tgt)[0][0]) + 1)}
+        for r, t in enumerate(order[:k]):
+            d[int(t)] = _LP(float(row[t]), r + 1)
+        out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# corpus
+
+
+def test_corpus_is_the_recorded_file() -> None:
+    path = REPO / "benchmarks" / "corpus" / "pride_and_prejudice.txt"
+    data = path.read_bytes()
+    assert hashlib.sha256(data).hexdigest() in (REPO / "benchmarks/corpus/README.md").read_text()
+    assert len(data) < 2 * 1024 * 1024
+    text = data.decode("ascii")
+    assert text.startswith("PRIDE AND PREJUDICE") and "Gutenberg" not in text
+
+
+def test_make_windows_drops_tail_and_caps() -> None:
+    ids = list(range(10))
+    assert common.make_windows(ids, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert common.make_windows(ids, 4, max_windows=1) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError):
+        common.make_windows(ids, 1)
+
+
+def test_greedy_prompts_are_deterministic_slices() -> None:
+    ids = list(range(5000))
+    a = common.make_greedy_prompts(ids, 8, (10, 20))
+    assert a == common.make_greedy_prompts(ids, 8, (10, 20))
+    assert [len(p) for p in a] == [10, 20] * 4
+    for p in a:  # contiguous corpus slices
+        assert p == list(range(p[0], p[0] + len(p)))
+    assert len({p[0] for p in a}) == 8
+
+
+def test_e2e_prompts_cover_lengths_and_share_a_prefix() -> None:
+    ids = list(range(40_000))
+    prompts = e2e_support.make_prompts(ids)
+    assert len(prompts) >= 20
+    assert sum(len(p) > 1024 for p in prompts) >= 5
+    assert max(len(p) for p in prompts) + e2e_support.GEN_TOKENS <= e2e_support.MAX_MODEL_LEN
+    shared = prompts[-len(e2e_support.SHARED_SUFFIX_LENS) :]
+    n = e2e_support.SHARED_PREFIX_LEN
+    assert all(p[:n] == shared[0][:n] for p in shared)
+    assert len({tuple(p[n:]) for p in shared}) == len(shared)
+    firsts = [p[0] for p in prompts[: len(e2e_support.PROMPT_LENGTHS)]]
+    assert len(set(firsts)) == len(firsts)
+
+
+# --------------------------------------------------------------------------------------------
+# prompt logprobs -> arrays
+
+
+def test_extract_prompt_logprobs_from_dicts() -> None:
+    rng = np.random.default_rng(0)
+    lp = _softmax_logprobs(rng.normal(size=(5, 50)) * 3)
+    prompt = [7, 3, 49, 0, 11, 25]
+    d = _prompt_logprobs_dicts(lp, prompt, k=4)
+    tgt, ids, top = common.extract_prompt_logprobs(d, prompt, 4)
+    np.testing.assert_allclose(tgt, lp[np.arange(5), prompt[1:]], rtol=1e-6)
+    np.testing.assert_array_equal(ids, np.argsort(-lp, axis=1)[:, :4])
+    np.testing.assert_allclose(top, -np.sort(-lp, axis=1)[:, :4], rtol=1e-6)
+
+
+def test_extract_prompt_logprobs_rejects_length_mismatch() -> None:
+    with pytest.raises(ValueError):
+        common.extract_prompt_logprobs([None, {1: _LP(-1.0)}], [1, 2, 3], 1)
+
+
+def test_extract_prompt_logprobs_from_vllm_flat_logprobs() -> None:
+    pytest.importorskip("vllm")
+    from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs
+
+    rng = np.random.default_rng(1)
+    lp = _softmax_logprobs(rng.normal(size=(6, 40)) * 2)
+    prompt = [1, 5, 9, 2, 33, 7, 8]
+    k = 3
+    for flat in (True, False):
+        container = create_prompt_logprobs(flat)
+        for pos in range(1, len(prompt)):  # exactly how vLLM fills it (target first, then top-k)
+            row = lp[pos - 1]
+            order = np.argsort(-row)[:k]
+            tgt = prompt[pos]
+            rank = int((row > row[tgt]).sum()) + 1
+            append_logprobs_for_next_position(
+                container,
+                [tgt, *order.tolist()],
+                [float(row[tgt]), *row[order].tolist()],
+                [None] * (k + 1),
+                rank,
+                k,
+            )
+        tgt_lp, ids, top = common.extract_prompt_logprobs(container, prompt, k)
+        np.testing.assert_allclose(tgt_lp, lp[np.arange(6), prompt[1:]], rtol=1e-6)
+        np.testing.assert_array_equal(ids, np.argsort(-lp, axis=1)[:, :k])
+        np.testing.assert_allclose(top, -np.sort(-lp, axis=1)[:, :k], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def test_perplexity() -> None:
+    assert common.perplexity(np.log(np.full(10, 0.25))) == pytest.approx(4.0)
+    assert common.perplexity(np.array([0.0, 0.0])) == pytest.approx(1.0)
+
+
+def test_top1_agreement() -> None:
+    a = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
+    b = np.array([[1, 9], [4, 3], [5, 6], [0, 7]])
+    assert common.top1_agreement(a, b) == 0.5
+
+
+def _topk_arrays(lp: np.ndarray, targets: np.ndarray, k: int):
+    ids = np.argsort(-lp, axis=1)[:, :k]
+    return ids, np.take_along_axis(lp, ids, 1), lp[np.arange(len(lp)), targets]
+
+
+def test_truncated_kl_is_zero_for_identical_and_close_to_exact() -> None:
+    rng = np.random.default_rng(2)
+    n, vocab, k = 200, 300, 20
+    # peaked distributions, like a trained LM's: the top-20 hold most of the mass
+    p = _softmax_logprobs(rng.normal(size=(n, vocab)) * 4)
+    q = _softmax_logprobs(np.log(np.exp(p)) + rng.normal(size=(n, vocab)) * 0.05)
+    targets = rng.integers(0, vocab, size=n)
+    pi, pl, pt = _topk_arrays(p, targets, k)
+    qi, ql, qt = _topk_arrays(q, targets, k)
+    zero = common.truncated_kl(pi, pl, pt, pi, pl, pt, targets)
+    np.testing.assert_allclose(zero, 0.0, atol=1e-9)
+    est = common.truncated_kl(pi, pl, pt, qi, ql, qt, targets)
+    exact = (np.exp(p) * (p - q)).sum(axis=1)
+    assert np.all(est >= 0)
+    # coarse-graining keeps it below the exact KL (up to the imputation), and close to it
+    assert est.mean() <= exact.mean() * 1.05
+    assert est.mean() >= exact.mean() * 0.5
+
+
+def test_truncated_kl_two_point_distribution_is_exact() -> None:
+    # vocab of 3, k = 2: S + the rest bucket covers everything -> exact KL
+    p = np.log(np.array([[0.7, 0.2, 0.1]]))
+    q = np.log(np.array([[0.6, 0.3, 0.1]]))
+    targets = np.array([2])
+    pi, pl, pt = _topk_arrays(p, targets, 2)
+    qi, ql, qt = _topk_arrays(q, targets, 2)
+    est = common.truncated_kl(pi, pl, pt, qi, ql, qt, targets)
+    exact = float((np.exp(p) * (p - q)).sum())
+    assert est[0] == pytest.approx(exact, rel=1e-9)
+
+
+def test_truncated_kl_imputes_tokens_missing_from_q() -> None:
+    # P's 2nd token falls out of Q's top-2: its q is taken as Q's 2nd value (an upper bound)
+    p = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    q = np.log(np.array([[0.5, 0.1, 0.35, 0.05]]))
+    targets = np.array([0])
+    pi, pl, pt = _topk_arrays(p, targets, 2)
+    qi, ql, qt = _topk_arrays(q, targets, 2)
+    est = common.truncated_kl(pi, pl, pt, qi, ql, qt, targets)[0]
+    q_imp = 0.35  # Q's 2nd largest
+    expected = 0.5 * math.log(0.5 / 0.5) + 0.3 * math.log(0.3 / q_imp)
+    p_rest, q_rest = 1 - 0.8, max(1 - 0.5 - q_imp, 1e-12)
+    expected += p_rest * math.log(p_rest / q_rest)
+    assert est == pytest.approx(max(expected, 0.0), rel=1e-9)
+
+
+def test_greedy_agreement() -> None:
+    ref = [[1, 2, 3, 4], [1, 2, 3, 4], [9, 9, 9, 9]]
+    other = [[1, 2, 3, 4], [1, 2, 0, 4], [8, 9, 9, 9]]
+    tok, seq = common.greedy_agreement(ref, other, 4)
+    assert tok == pytest.approx((1 + 0.5 + 0) / 3)  # common prefix only: pos 3 of #2 not counted
+    assert seq == pytest.approx(1 / 3)
+    assert common.greedy_agreement(ref, ref, 4) == (1.0, 1.0)
+    assert common.greedy_agreement(ref, other, 2) == (pytest.approx(2 / 3), pytest.approx(2 / 3))
+
+
+def test_compute_rows_reference_first_and_schema() -> None:
+    rng = np.random.default_rng(3)
+    n, vocab, k = 50, 64, 5
+    targets = rng.integers(0, vocab, size=n)
+
+    def result(noise: float) -> dict[str, np.ndarray]:
+        lp = _softmax_logprobs(
+            rng.normal(size=(n, vocab)) * 0 + base + noise * rng.normal(size=(n, vocab))
+        )
+        ids, top, tgt = _topk_arrays(lp, targets, k)
+        return {
+            "target_lp": tgt.astype(np.float32),
+            "top_ids": ids.astype(np.int32),
+            "top_lp": top.astype(np.float32),
+            "greedy": np.arange(64, dtype=np.int32).reshape(2, 32),
+        }
+
+    base = rng.normal(size=(n, vocab)) * 3
+    res = {"auto": result(0.0), "int8": result(0.01)}
+    res["int8"]["greedy"] = res["int8"]["greedy"].copy()
+    res["int8"]["greedy"][1, 16] = -1
+    rows, extras = accuracy.compute_rows(res, "auto", targets, 32)
+    assert [r["dtype"] for r in rows] == ["auto", "int8"]
+    assert rows[0]["top1_agree"] == 1.0 and rows[0]["kld"] == 0.0 and rows[0]["greedy_agree"] == 1.0
+    assert rows[1]["greedy_agree"] == pytest.approx(0.75)
+    assert extras["int8"]["greedy_seq_agree"] == 0.5
+    assert extras["auto"]["ppl_delta_pct"] == 0.0
+    doc = {"model": "m", "corpus": "c", "tokens": n, "rows": rows, "gpu": "g", "command": "x"}
+    common.validate_accuracy(json.loads(json.dumps(doc)))
+
+
+# --------------------------------------------------------------------------------------------
+# JSON schemas and files
+
+
+def test_validate_accuracy_rejects_extra_and_missing_keys() -> None:
+    row = {"dtype": "int8", "ppl": 10.0, "top1_agree": None, "kld": None, "greedy_agree": 1.0}
+    good = {"model": "m", "corpus": "c", "tokens": 5, "rows": [row]}
+    common.validate_accuracy(good)
+    for bad in (
+        {**good, "extra": 1},
+        {k: v for k, v in good.items() if k != "tokens"},
+        {**good, "rows": [{**row, "seq": 1.0}]},
+        {**good, "rows": [{**row, "ppl": None}]},
+        {**good, "rows": [{**row, "greedy_agree": float("nan")}]},
+        {**good, "tokens": 5.0},
+    ):
+        with pytest.raises(ValueError):
+            common.validate_accuracy(bad)
+
+
+def test_validate_throughput() -> None:
+    row = {
+        "dtype": "int8",
+        "ctx": 1024,
+        "num_prompts": 3,
+        "output_len": 256,
+        "gen_tok_s": 123.4,
+        "kv_cache_tokens": 1000,
+    }
+    good = {"gpu": "g", "command": "c", "model": "m", "rows": [row]}
+    common.validate_throughput(good)
+    with pytest.raises(ValueError):
+        common.validate_throughput({**good, "settings": {}})
+    with pytest.raises(ValueError):
+        common.validate_throughput({**good, "rows": [{**row, "ctx": "1K"}]})
+
+
+def test_merge_rows_replaces_by_key() -> None:
+    old = [{"dtype": "a", "ctx": 1, "v": 1}, {"dtype": "b", "ctx": 1, "v": 2}]
+    new = [{"dtype": "b", "ctx": 1, "v": 3}, {"dtype": "b", "ctx": 8, "v": 4}]
+    got = common.merge_rows(old, new, ("dtype", "ctx"))
+    assert got == [
+        {"dtype": "a", "ctx": 1, "v": 1},
+        {"dtype": "b", "ctx": 1, "v": 3},
+        {"dtype": "b", "ctx": 8, "v": 4},
+    ]
+
+
+def test_write_json_copies_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(out))
+    written = common.write_json({"a": 1}, tmp_path / "res" / "x.json")
+    assert [p.name for p in written] == ["x.json", "x.json"]
+    assert json.loads((out / "x.json").read_text()) == {"a": 1}
+
+
+def test_configs_and_child_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INT8KV_SHIM", "1")
+    assert "INT8KV_SHIM" not in common.child_env("auto_fa2")
+    assert common.child_env("auto_fa2", shim_everywhere=True)["INT8KV_SHIM"] == "1"
+    assert common.child_env("int8")["INT8KV_SHIM"] == "1"
+    assert common.llm_kwargs_for("int8") == {"kv_cache_dtype": "int8"}
+    assert common.llm_kwargs_for("int4") == {"kv_cache_dtype": "int4"}
+    assert common.llm_kwargs_for("int8_per_token_head")["attention_backend"] == "TRITON_ATTN"
+    fa2 = common.llm_kwargs_for("auto_fa2")["attention_config"]
+    assert fa2 == {"backend": "FLASH_ATTN", "flash_attn_version": 2}
+
+
+def test_vllm_accepts_the_benchmark_settings() -> None:
+    """The LLM(...) arguments we pass exist in the installed vLLM (engine creation needs a GPU)."""
+    pytest.importorskip("vllm")
+    import dataclasses
+
+    from vllm.config import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    used = {
+        "kv_cache_dtype",
+        "attention_backend",
+        "attention_config",
+        "max_logprobs",
+        "num_gpu_blocks_override",
+        "enable_prefix_caching",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "enforce_eager",
+        "seed",
+        "disable_log_stats",
+    }
+    assert used <= fields, used - fields
+    for label in common.CONFIGS:
+        kw = common.llm_kwargs_for(label)
+        if "attention_config" in kw:
+            AttentionConfig(**kw["attention_config"])
+        if "attention_backend" in kw:
+            AttentionConfig.validate_backend_before(kw["attention_backend"])
+
+
+def test_throughput_ctx_plan_skips_beyond_model() -> None:
+    plan, skipped = throughput.plan_ctx([1024, 8192, 32768], 8192, 256)
+    assert plan == [(1024, 1024), (8192, 7936)]
+    assert [s["ctx"] for s in skipped] == [32768]
+    assert throughput.num_prompts_for(10_000, 744, 256, 1.0) == 10
+    assert throughput.num_prompts_for(10, 744, 256, 1.0) == 1
+    a = throughput.random_prompts(3, 5, 2000, 0)
+    assert a == throughput.random_prompts(3, 5, 2000, 0)
+    assert all(1000 <= t < 2000 for p in a for t in p)
+
+
+def test_plot_throughput(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plot = _load("int8kv_bench_plot", REPO / "benchmarks" / "plot_throughput.py")
+    rows = [
+        {
+            "dtype": d,
+            "ctx": c,
+            "num_prompts": 1,
+            "output_len": 256,
+            "gen_tok_s": 1000.0 * (i + 1),
+            "kv_cache_tokens": 10_000 * (i + 1),
+        }
+        for i, d in enumerate(["auto_fa2", "int8"])
+        for c in (1024, 8192)
+    ]
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps({"gpu": "g", "command": "c", "model": "m", "rows": rows}))
+    png = plot.plot(src, tmp_path / "t.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------------------------
+# e2e comparison helper
+
+
+def _run(ids: list[list[int]], lps: list[list[list[list[float]]]] | None = None) -> dict:
+    return {"token_ids": ids, "logprobs": lps or [[] for _ in ids]}
+
+
+def test_compare_greedy_identical_near_tie_and_mismatch() -> None:
+    ref = _run(
+        [[1, 2, 3], [1, 2, 3], [1, 2, 3]],
+        [
+            [[[1, -0.1]], [[2, -0.1]], [[3, -0.1]]],
+            [[[1, -0.1]], [[2, -0.6], [7, -0.8]], [[3, -0.1]]],
+            [[[1, -0.1]], [[2, -0.1]], [[3, -0.1]]],
+        ],
+    )
+    other = _run(
+        [[1, 2, 3], [1, 7, 5], [1, 9, 3]],
+        [
+            [[[1, -0.1]], [[2, -0.1]], [[3, -0.1]]],
+            [[[1, -0.1]], [[7, -0.6], [2, -0.8]], [[5, -0.1]]],
+            [[[1, -0.1]], [[9, -0.01]], [[3, -0.1]]],
+        ],
+    )
+    cmp = e2e_support.compare_greedy(ref, other, n=3)
+    assert cmp.identical == 1 and cmp.near_tie == [1] and cmp.mismatch == [2]
+    assert cmp.first_divergence == {1: 1, 2: 1}
+    assert cmp.identical_fraction == pytest.approx(1 / 3)
+    assert "p1@t1" in cmp.summary() and "p2@t1" in cmp.summary()
+    # only the first n tokens count
+    assert e2e_support.compare_greedy(ref, other, n=1).identical == 3
+
+
+def test_tiny_llama_builder(tmp_path: Path) -> None:
+    """The tiny GQA model folder is loadable by transformers with the shapes vLLM will see."""
+    pytest.importorskip("transformers")
+    tok_dir = tmp_path / "tok"
+    _fake_tokenizer(tok_dir)
+    out = e2e_support.build_tiny_llama(tmp_path / "tiny", tok_dir, attn_out_scale=0.5)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (8, 2, 128)
+    assert cfg["hidden_size"] == 256 and cfg["num_hidden_layers"] == 4
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        k = f.get_tensor("model.layers.0.self_attn.k_proj.weight")
+        o = f.get_tensor("model.layers.0.self_attn.o_proj.weight")
+    assert tuple(k.shape) == (2 * 128, 256) and str(k.dtype) == "torch.bfloat16"
+    assert tuple(o.shape) == (256, 8 * 128)
+    # same seed, same weights
+    again = e2e_support.build_tiny_llama(tmp_path / "tiny2", tok_dir, attn_out_scale=0.5)
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def _fake_tokenizer(path: Path) -> None:
+    """A small byte-level BPE tokenizer folder (the real SmolLM2 one is only on the GPU host)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(300)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="t1", eos_token="t2")
+    fast.save_pretrained(str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# orchestration of the benchmark scripts, with the per-dtype engine processes faked
+
+
+def _fake_accuracy_child(fail: set[str]):
+    """Stand-in for ``common.run_child`` that writes what an accuracy worker would."""
+
+    def run(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        label = argv[argv.index("--label") + 1]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if label in fail:
+            log_path.write_text("Traceback ...\nValueError: unsupported kv cache dtype\n")
+            return 1, 0.1, log_path.read_text()
+        inputs = json.loads(Path(argv[argv.index("--inputs") + 1]).read_text())
+        k = int(argv[argv.index("--logprobs") + 1])
+        rng = np.random.default_rng(0)  # same "model" for every dtype ...
+        base = rng.normal(size=(1, 64)) * 3
+        parts = []
+        for w in inputs["windows"]:
+            noise = 0.0 if label == "auto" else 0.02  # ... plus a little cache noise
+            lp = _softmax_logprobs(base + noise * rng.normal(size=(len(w) - 1, 64)))
+            ids, top, tgt = _topk_arrays(lp, np.asarray(w[1:]) % 64, k)
+            parts.append((tgt, ids, top))
+        greedy = np.tile(np.arange(4, dtype=np.int32), (len(inputs["greedy_prompts"]), 1))
+        np.savez(
+            argv[argv.index("--result") + 1],
+            target_lp=np.concatenate([p[0] for p in parts]).astype(np.float32),
+            top_ids=np.concatenate([p[1] for p in parts]).astype(np.int32),
+            top_lp=np.concatenate([p[2] for p in parts]).astype(np.float32),
+            greedy=greedy,
+            meta=np.array(json.dumps({"label": label, "kv_cache_tokens": 1000})),
+        )
+        assert ("INT8KV_SHIM" in env) == (label not in ("auto", "int8_per_token_head"))
+        return 0, 0.1, "done"
+
+    return run
+
+
+def test_accuracy_main_end_to_end_with_faked_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(accuracy.common, "load_corpus_ids", lambda m, c: list(range(3000)))
+    monkeypatch.setattr(accuracy.common, "run_child", _fake_accuracy_child({"int4"}))
+    monkeypatch.setattr(accuracy.common, "gpu_name", lambda: "FakeGPU")
+    out = tmp_path / "res" / "accuracy.json"
+    rc = accuracy.main(
+        [
+            "--model",
+            str(tmp_path),
+            "--dtypes",
+            "auto,int8_per_token_head,int8,int4",
+            "--window",
+            "256",
+            "--min-scored",
+            "1000",
+            "--logprobs",
+            "4",
+            "--greedy-prompts",
+            "6",
+            "--greedy-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "w"),
+        ]
+    )
+    assert rc == 1  # int4 failed, the rest is still written
+    doc = json.loads(out.read_text())
+    common.validate_accuracy(doc)
+    assert [r["dtype"] for r in doc["rows"]] == ["auto", "int8_per_token_head", "int8"]
+    assert doc["tokens"] == 11 * 255 and doc["gpu"] == "FakeGPU"
+    assert doc["rows"][0]["kld"] == 0.0 and doc["rows"][1]["kld"] > 0
+    details = json.loads((out.parent / "accuracy_details.json").read_text())
+    assert "unsupported kv cache dtype" in details["runs"]["int4"]["error"]
+    assert details["runs"]["int8"]["kv_cache_tokens"] == 1000
+
+
+def test_throughput_main_append_merges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
+    speed = {"auto_fa2": 100.0, "int8": 150.0, "auto_triton": 90.0}
+
+    def fake_child(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        label = argv[argv.index("--label") + 1]
+        result = Path(argv[argv.index("--result") + 1])
+        spec = json.loads(result.with_suffix(".spec.json").read_text())
+        rows = [
+            {
+                "dtype": label,
+                "ctx": c,
+                "num_prompts": 2,
+                "output_len": 256,
+                "gen_tok_s": speed[label] * (2 if c == 1024 else 1),
+                "kv_cache_tokens": 10_000,
+            }
+            for c, _ in spec["plan"]
+        ]
+        extra = [{"dtype": label, "ctx": c, "prompt_len": p} for c, p in spec["plan"]]
+        result.write_text(json.dumps({"rows": rows, "extra": extra}))
+        return 0, 0.1, "ok"
+
+    monkeypatch.setattr(throughput.common, "run_child", fake_child)
+    out = tmp_path / "res" / "throughput.json"
+    base = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
+    assert throughput.main([*base, "--configs", "auto_fa2,int8", "--ctx", "1024,8192,32768"]) == 0
+    assert (
+        throughput.main([*base, "--configs", "auto_triton,int8", "--ctx", "8192", "--append"]) == 0
+    )
+    doc = json.loads(out.read_text())
+    common.validate_throughput(doc)
+    keys = sorted((r["dtype"], r["ctx"]) for r in doc["rows"])
+    assert keys == [
+        ("auto_fa2", 1024),
+        ("auto_fa2", 8192),
+        ("auto_triton", 8192),
+        ("int8", 1024),
+        ("int8", 8192),
+    ]
+    details = json.loads((out.parent / "throughput_details.json").read_text())
+    assert [s["ctx"] for s in details["skipped"]] == [32768]
+    assert {r["prompt_len"] for r in details["rows"] if r["ctx"] == 8192} == {7936}
+    assert set(details["runs"]) == {"auto_fa2", "int8", "auto_triton"}
+    assert " ; " in doc["command"]
