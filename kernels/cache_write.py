@@ -124,10 +124,13 @@ def write_kv_cache(
     key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16; any token/head strides, unit
     stride along head_size. kv_cache: int8 [num_blocks, >= page_bytes] (see page_layout.py).
     slot_mapping: int32/int64 [num_tokens], slot = block * block_size + offset; negative = padding,
-    skipped. ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads], > 0.
+    skipped; only the first min(len(key), len(slot_mapping)) tokens are written. ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads], > 0.
     No host sync, no allocation: safe inside CUDA-graph capture.
     """
-    num_tokens, num_kv_heads, head_size = key.shape
+    _, num_kv_heads, head_size = key.shape
+    # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
+    # without a slot have nowhere to go, and a slot index past the mapping must never be read.
+    num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
     layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value must be contiguous along head_size")

@@ -84,6 +84,20 @@ def test_padding_slots_leave_cache_untouched(device):
     assert torch.equal(cache, before)
 
 
+def test_key_rows_past_the_slot_mapping_are_ignored(device):
+    # CUDA-graph padding: key has more rows than slot_mapping. Only mapped rows are written, and
+    # the kernel must not read slot indices past the end of the mapping.
+    nkv, d, bs, nb = 2, 64, 16, 2
+    key = torch.randn(9, nkv, d, device=device, dtype=torch.bfloat16)
+    slots = torch.tensor([3, 17], dtype=torch.int64, device=device)
+    cache = torch.zeros((nb, PageLayout("int8", bs, nkv, d).page_bytes), dtype=torch.int8,
+                        device=device)  # fmt: skip
+    expected = cache.clone()
+    write_kv_cache(key, key, cache, slots, kv_dtype="int8", block_size=bs)
+    write_kv_cache_ref(key[:2], key[:2], expected, slots, kv_dtype="int8", block_size=bs)
+    assert torch.equal(cache, expected)
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
 def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device):
     nkv, d, bs, n = 2, 64, 16, 7
