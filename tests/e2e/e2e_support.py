@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The child-process runner (timeout kills the engine core too) is the benchmarks' own.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from common import run_child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "benchmarks" / "corpus" / "pride_and_prejudice.txt"
@@ -157,32 +159,17 @@ def run_vllm(
     else:
         env.pop("INT8KV_SHIM", None)
     timeout_s = timeout_s or float(os.environ.get("INT8KV_E2E_TIMEOUT", "1200"))
-    t0 = time.monotonic()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), str(spec), str(result)],
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # so a timeout can kill the engine core process too
-        )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = -9
+    rc, seconds, tail = run_child(
+        [sys.executable, str(WORKER), str(spec), str(result)], env, timeout_s, log
+    )
     if os.environ.get("OUT"):
         dst = Path(os.environ["OUT"]) / "logs"
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, dst / f"e2e_{name}.log")
-    tail = log.read_text(errors="replace")[-4000:]
     if rc != 0 or not result.exists():
-        raise RuntimeError(
-            f"vLLM run {name!r} failed (rc={rc}) after {time.monotonic() - t0:.0f}s:\n{tail}"
-        )
+        raise RuntimeError(f"vLLM run {name!r} failed (rc={rc}) after {seconds:.0f}s:\n{tail}")
     out = json.loads(result.read_text())
-    out["wall_s"] = round(time.monotonic() - t0, 1)
+    out["wall_s"] = round(seconds, 1)
     return out
 
 
