@@ -27,12 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
 from .page_layout import PageLayout
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 # Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
 # alpha = exp2(0) = 1 instead of NaN from (-inf) - (-inf).
 _M_INIT = tl.constexpr(-1.0e30)
+_E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
 
 # Upper bound on KV splits of one (sequence, kv-head); workspaces are sized with it.
 MAX_SPLITS = 32
@@ -65,6 +67,21 @@ def _i8_to_f16(x):
         is_pure=True,
         pack=4,
     )
+
+
+@triton.jit
+def _v_to_dot(v, V_E4M3: tl.constexpr, DOT_F32: tl.constexpr):
+    """V bytes -> the dot operand: int8 integers, or E4M3 codes as value / 256 (the 256 and the
+    static scale multiply the output once, so no per-element multiply here)."""
+    if V_E4M3:
+        v = e4m3_decode_f16(v)  # exact in fp16; fp32 for the interpreter's dot is exact too
+        if DOT_F32:
+            v = v.to(tl.float32)
+    elif DOT_F32:
+        v = v.to(tl.float32)
+    else:
+        v = _i8_to_f16(v)
+    return v
 
 
 @triton.jit
@@ -112,7 +129,7 @@ def _chunked_kv_loop(
     BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     CHUNKS: tl.constexpr, K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr, USE_WINDOW: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, V_E4M3: tl.constexpr,
 ):  # fmt: skip
     """The KV loop of the decode path, split-K inside the program (flash-decoding within a CTA).
 
@@ -184,10 +201,7 @@ def _chunked_kv_loop(
         )  # [CHUNKS, C, HEAD_SIZE]
         if DYNAMIC:
             p = p * v_sc.to(tl.float32)[:, None, :]
-        if DOT_F32:
-            v = v.to(tl.float32)
-        else:
-            v = _i8_to_f16(v)
+        v = _v_to_dot(v, V_E4M3, DOT_F32)
         acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v)
         k_sc, v_sc = k_sc_next, v_sc_next
 
@@ -237,6 +251,7 @@ def _attn_fwd(
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_F32: tl.constexpr,
+    V_E4M3: tl.constexpr,
 ):
     pid_q = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -300,7 +315,7 @@ def _attn_fwd(
         m_i, l_i, acc = _chunked_kv_loop(
             q, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh, stride_block, window,
             score_scale, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS, K_DATA, V_DATA,
-            K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32,
+            K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
         )  # fmt: skip
     else:
         m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
@@ -371,16 +386,16 @@ def _attn_fwd(
             )
             if DYNAMIC:
                 p = p * v_sc.to(tl.float32)[None, :]
-            if DOT_F32:
-                v = v.to(tl.float32)
-            else:
-                v = _i8_to_f16(v)
+            v = _v_to_dot(v, V_E4M3, DOT_F32)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             if PREFETCH:
                 k_sc, v_sc = k_sc_next, v_sc_next
 
     if not DYNAMIC:
-        acc = acc * tl.load(static_v_ptr + kvh)
+        v_out_scale = tl.load(static_v_ptr + kvh)
+        if V_E4M3:
+            v_out_scale = v_out_scale * _E4M3_UNSCALE  # exact (power of two)
+        acc = acc * v_out_scale
     if SPLIT:
         ws = (token * NUM_Q_HEADS + head) * num_splits + split
         tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
@@ -553,6 +568,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     workspace: AttentionWorkspace | None = None,
     num_splits: int | None = None,
+    v_format: str = "int8",
 ) -> None:
     """Causal varlen attention of ``query`` over the INT8 paged cache, written into ``output``.
 
@@ -562,12 +578,15 @@ def paged_attention(
     tokens; block_table: int32 [num_seqs, max_blocks_per_seq]. Query token i of a sequence with
     q_len new tokens sits at position seq_len - q_len + i and sees keys j <= that position (and,
     with ``sliding_window``, position - j < sliding_window). ``soft_cap``: s = cap * tanh(s / cap).
-    ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads]. ``num_splits`` overrides the
+    ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads]; with ``v_format="e4m3"``
+    (``int8_static`` only) the V bytes are FP8-E4M3FN codes (as ``write_kv_cache`` stores them)
+    dequantized as e4m3 value * v_scale. ``num_splits`` overrides the
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
     """
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    v_e4m3 = check_v_format(kv_dtype, v_format)
     if num_q_heads % num_kv_heads:
         raise ValueError(
             f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
@@ -646,6 +665,7 @@ def paged_attention(
         USE_SOFTCAP=bool(soft_cap),
         SPLIT=use_split,
         DOT_F32=query.device.type != "cuda",
+        V_E4M3=v_e4m3,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .e4m3 import check_v_format, e4m3_encode
 from .page_layout import PageLayout
 from .reference import QMAX, SCALE_MAX, SCALE_MIN
 
@@ -39,6 +40,7 @@ def _quantize_store(
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DYNAMIC: tl.constexpr,
+    E4M3: tl.constexpr,  # store E4M3FN codes instead of int8 integers (static scales only)
 ):
     offs_h = tl.arange(0, H_PAD)
     offs_d = tl.arange(0, HEAD_SIZE)
@@ -57,7 +59,10 @@ def _quantize_store(
     else:
         scale = tl.load(static_scale_ptr + offs_h, mask=mask_h, other=1.0).to(tl.float32)
     y = tl.div_rn(x, scale[:, None])
-    q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
+    if E4M3:
+        q = e4m3_encode(y)  # saturates to +-448 itself
+    else:
+        q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
     tl.store(
         cache_ptr + page_off + data_off + row[:, None] * HEAD_SIZE + offs_d[None, :],
         q,
@@ -88,6 +93,7 @@ def _write_kv_kernel(
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
     DYNAMIC: tl.constexpr,
+    V_E4M3: tl.constexpr,
 ):
     # One program per token, all kv-heads of K and V: one launch row per token keeps the grid
     # independent of the data (CUDA-graph safe) and the loads wide.
@@ -100,11 +106,11 @@ def _write_kv_kernel(
     page_off = block * stride_block
     _quantize_store(
         key_ptr + t * stride_kt, stride_kh, cache_ptr, cache16_ptr, page_off, K_DATA, K_SCALE,
-        off, k_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC,
+        off, k_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, False,
     )  # fmt: skip
     _quantize_store(
         value_ptr + t * stride_vt, stride_vh, cache_ptr, cache16_ptr, page_off, V_DATA, V_SCALE,
-        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC,
+        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, V_E4M3,
     )  # fmt: skip
 
 
@@ -118,13 +124,17 @@ def write_kv_cache(
     block_size: int,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    v_format: str = "int8",
 ) -> None:
     """Quantize ``key``/``value`` and store them into their slots of ``kv_cache``, in place.
 
     key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16; any token/head strides, unit
     stride along head_size. kv_cache: int8 [num_blocks, >= page_bytes] (see page_layout.py).
     slot_mapping: int32/int64 [num_tokens], slot = block * block_size + offset; negative = padding,
-    skipped; only the first min(len(key), len(slot_mapping)) tokens are written. ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads], > 0.
+    skipped; only the first min(len(key), len(slot_mapping)) tokens are written. ``int8_static``
+    needs k_scale / v_scale: fp32 [num_kv_heads], > 0. ``v_format="e4m3"`` (``int8_static`` only)
+    stores V as FP8-E4M3FN codes of v / v_scale (round half even, saturating at +-448; e4m3.py);
+    K stays int8.
     No host sync, no allocation: safe inside CUDA-graph capture.
     """
     _, num_kv_heads, head_size = key.shape
@@ -132,6 +142,7 @@ def write_kv_cache(
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
     num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
     layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    v_e4m3 = check_v_format(kv_dtype, v_format)
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value must be contiguous along head_size")
     if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1:
@@ -165,5 +176,6 @@ def write_kv_cache(
         K_SCALE=layout.k_scale,
         V_SCALE=layout.v_scale,
         DYNAMIC=dynamic,
+        V_E4M3=v_e4m3,
         num_warps=4,
     )

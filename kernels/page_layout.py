@@ -19,6 +19,9 @@ head are one contiguous chunk, so a kernel tile of one kv-head is a handful of c
 
     | K data int8 [H][B][D] | V data int8 [H][B][D] |      page_bytes = 2*H*B*D
 
+    with ``v_format="e4m3"`` the V bytes are FP8-E4M3FN codes (e4m3.py) instead of int8 integers;
+    the layout is the same.
+
 Why this shape:
 
 * one page holds a token's whole state (data and scales), so prefix caching, swapping and

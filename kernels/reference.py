@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .e4m3 import check_v_format, e4m3_decode_ref, e4m3_encode_ref
 from .page_layout import PageLayout
 
 # Quantization constants, shared with the kernels (cache_write.py imports them).
@@ -40,6 +41,12 @@ def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round((xf / scale.float()[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
 
 
+def quantize_e4m3_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static FP8-E4M3FN with one fp32 scale per kv-head: int8 tensor of the codes of x / scale
+    (IEEE division, then round half even, saturating at +-448; see e4m3.py)."""
+    return e4m3_encode_ref(x.float() / scale.float()[:, None])
+
+
 def _views(kv_cache: torch.Tensor, layout: PageLayout):
     """Named views [num_blocks, H, B, D] / [num_blocks, H, B] of the regions of every page."""
     nb = kv_cache.shape[0]
@@ -63,9 +70,11 @@ def write_kv_cache_ref(
     block_size: int,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    v_format: str = "int8",
 ) -> None:
     """Reference for ``write_kv_cache``: quantize and scatter each token into its slot, in place."""
     layout = PageLayout(kv_dtype, block_size, key.shape[1], key.shape[2])
+    v_e4m3 = check_v_format(kv_dtype, v_format)
     kd, vd, ks, vs = _views(kv_cache, layout)
     keep = slot_mapping >= 0  # negative slots are padding tokens
     slots = slot_mapping[keep].long()
@@ -78,7 +87,8 @@ def write_kv_cache_ref(
         vs[blk, :, off] = sv
     else:
         qk = quantize_int8_static(key, k_scale)
-        qv = quantize_int8_static(value, v_scale)
+        quantize_v = quantize_e4m3_static if v_e4m3 else quantize_int8_static
+        qv = quantize_v(value, v_scale)
     # Advanced indices on dims 0 and 2 around a slice: the indexed view is [tokens, H, D].
     kd[blk, :, off] = qk
     vd[blk, :, off] = qv
@@ -93,16 +103,19 @@ def dequantize_cache(
     head_size: int,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    v_format: str = "int8",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 K, V of every slot: [num_blocks, block_size, num_kv_heads, head_size] each."""
     layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    v_e4m3 = check_v_format(kv_dtype, v_format)
     kd, vd, ks, vs = _views(kv_cache, layout)
     if layout.has_scales:
         k = kd.float() * ks.float()[..., None]
         v = vd.float() * vs.float()[..., None]
     else:
         k = kd.float() * k_scale.float()[None, :, None, None]
-        v = vd.float() * v_scale.float()[None, :, None, None]
+        v = e4m3_decode_ref(vd) if v_e4m3 else vd.float()
+        v = v * v_scale.float()[None, :, None, None]
     return k.transpose(1, 2), v.transpose(1, 2)
 
 

@@ -39,12 +39,14 @@ def compile_one(fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stag
     ptx = k.asm["ptx"]
     assert ".target sm_80" in ptx
     assert "wgmma" not in ptx and "cp.async.bulk" not in ptx  # nothing Hopper-only
+    assert "e4m3x2" not in ptx  # no FP8 conversion instruction (sm89+); the E4M3 codec is bit ops
     return k
 
 
 def main() -> int:
     n = 0
-    for kv_dtype in ("int8", "int8_static"):
+    # (kv_dtype, v_format): the E4M3 codec is integer/float bit operations, no FP8 instruction.
+    for kv_dtype, v_fmt in (("int8", "int8"), ("int8_static", "int8"), ("int8_static", "e4m3")):
         for dt in ("bf16", "fp16"):
             for nkv, d in ((8, 128), (3, 64), (2, 256)):
                 lay = PageLayout(kv_dtype, 16, nkv, d)
@@ -55,11 +57,11 @@ def main() -> int:
                      "v_scale_ptr": "*fp32"},
                     dict(NUM_KV_HEADS=nkv, H_PAD=triton.next_power_of_2(nkv), HEAD_SIZE=d,
                          BLOCK_SIZE=16, K_DATA=lay.k_data, V_DATA=lay.v_data, K_SCALE=lay.k_scale,
-                         V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales),
+                         V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3"),
                     num_warps=4,
                 )  # fmt: skip
                 n += 1
-                print("ok write", kv_dtype, dt, nkv, d, flush=True)
+                print("ok write", kv_dtype, v_fmt, dt, nkv, d, flush=True)
     ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
             "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
             "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
@@ -76,8 +78,15 @@ def main() -> int:
         ("int8_static", 32, 8, 128, 16, 2048, True, False),
         ("int8", 32, 8, 128, 16, 1, False, False, 4),
         ("int8_static", 9, 3, 64, 16, 1, True, True, 4),
+        # kv_dtype "int8_static+e4m3": V as FP8-E4M3 codes (decode, prefill, chunked decode)
+        ("int8_static+e4m3", 32, 8, 128, 16, 1, False, False),
+        ("int8_static+e4m3", 16, 2, 256, 32, 1, True, True),
+        ("int8_static+e4m3", 32, 8, 128, 16, 2048, True, False),
+        ("int8_static+e4m3", 8, 8, 256, 16, 512, False, True),
+        ("int8_static+e4m3", 9, 3, 64, 16, 1, True, True, 4),
     ]
-    for kv_dtype, nq, nkv, d, bs, mq, window, softcap, *chunks in cases:
+    for name, nq, nkv, d, bs, mq, window, softcap, *chunks in cases:
+        kv_dtype, _, v_fmt = name.partition("+")
         lay = PageLayout(kv_dtype, bs, nkv, d)
         group = nq // nkv
         cfg = _choose_config(group, d, mq)
@@ -89,11 +98,11 @@ def main() -> int:
                  HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
                  V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
                  DYNAMIC=lay.has_scales, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                 SPLIT=cfg.split, DOT_F32=False),
+                 SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3"),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
-        print("ok attention", kv_dtype, nq, nkv, d, bs, mq, window, softcap, flush=True)
+        print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, flush=True)
         if cfg.split:
             compile_one(
                 _merge_splits,

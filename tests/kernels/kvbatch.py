@@ -11,11 +11,19 @@ from int8kv_kernels.reference import attention_ref, dequantize_cache
 
 
 def make_cache(
-    kv_dtype: str, block_size: int, nkv: int, head_size: int, num_blocks: int, device: str
+    kv_dtype: str,
+    block_size: int,
+    nkv: int,
+    head_size: int,
+    num_blocks: int,
+    device: str,
+    v_format: str = "int8",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A cache full of random int8 data and (int8) random fp16 scales; static scales for int8_static.
 
     Scales are chosen so dequantized K/V have roughly unit magnitude, like real activations.
+    ``v_format="e4m3"``: V bytes are random E4M3 codes (every code but the NaNs 0x7f/0xff, which
+    no writer produces) and v_scale ~ 2/448.
     """
     layout = PageLayout(kv_dtype, block_size, nkv, head_size)
     cache = torch.randint(
@@ -27,6 +35,11 @@ def make_cache(
         return cache, None, None
     k_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
     v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
+    if v_format == "e4m3":
+        v = cache[:, layout.v_data : layout.k_scale]
+        v[v == 127] = 126  # 0x7f -> 0x7e (448)
+        v[v == -1] = -2  # 0xff -> 0xfe (-448)
+        v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 448)
     return cache, k_scale, v_scale
 
 
@@ -118,12 +131,12 @@ def run_attention(
 
 
 def reference(
-    b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, **kw
+    b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, v_format="int8", **kw
 ) -> torch.Tensor:
     head_size = b.query.shape[-1]
     k, v = dequantize_cache(
         cache, kv_dtype=kv_dtype, block_size=block_size, num_kv_heads=nkv, head_size=head_size,
-        k_scale=k_scale, v_scale=v_scale,
+        k_scale=k_scale, v_scale=v_scale, v_format=v_format,
     )  # fmt: skip
     ref = attention_ref(
         b.query, k, v, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
