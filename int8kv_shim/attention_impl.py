@@ -7,7 +7,7 @@ when vLLM resolves our backend class, never at shim import.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from vllm.config import VllmConfig
@@ -25,6 +25,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
+from int8kv_shim.calibration import active_recorder
 
 logger = init_logger(__name__)
 
@@ -34,7 +35,10 @@ _WORKSPACE_TOKENS = 256
 
 # dtypes whose kernels exist in this release; the others are registered (so vLLM accepts the
 # name) but refused at startup with a message instead of failing inside a kernel.
-KERNEL_DTYPES = ("int8",)
+KERNEL_DTYPES = ("int8", "int8_static")
+
+STATIC_DTYPE = "int8_static"
+V_FORMATS = ("int8", "e4m3")
 
 
 def missing_kernels(kv_cache_dtype: str) -> str | None:
@@ -156,9 +160,47 @@ class Int8KVAttentionImpl(AttentionImpl):
         self.logits_soft_cap = logits_soft_cap or None
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
-        # Static scales (int8_static) are loaded into these after weight loading.
+        # Static scales (int8_static): set by set_static_scales() after weight loading (patch P8).
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+        self.v_format = "int8"
+        # The scale keyword arguments of every kernel call; None until int8_static has its scales.
+        self._scale_kwargs: dict[str, Any] | None = (
+            None if kv_cache_dtype == STATIC_DTYPE else {"k_scale": None, "v_scale": None}
+        )
+        # Set only under `int8kv calibrate` (INT8KV_CALIBRATE): records K/V as they enter the cache.
+        self._recorder = active_recorder()
+
+    def set_static_scales(
+        self, k_scale: torch.Tensor, v_scale: torch.Tensor, v_format: str, source: str = ""
+    ) -> None:
+        """Per-kv-head fp32 scales of this rank's heads, and V's storage format (``int8_static``)."""
+        where = f" (from {source})" if source else ""
+        if self.kv_cache_dtype != STATIC_DTYPE:
+            raise ValueError(
+                f"int8kv-shim: static scales{where} given to a {self.kv_cache_dtype} layer"
+            )
+        if v_format not in V_FORMATS:
+            raise ValueError(f"int8kv-shim: v_format {v_format!r}{where} is not one of {V_FORMATS}")
+        expected = (self.num_kv_heads,)
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if tuple(scale.shape) != expected or scale.dtype != torch.float32:
+                raise ValueError(
+                    f"int8kv-shim: {name}{where} must be fp32 {list(expected)}, "
+                    f"not {scale.dtype} {list(scale.shape)}"
+                )
+        self.k_scale, self.v_scale, self.v_format = k_scale, v_scale, v_format
+        self._scale_kwargs = {"k_scale": k_scale, "v_scale": v_scale, "v_format": v_format}
+
+    def _kernel_scales(self) -> dict[str, Any]:
+        kwargs = self._scale_kwargs
+        if kwargs is None:
+            raise RuntimeError(
+                "int8kv-shim: this int8_static layer has no scales: the calibration file is loaded "
+                "after weight loading (Attention.process_weights_after_loading, patch P8), which "
+                "did not run for it"
+            )
+        return kwargs
 
     def forward(
         self,
@@ -192,10 +234,9 @@ class Int8KVAttentionImpl(AttentionImpl):
             softmax_scale=self.scale,
             sliding_window=self.sliding_window,
             soft_cap=self.logits_soft_cap,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
             workspace=attn_metadata.workspace,
             num_splits=attn_metadata.num_splits,
+            **self._kernel_scales(),
         )
         return output
 
@@ -207,15 +248,18 @@ class Int8KVAttentionImpl(AttentionImpl):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        if self._recorder is not None and self._recorder.armed:
+            self._recorder.record(layer.layer_name, key, value, slot_mapping)
         write_kv_cache(
             key,
             value,
             kv_cache,
             slot_mapping,
             kv_dtype=self.kv_cache_dtype,
-            block_size=_block_size(kv_cache, self.kv_cache_dtype, self.num_kv_heads, self.head_size),
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
+            block_size=_block_size(
+                kv_cache, self.kv_cache_dtype, self.num_kv_heads, self.head_size
+            ),
+            **self._kernel_scales(),
         )
 
     def fused_output_quant_supported(self, quant_key: object) -> bool:

@@ -1,7 +1,9 @@
 """``int8kv``: the shim's command line.
 
 ``int8kv doctor`` checks whether the shim can do what the user wants on this machine (it also runs
-where there is no GPU); ``int8kv dtypes`` prints the dtype table (the README's table is this output).
+where there is no GPU); ``int8kv dtypes`` prints the dtype table (the README's table is this output);
+``int8kv calibrate MODEL`` writes the ``int8_static`` calibration file (needs a GPU; see
+:mod:`int8kv_shim.calibrate`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from int8kv_shim import calibrate
 from int8kv_shim._catalogue import load_catalogue
 from int8kv_shim.environment_variables import INT8KV_SHIM, TRUTHY_VALUES, activation_requested
 from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
@@ -163,11 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     p_dtypes = sub.add_parser("dtypes", help="print the table of KV-cache dtypes (Markdown)")
     p_dtypes.add_argument("--head-size", type=int, default=128)
     p_dtypes.set_defaults(func=print_dtypes)
+
+    p_calibrate = sub.add_parser(
+        "calibrate",
+        help="measure K/V ranges through vLLM and write the int8_static calibration file",
+        usage="int8kv calibrate MODEL [options] [-- vLLM engine args]",
+        description="Run MODEL through vLLM (GPU) on calibration text, record per-layer, "
+        "per-kv-head K/V statistics as they enter the cache, and write the calibration file "
+        "that --kv-cache-dtype int8_static loads. Arguments after `--` go to vLLM's engine "
+        "(e.g. -- --tensor-parallel-size 2 --max-model-len 4096).",
+    )
+    calibrate.add_arguments(p_calibrate)
+    p_calibrate.set_defaults(func=_run_calibrate)
     return parser
 
 
+def _run_calibrate(args: argparse.Namespace) -> int:
+    return calibrate.run(args)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Our arguments; after ``--``, vLLM engine arguments (``int8kv calibrate`` only)."""
+    ours, engine = calibrate.split_engine_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(ours)
+    if engine and args.command != "calibrate":
+        parser.error(f"arguments after `--` are only for `int8kv calibrate`: {' '.join(engine)}")
+    args.engine_args = engine
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return args.func(args)
 
 

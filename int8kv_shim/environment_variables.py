@@ -24,3 +24,12 @@ def activation_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``INT8KV_SHIM`` asks for the shim to patch vLLM."""
     env = os.environ if environ is None else environ
     return is_truthy(env.get(INT8KV_SHIM))
+
+
+INT8KV_SCALES = "INT8KV_SCALES"
+"""Path of the ``int8_static`` calibration file (``int8kv calibrate`` writes it). Unset: the file
+``int8kv_scales.json`` in the model's folder."""
+
+INT8KV_CALIBRATE = "INT8KV_CALIBRATE"
+"""Set by ``int8kv calibrate`` in every vLLM process it starts (not for users): ``absmax`` or
+``histogram`` makes the attention impl record K/V statistics as they enter the cache."""

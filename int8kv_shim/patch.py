@@ -288,6 +288,44 @@ def patch_kv_cache_spec(attention: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P8  vllm.model_executor.layers.attention.attention: Attention.process_weights_after_loading
+#     (notes §5)
+
+
+def patch_static_scales_loader(attention: ModuleType) -> None:
+    """Load ``int8_static`` layers' per-head scales from the calibration file after weight loading.
+
+    vLLM's own method runs first (it resets ``_k_scale``/``_v_scale`` to 1.0, which our kernels
+    never read); then :func:`int8kv_shim.static_scales.load_into_layer` sets the impl's scales for
+    this TP rank, or stops start-up with one line naming the file and what is wrong with it.
+    Layers with any other dtype are untouched.
+    """
+    if is_applied("static_scales_loader"):
+        return
+    original = attention.Attention.process_weights_after_loading
+
+    def load_static_scales(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        result = wrapped(*args, **kwargs)
+        layer = instance if instance is not None else args[0]  # called through the class
+        if getattr(layer, "kv_cache_dtype", None) == "int8_static":
+            from int8kv_shim.static_scales import load_into_layer
+
+            load_into_layer(layer)
+        return result
+
+    attention.Attention.process_weights_after_loading = wrapt.FunctionWrapper(
+        original, load_static_scales
+    )
+
+    def undo() -> None:
+        attention.Attention.process_weights_after_loading = original
+
+    _UNDO["static_scales_loader"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
 # Guards: the inert mode, for any vLLM but the supported one (notes §8)
 
 
@@ -364,7 +402,10 @@ ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "vllm.v1.attention.backends.registry": (patch_register_backend,),
     "vllm.v1.attention.selector": (patch_selector_cache_dtype,),
     "vllm.platforms.cuda": (patch_backend_priorities,),
-    "vllm.model_executor.layers.attention.attention": (patch_kv_cache_spec,),
+    "vllm.model_executor.layers.attention.attention": (
+        patch_kv_cache_spec,
+        patch_static_scales_loader,
+    ),
 }
 
 GUARD_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {

@@ -108,6 +108,21 @@ def _load_scales(
 
 
 @triton.jit
+def _prefetch_scales(
+    cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+):  # fmt: skip
+    """One step of the two-deep scale prefetch for the tile after ``key`` (pages ``sc_page``,
+    gathered one step earlier): its K and V scales, and the pages of the tile after that."""
+    k_sc, v_sc = _load_scales(
+        cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
+        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+    )  # fmt: skip
+    return k_sc, v_sc, _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
+
+
+@triton.jit
 def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
     # Query blocks of sequence s are numbered from qsl[s] // BLOCK_Q + s (an upper bound that
     # needs no prefix sum of per-sequence block counts); binary search for the owner of pid_q.
@@ -147,23 +162,22 @@ def _chunked_kv_loop(
     l_i = tl.zeros([CHUNKS, BLOCK_M], tl.float32)
     acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_SIZE], tl.float32)
     # Scales prefetched two deep, as in the 2D loop.
-    sc_page = _load_pages(bt_row, key_lo + offs_k, key_hi, BLOCK_SIZE)
-    k_sc, v_sc = _load_scales(
-        cache16_ptr, sc_page, key_lo + offs_k, key_hi, kvh, stride_block,
-        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+    # Step -1 of the prefetch: pages of the first tile, then as in the loop.
+    k_sc, v_sc, sc_page = _prefetch_scales(
+        cache16_ptr, bt_row, _load_pages(bt_row, key_lo + offs_k, key_hi, BLOCK_SIZE),
+        key_lo + offs_k - TILE_N, key_hi, kvh, stride_block,
+        TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
     )  # fmt: skip
-    sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_k, key_hi, BLOCK_SIZE)
     for start in range(key_lo, key_hi, TILE_N):
         key = start + offs_k
         key_ok = key < key_hi
         page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         base = page * stride_block + (kvh * BLOCK_SIZE + key % BLOCK_SIZE) * HEAD_SIZE
         if DYNAMIC:
-            k_sc_next, v_sc_next = _load_scales(
-                cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
-                BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+            k_sc_next, v_sc_next, sc_page = _prefetch_scales(
+                cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
+                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
             )  # fmt: skip
-            sc_page = _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
         else:
             k_sc_next, v_sc_next = k_sc, v_sc
 
@@ -330,12 +344,12 @@ def _attn_fwd(
         # carried registers would spill there.
         PREFETCH: tl.constexpr = SPLIT and DYNAMIC
         if PREFETCH:
-            sc_page = _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE)
-            k_sc, v_sc = _load_scales(
-                cache16_ptr, sc_page, key_lo + offs_n, key_hi, kvh, stride_block,
-                BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+            # Step -1 of the prefetch: pages of the first tile, then as in the loop.
+            k_sc, v_sc, sc_page = _prefetch_scales(
+                cache16_ptr, bt_row, _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE),
+                key_lo + offs_n - TILE_N, key_hi, kvh, stride_block,
+                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
             )  # fmt: skip
-            sc_page = _load_pages(bt_row, key_lo + TILE_N + offs_n, key_hi, BLOCK_SIZE)
 
         for start in range(key_lo, key_hi, TILE_N):
             key = start + offs_n
@@ -344,11 +358,10 @@ def _attn_fwd(
             row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
             base = page * stride_block + row * HEAD_SIZE
             if PREFETCH:
-                k_sc_next, v_sc_next = _load_scales(
-                    cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
-                    BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                k_sc_next, v_sc_next, sc_page = _prefetch_scales(
+                    cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
+                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
                 )  # fmt: skip
-                sc_page = _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
             else:
                 k_sc, v_sc = _load_scales(
                     cache16_ptr, page, key, key_hi, kvh, stride_block,

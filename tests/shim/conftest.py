@@ -104,6 +104,7 @@ def active(run_python, dtype_names: list[str]) -> dict[str, Any]:
         "r['selection'] = probe.selection(NAMES)\n"
         "r['refusals'] = probe.refusals()\n"
         "r['backend'] = probe.backend_facts(NAMES)\n"
+        "r['static_scales'] = probe.static_scales_loading()\n"
         "r['cli'] = probe.cli(NAMES)\n"
         "from int8kv_shim import patch\n"
         "r['applied'] = list(patch.applied_patches())\n"

@@ -106,6 +106,7 @@ def snapshot(names: list[str]) -> dict[str, Any]:
         "priorities": priorities,
         "priorities_function": type(cuda._get_backend_priorities).__name__,
         "kv_cache_spec_method": type(attention.Attention.get_kv_cache_spec).__name__,
+        "process_weights_method": type(attention.Attention.process_weights_after_loading).__name__,
     }
 
 
@@ -326,6 +327,123 @@ def cli(names: list[str], create_engine_config: bool = False) -> dict[str, Any]:
         "parsed": parsed,
         "engine_args": engine,
     }
+
+
+def static_scales_loading() -> dict[str, Any]:
+    """Patch P8 on stand-in layers: ``Attention.process_weights_after_loading`` (called through
+    the class, as vLLM's loader calls it on each layer) loads ``int8_static`` scales.
+
+    A real layer needs a model config and a device; here a bare module with vLLM's default scale
+    buffers, our impl, a stand-in current vLLM config and a stubbed TP rank stand in for them.
+    """
+    import os
+    import tempfile
+    from types import SimpleNamespace
+
+    import torch
+    import vllm.config.vllm as vllm_config_module
+    import vllm.model_executor.layers.attention.attention as attention
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from int8kv_shim import scales_file, static_scales
+
+    impl_cls = AttentionBackendEnum.CUSTOM.get_class().get_impl_cls()
+    tmp = Path(tempfile.mkdtemp(prefix="int8kv-scales-"))
+    model_dir = tmp / "model"
+    model_dir.mkdir()
+
+    def write(path: Path, kv_heads: int, base: float, v_format: str = "int8") -> Path:
+        stats = {
+            i: (f"model.layers.{i}.self_attn.attn",
+                [base + 10 * i + h for h in range(kv_heads)], [127.0 + h for h in range(kv_heads)])
+            for i in range(2)
+        }  # fmt: skip
+        return scales_file.write(path, scales_file.build(
+            model=str(model_dir), num_layers=2, num_kv_heads=kv_heads, head_dim=128,
+            v_format=v_format, statistic="absmax", num_tokens=64, stats=stats,
+        ))  # fmt: skip
+
+    write(model_dir / scales_file.DEFAULT_FILENAME, 8, 127.0)
+    override = write(tmp / "override.json", 8, 254.0)
+    two_heads = write(tmp / "two_heads.json", 2, 127.0)
+    e4m3 = write(tmp / "e4m3.json", 8, 127.0, "e4m3")
+
+    loads: list[str] = []
+    real_load = scales_file.load
+
+    def counting_load(path: Any, how: str = "") -> Any:
+        loads.append(Path(path).name)
+        return real_load(path, how)
+
+    def run(
+        dtype: str = "int8_static",
+        *,
+        env: str | None = None,
+        tp: tuple[int, int] = (0, 1),
+        kv_heads: int = 8,
+        local_kv: int = 8,
+        head_dim: int = 128,
+        index: int = 1,
+    ) -> Any:
+        vllm_config_module._current_vllm_config = SimpleNamespace(model_config=SimpleNamespace(
+            model=str(model_dir), get_total_num_hidden_layers=lambda: 2,
+            get_total_num_kv_heads=lambda: kv_heads, get_head_size=lambda: head_dim,
+        ))  # fmt: skip
+        static_scales._tp_rank_and_size = lambda: tp
+        if env is None:
+            os.environ.pop("INT8KV_SCALES", None)
+        else:
+            os.environ["INT8KV_SCALES"] = env
+        layer = torch.nn.Module()
+        layer.kv_cache_dtype, layer.quant_config = dtype, None
+        layer.layer_name = f"model.layers.{index}.self_attn.attn"
+        layer.impl = impl_cls(32, 128, 0.1, local_kv, None, None, dtype, None, "decoder", None)
+        attention.set_default_quant_scales(layer, register_buffer=True)
+        try:
+            attention.Attention.process_weights_after_loading(layer, torch.bfloat16)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        impl = layer.impl
+        if impl.k_scale is None:
+            return None
+        return {
+            "k": [round(x * 127, 6) for x in impl.k_scale.tolist()],
+            "v": [round(x * 127, 6) for x in impl.v_scale.tolist()],
+            "v_format": impl.v_format,
+            "dtype": str(impl.k_scale.dtype),
+            "device": str(impl.k_scale.device),
+            "vllm_k_scale": float(layer._k_scale),  # vLLM's own buffer: reset to 1.0, unused
+        }
+
+    saved = (vllm_config_module._current_vllm_config, static_scales._tp_rank_and_size)
+    scales_file.load = counting_load
+    try:
+        result: dict[str, Any] = {
+            "model_dir": run(),
+            "model_dir_layer0": run(index=0),
+            "env_override": run(env=str(override)),
+            "tp2_rank1": run(tp=(1, 2), local_kv=4),
+            "tp4_rank2_two_heads": run(env=str(two_heads), tp=(2, 4), kv_heads=2, local_kv=1),
+            "int8_layer": run("int8"),
+            "missing": run(env=str(tmp / "missing.json")),
+            "wrong_head_dim": run(head_dim=64),
+            "e4m3": run(env=str(e4m3)),
+            "files": {p.name: str(p) for p in (override, two_heads, e4m3, tmp / "missing.json")},
+            "model_file": str(model_dir / scales_file.DEFAULT_FILENAME),
+        }
+        bare = impl_cls(32, 128, 0.1, 8, None, None, "int8_static", None, "decoder", None)
+        try:
+            bare._kernel_scales()
+            result["unloaded_forward"] = None
+        except RuntimeError as exc:
+            result["unloaded_forward"] = str(exc)
+        result["loads"] = loads
+    finally:
+        scales_file.load = real_load
+        vllm_config_module._current_vllm_config, static_scales._tp_rank_and_size = saved
+        os.environ.pop("INT8KV_SCALES", None)
+        static_scales.clear_cache()
+    return result
 
 
 def parse_result(stdout: str) -> dict[str, Any]:

@@ -151,10 +151,11 @@ def test_active_backend_declarations(active: dict, dtype_names: list[str]) -> No
     assert facts["supported_kv_cache_dtypes"] == dtype_names
     for name in dtype_names:
         assert facts["kv_cache_shape"][name] == [10, get_dtype(name).page_bytes(16, 8, 128)]
-    # int8 has kernels; the others are registered but refused at startup, never mid-kernel.
+    # int8 and int8_static have kernels; int4 is registered but refused at startup, never
+    # mid-kernel.
     assert facts["impl_errors"]["int8"] is None
-    for name in ("int8_static", "int4"):
-        assert "has no kernels in this release" in facts["impl_errors"][name]
+    assert facts["impl_errors"]["int8_static"] is None
+    assert "has no kernels in this release" in facts["impl_errors"]["int4"]
 
 
 def test_spec_page_bytes_match_kv_cache_shape(active: dict, dtype_names: list[str]) -> None:
@@ -205,7 +206,58 @@ def test_instrument_is_idempotent_and_uninstrument_restores_vllm(
     assert active["mode_after_uninstrument"] == "off"
     assert active["state_after_uninstrument"] == pristine["state"]
     assert active["state_after_reinstrument"] == active["state"]
-    assert len(active["applied"]) == len(set(active["applied"])) == 7
+    assert len(active["applied"]) == len(set(active["applied"])) == 8
+    assert "static_scales_loader" in active["applied"]
+
+
+def test_active_wraps_process_weights_after_loading(active: dict, pristine: dict) -> None:
+    # P8; uninstrument restores the plain method (compared with pristine just above).
+    assert pristine["state"]["process_weights_method"] == "function"
+    assert active["state"]["process_weights_method"].endswith("FunctionWrapper")
+
+
+def test_int8_static_layers_load_their_scales_after_weight_loading(active: dict) -> None:
+    r = active["static_scales"]
+    # <model_dir>/int8kv_scales.json, layer by layer (stat = 127 + 10 * layer + head), as fp32
+    # tensors on the layer's device; vLLM's own _k_scale stays at its default and is not used.
+    assert r["model_dir"]["k"] == pytest.approx([137.0 + h for h in range(8)])
+    assert r["model_dir_layer0"]["k"] == pytest.approx([127.0 + h for h in range(8)])
+    assert r["model_dir"]["v"] == pytest.approx([127.0 + h for h in range(8)])
+    assert (r["model_dir"]["dtype"], r["model_dir"]["device"]) == ("torch.float32", "cpu")
+    assert (r["model_dir"]["v_format"], r["model_dir"]["vllm_k_scale"]) == ("int8", 1.0)
+    # INT8KV_SCALES wins over the file next to the model.
+    assert r["env_override"]["k"] == pytest.approx([264.0 + h for h in range(8)])
+    # TP=2 rank 1 of 8 kv heads: heads 4..7; TP=4 rank 2 of 2 kv heads: head 1, replicated.
+    assert r["tp2_rank1"]["k"] == pytest.approx([141.0 + h for h in range(4)])
+    assert r["tp4_rank2_two_heads"]["k"] == pytest.approx([138.0])
+    # Other dtypes are untouched; each file is read once per process however many layers use it.
+    assert r["int8_layer"] is None
+    assert r["loads"] == ["int8kv_scales.json", "override.json", "two_heads.json",
+                          "missing.json", "e4m3.json"]  # fmt: skip
+
+
+def test_int8_static_refuses_at_startup_without_a_usable_file(active: dict) -> None:
+    r = active["static_scales"]
+    missing = r["files"]["missing.json"]
+    assert r["missing"] == (
+        f"ScalesFileError: int8kv-shim: calibration file {missing}: does not exist (from "
+        "INT8KV_SCALES); --kv-cache-dtype int8_static needs one: create it with `int8kv "
+        "calibrate MODEL` (writes MODEL/int8kv_scales.json) or set INT8KV_SCALES"
+    )
+    model_file = r["model_file"]
+    assert r["wrong_head_dim"] == (
+        f"ScalesFileError: int8kv-shim: calibration file {model_file}: was made for another "
+        f"model ({model_file.rsplit('/', 1)[0]}): it has head_dim 128, the running model has "
+        "head_dim 64"
+    )
+    # Scales never silently default: an int8_static impl without them fails at first use.
+    assert r["unloaded_forward"].startswith("int8kv-shim: this int8_static layer has no scales")
+
+
+def test_int8_static_e4m3_file_sets_v_format_and_its_scales(active: dict) -> None:
+    r = active["static_scales"]
+    assert r["e4m3"]["v_format"] == "e4m3"
+    assert r["e4m3"]["v"] == pytest.approx([(127.0 + h) * 127 / 448 for h in range(8)])
 
 
 # ---------------------------------------------------------------------------------------------
