@@ -326,6 +326,81 @@ def patch_static_scales_loader(attention: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P9  vllm.engine.arg_utils: EngineArgs.create_model_config (models our cache cannot serve)
+
+# Why each model kind is refused, by vLLM's ModelConfig.attn_type (MLA is checked first: an MLA
+# model's attn_type is "decoder"). Each reason ends with what to do instead.
+_OWN_DTYPES_HINT = "use one of vLLM's own --kv-cache-dtype values (auto, fp8, ...)"
+_UNSUPPORTED_MODEL_KINDS: dict[str, str] = {
+    "mla": (
+        "MLA (latent-attention) models are not supported: their cache holds one compressed "
+        "latent per token, not per-head K and V"
+    ),
+    "hybrid": (
+        "hybrid (attention + Mamba/linear-attention) models are not supported: vLLM sizes their "
+        "attention pages together with the recurrent-state pages using its own byte count, "
+        "which does not include our per-token scales"
+    ),
+    "attention_free": "attention-free models have no KV cache to quantize",
+    "encoder_only": (
+        "encoder-only models are not supported: only decoder self-attention has a KV cache to "
+        "quantize"
+    ),
+    "encoder_decoder": (
+        "encoder-decoder models are not supported: the kernels serve decoder self-attention "
+        "only, not cross-attention"
+    ),
+}
+
+
+def unsupported_model_reason(model_config: Any, kv_cache_dtype: str) -> str | None:
+    """The one-line refusal for a model our dtype cannot serve, or None when it can.
+
+    Reads only ``use_mla``, ``attn_type`` and ``architecture`` of vLLM's ModelConfig, so a
+    stand-in object works in tests.
+    """
+    kind = "mla" if getattr(model_config, "use_mla", False) else model_config.attn_type
+    why = _UNSUPPORTED_MODEL_KINDS.get(kind)
+    if why is None:
+        return None
+    model = getattr(model_config, "architecture", None) or getattr(model_config, "model", "?")
+    return f"int8kv-shim: --kv-cache-dtype {kv_cache_dtype}: {model}: {why}; {_OWN_DTYPES_HINT}"
+
+
+def patch_refuse_unsupported_models(arg_utils: ModuleType) -> None:
+    """Refuse MLA, hybrid, attention-free and encoder models as soon as their config is known.
+
+    ``create_model_config`` is the first point of ``create_engine_config`` where the model's
+    kind is known, before any worker, weight or GPU memory: a hybrid model would otherwise start
+    and size its pages wrongly, and MLA / encoder models would only fail later, at backend
+    selection, with the reason buried in vLLM's "No valid attention backend" error.
+    """
+    if is_applied("refuse_unsupported_models"):
+        return
+    engine_args = getattr(arg_utils, "EngineArgs", None)
+    if engine_args is None or "create_model_config" not in vars(engine_args):
+        return
+    ours = frozenset(dtype_names())
+    original = vars(engine_args)["create_model_config"]
+
+    def refuse(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        model_config = wrapped(*args, **kwargs)
+        requested = getattr(instance, "kv_cache_dtype", None)
+        if requested in ours:
+            reason = unsupported_model_reason(model_config, requested)
+            if reason is not None:
+                raise ValueError(reason)
+        return model_config
+
+    engine_args.create_model_config = wrapt.FunctionWrapper(original, refuse)
+
+    def undo() -> None:
+        engine_args.create_model_config = original
+
+    _UNDO["refuse_unsupported_models"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
 # Guards: the inert mode, for any vLLM but the supported one (notes §8)
 
 
@@ -398,7 +473,7 @@ def guard_cli_choices(arg_utils: ModuleType) -> None:
 ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "vllm.utils.torch_utils": (patch_str_dtype_to_torch_dtype,),
     "vllm.config.cache": (patch_cache_dtype_literal,),
-    "vllm.engine.arg_utils": (patch_cli_choices_cache,),
+    "vllm.engine.arg_utils": (patch_cli_choices_cache, patch_refuse_unsupported_models),
     "vllm.v1.attention.backends.registry": (patch_register_backend,),
     "vllm.v1.attention.selector": (patch_selector_cache_dtype,),
     "vllm.platforms.cuda": (patch_backend_priorities,),

@@ -49,15 +49,29 @@ def _quantize_store(
         x_ptr + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask_h[:, None], other=0.0
     ).to(tl.float32)
     row = offs_h * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
+    # NaN/Inf handling is spelled out with comparisons (false for NaN on every target) because
+    # tl.maximum / tl.max treat NaN differently on the GPU (ignored) and in the interpreter
+    # (propagated). README "Limitations" documents the outcome; reference.py is its specification.
     if DYNAMIC:
+        # A (token, head) vector with any NaN/Inf element is flagged, not quantized: its own scale
+        # is stored as NaN and its data as 0, so attention over it gives NaN ("garbage in, flagged
+        # out") rather than plausible numbers. Only this token's rows of the page are written.
+        finite = tl.abs(x) < float("inf")  # False for NaN and +-Inf
+        row_finite = tl.min(finite.to(tl.int32), axis=1) == 1
+        x = tl.where(row_finite[:, None], x, 0.0)
         absmax = tl.max(tl.abs(x), axis=1)
         # IEEE division (tl.div_rn, not the approximate '/') so the scale matches torch bit for bit.
         scale = tl.div_rn(absmax, _QMAX)
         scale = tl.minimum(tl.maximum(scale, _SCALE_MIN), _SCALE_MAX).to(tl.float16)
-        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, scale, mask=mask_h)
+        stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
+        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, stored, mask=mask_h)
         scale = scale.to(tl.float32)  # divide by the stored scale: dequant == q * stored scale
     else:
         scale = tl.load(static_scale_ptr + offs_h, mask=mask_h, other=1.0).to(tl.float32)
+        if not E4M3:
+            # No per-token scale to flag with: NaN stores 0, +-Inf saturates at +-127 (the clamp
+            # below). E4M3 codes saturate NaN and +-Inf at +-448 themselves (e4m3.py).
+            x = tl.where(x == x, x, 0.0)
     y = tl.div_rn(x, scale[:, None])
     if E4M3:
         q = e4m3_encode(y)  # saturates to +-448 itself

@@ -27,17 +27,24 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = clamp(absmax / 127, 2^-24, 65504) computed in fp32 and rounded to fp16; the data is
     divided by the *stored* fp16 scale so that q * scale is the dequantized value the kernels see.
     q = round_half_even(clamp(x / scale, -127, 127)).
+    A vector with any NaN or +-Inf element is flagged instead: scale NaN, q all 0 (so attention
+    over it is NaN, never plausible numbers); other vectors are unaffected.
     """
     xf = x.float()
+    finite = xf.isfinite().all(dim=-1)
+    xf = torch.where(finite[..., None], xf, 0.0)
     absmax = xf.abs().amax(dim=-1)
     scale = (absmax / QMAX).clamp(SCALE_MIN, SCALE_MAX).to(torch.float16)
     q = torch.round((xf / scale.float()[..., None]).clamp(-QMAX, QMAX)).to(torch.int8)
-    return q, scale
+    return q, torch.where(finite, scale, torch.nan)
 
 
 def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Static symmetric int8 with one fp32 scale per kv-head (x: [..., H, D], scale: [H], > 0)."""
-    xf = x.float()
+    """Static symmetric int8 with one fp32 scale per kv-head (x: [..., H, D], scale: [H], > 0).
+
+    No per-token scale can flag a bad value: NaN stores 0, +-Inf saturates at +-127.
+    """
+    xf = x.float().nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
     return torch.round((xf / scale.float()[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
 
 

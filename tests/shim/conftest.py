@@ -7,76 +7,12 @@ each scenario runs once per session and several tests read its result.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
+from probe import prelude  # tests/conftest.py put tests/shim on sys.path
 
-SHIM_TESTS = Path(__file__).resolve().parent
-
-sys.path.insert(0, str(SHIM_TESTS))
-import probe  # noqa: E402
-from probe import prelude  # noqa: E402
-
-
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def result(self) -> dict[str, Any]:
-        assert self.returncode == 0, f"subprocess failed:\n{self.output[-6000:]}"
-        return probe.parse_result(self.stdout)
-
-
-@pytest.fixture(scope="session")
-def dtype_names() -> list[str]:
-    from int8kv_kernels.catalogue import DTYPE_NAMES
-
-    return list(DTYPE_NAMES)
-
-
-@pytest.fixture(scope="session")
-def run_python(tmp_path_factory: pytest.TempPathFactory):
-    # Outside the checkout, so the installed package (and its entry points) is what gets imported.
-    cwd = tmp_path_factory.mktemp("subprocess-cwd")
-
-    def run(
-        code: str,
-        *,
-        shim: str | None,
-        pythonpath: list[Path] | None = None,
-        timeout: float = 600,
-    ) -> Run:
-        env = dict(os.environ)
-        for name in ("INT8KV_SHIM", "VLLM_PLUGINS"):
-            env.pop(name, None)
-        if shim is not None:
-            env["INT8KV_SHIM"] = shim
-        if pythonpath:
-            # In front of, not instead of, an inherited PYTHONPATH (which may be where vLLM is).
-            inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
-            env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), *inherited])
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        return Run(proc.returncode, proc.stdout, proc.stderr)
-
-    return run
+# run_python, Run and dtype_names live in tests/conftest.py: tests/test_bad_inputs.py uses them too.
 
 
 @pytest.fixture(scope="session")

@@ -206,7 +206,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores_vllm(
     assert active["mode_after_uninstrument"] == "off"
     assert active["state_after_uninstrument"] == pristine["state"]
     assert active["state_after_reinstrument"] == active["state"]
-    assert len(active["applied"]) == len(set(active["applied"])) == 8
+    assert len(active["applied"]) == len(set(active["applied"])) == 9
     assert "static_scales_loader" in active["applied"]
 
 
