@@ -171,7 +171,7 @@ def _chunked_kv_loop(
     for start in range(key_lo, key_hi, TILE_N):
         key = start + offs_k
         key_ok = key < key_hi
-        page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        page = _load_pages(bt_row, key, key_hi, BLOCK_SIZE)
         base = page * stride_block + (kvh * BLOCK_SIZE + key % BLOCK_SIZE) * HEAD_SIZE
         if DYNAMIC:
             k_sc_next, v_sc_next, sc_page = _prefetch_scales(
@@ -354,7 +354,7 @@ def _attn_fwd(
         for start in range(key_lo, key_hi, TILE_N):
             key = start + offs_n
             key_ok = key < key_hi
-            page = tl.load(bt_row + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            page = _load_pages(bt_row, key, key_hi, BLOCK_SIZE)
             row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
             base = page * stride_block + row * HEAD_SIZE
             if PREFETCH:
