@@ -258,9 +258,19 @@ def main(argv: list[str] | None = None) -> int:
             str(result),
             *passthrough,
         ]
-        env = common.child_env(label, args.shim_everywhere)
+        scales, calibration = common.ensure_scales(label, args.model, workdir, logdir)
+        if calibration and scales is None:
+            runs[label] = {"rc": None, **calibration, "error": calibration.get("calibrate_error")}
+            print(f"accuracy: {label}: calibration failed: {runs[label]['error']}", flush=True)
+            continue
+        env = common.child_env(label, args.shim_everywhere, scales)
         rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / f"accuracy_{label}.log")
-        run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1), "shim": env.get("INT8KV_SHIM")}
+        run: dict[str, Any] = {
+            "rc": rc,
+            "wall_s": round(secs, 1),
+            "shim": env.get("INT8KV_SHIM"),
+            **calibration,
+        }
         if rc == 0 and result.exists():
             with np.load(result) as z:
                 results[label] = {k: z[k] for k in ("target_lp", "top_ids", "top_lp", "greedy")}

@@ -26,6 +26,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CORPUS = BENCH_DIR / "corpus" / "pride_and_prejudice.txt"
 
 SHIM_ENV = "INT8KV_SHIM"
+SCALES_ENV = "INT8KV_SCALES"
 
 # How each row label of the benchmarks maps onto vLLM arguments.
 #
@@ -52,7 +53,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "shim": False,
     },
     "int8": {"kv_cache_dtype": "int8", "shim": True},
-    "int8_static": {"kv_cache_dtype": "int8_static", "shim": True},
+    # int8_static rows need a calibration file (``ensure_scales`` makes one per V format).
+    "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
+    "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
     "int4": {"kv_cache_dtype": "int4", "shim": True},
 }
 
@@ -68,11 +71,15 @@ def llm_kwargs_for(label: str) -> dict[str, Any]:
     """The ``LLM(...)`` keyword arguments of a row label (without the ``shim`` flag)."""
     cfg = config_for(label)
     cfg.pop("shim")
+    cfg.pop("v_format", None)
     return cfg
 
 
-def child_env(label: str, shim_everywhere: bool = False) -> dict[str, str]:
-    """Environment for the subprocess that runs ``label``: the shim on only where it is needed.
+def child_env(
+    label: str, shim_everywhere: bool = False, scales: str | Path | None = None
+) -> dict[str, str]:
+    """Environment for the subprocess that runs ``label``: the shim on only where it is needed,
+    and ``INT8KV_SCALES`` pointing at the calibration file of an ``int8_static`` row.
 
     ``INT8KV_SHIM`` must be in the environment before vLLM is imported (the shim patches at import),
     which is why every configuration runs in a fresh process.
@@ -82,7 +89,34 @@ def child_env(label: str, shim_everywhere: bool = False) -> dict[str, str]:
         env[SHIM_ENV] = "1"
     else:
         env.pop(SHIM_ENV, None)
+    if scales is not None:
+        env[SCALES_ENV] = str(scales)
     return env
+
+
+def ensure_scales(
+    label: str, model: str, workdir: Path, logdir: Path, timeout_s: float = 600
+) -> tuple[Path | None, dict[str, Any]]:
+    """The calibration file an ``int8_static*`` row serves with, made by ``int8kv calibrate`` (the
+    shipped text, default settings) in ``workdir``: (path or None on failure, what happened).
+    Rows without a ``v_format`` need none: (None, {})."""
+    v_format = config_for(label).get("v_format")
+    if v_format is None:
+        return None, {}
+    path = workdir / f"int8kv_scales_{v_format}.json"
+    info: dict[str, Any] = {"scales": str(path), "v_format": v_format}
+    if path.exists():
+        return path, info
+    cmd = [sys.executable, "-m", "int8kv_shim.cli", "calibrate", model, "--out", str(path)]
+    cmd += ["--v-format", v_format]
+    rc, secs, tail = run_child(
+        cmd, child_env(label), timeout_s, logdir / f"calibrate_{v_format}.log"
+    )
+    info |= {"calibrate_rc": rc, "calibrate_s": round(secs, 1)}
+    if rc != 0 or not path.exists():
+        info["calibrate_error"] = "timeout" if rc == -9 else error_summary(tail)
+        return None, info
+    return path, info
 
 
 def parse_list(text: str) -> list[str]:
