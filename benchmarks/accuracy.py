@@ -88,7 +88,8 @@ def worker(args: argparse.Namespace) -> int:
     windows: list[list[int]] = inputs["windows"]
     greedy_prompts: list[list[int]] = inputs["greedy_prompts"]
     k = args.logprobs
-    max_len = max(args.window, max(len(p) for p in greedy_prompts) + args.greedy_tokens)
+    # +1: vLLM must generate one token after a full window (max_tokens=1)
+    max_len = max(args.window + 1, max(len(p) for p in greedy_prompts) + args.greedy_tokens)
     t0 = time.monotonic()
     llm = LLM(
         model=args.model,

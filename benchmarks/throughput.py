@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -46,6 +47,8 @@ import common  # noqa: E402
 DEFAULT_CONFIGS = "auto_fa2,auto_triton,int8_per_token_head,int8"
 DEFAULT_CTX = "1024,8192,32768"
 WARMUP_PROMPTS = 8
+# How a worker logs each row ("[int8] ctx 8192: {...} in 23.2s"); rows_from_log() parses it back.
+ROW_LOG_RE = re.compile(r"^\[([\w.-]+)\] ctx (\d+): (\{.*\}) in [\d.]+s\s*$")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
     p.add_argument("--workdir", default=None)
+    p.add_argument(
+        "--rows-from-log",
+        nargs="+",
+        metavar="LOG",
+        help="recover rows from worker logs (throughput_LABEL.log) of a run stopped before it "
+        "wrote its JSON, into --out (with --append: merged into it); runs nothing",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -177,14 +187,33 @@ def worker(args: argparse.Namespace) -> int:
             }
         )
         print(f"[{args.label}] ctx {ctx}: {json.dumps(rows[-1])} in {wall:.1f}s", flush=True)
-    Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
+        # After every context, so a configuration stopped by --timeout keeps what it measured.
+        Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
     return 0
+
+
+def rows_from_log(path: Path) -> list[dict[str, Any]]:
+    """The rows a worker printed to its log (``ROW_LOG_RE`` lines): how the rows of a run whose
+    driver was stopped before writing its JSON are recovered (``--rows-from-log``)."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = ROW_LOG_RE.match(line)
+        if m:
+            row = json.loads(m.group(3))
+            if row["dtype"] != m.group(1) or row["ctx"] != int(m.group(2)):
+                raise ValueError(f"{path}: row {row} does not match its log line")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no throughput rows in this log")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.rows_from_log:
+        return recover(args)
     if not args.model or not Path(args.model).is_dir():
         print("throughput: no model folder (--model or $SMOLLM2_DIR)", file=sys.stderr)
         return 2
@@ -234,11 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             cmd, env, args.timeout, logdir / f"throughput_{label}.log"
         )
         run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1), "shim": env.get("INT8KV_SHIM")}
-        if rc == 0 and result.exists():
+        if result.exists():  # also after a timeout: the contexts it finished
             got = json.loads(result.read_text())
             rows += got["rows"]
             extra += got["extra"]
-        else:
+            run["ctx_done"] = [r["ctx"] for r in got["rows"]]
+        if rc != 0:
             run["error"] = "timeout" if rc == -9 else common.error_summary(tail)
         runs[label] = run
         print(f"throughput: {label}: rc={rc} in {secs:.0f}s {run.get('error', '')}", flush=True)
@@ -296,6 +326,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['kv_cache_tokens']:>12}"
         )
     return 0 if all(r["rc"] == 0 for r in runs.values()) else 1
+
+
+def recover(args: argparse.Namespace) -> int:
+    """``--rows-from-log``: merge the rows that worker logs hold into ``--out`` (``--append``)."""
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if args.append and out.exists() else None
+    rows = [r for log in args.rows_from_log for r in rows_from_log(Path(log))]
+    logs = " ".join(os.path.relpath(Path(log).resolve(), common.REPO) for log in args.rows_from_log)
+    if doc is None:
+        doc = {"gpu": "unknown", "command": "", "model": args.model_name, "rows": []}
+    doc["rows"] = common.merge_rows(doc["rows"], rows, ("dtype", "ctx"))
+    doc["command"] = (doc["command"] + " ; " if doc["command"] else "") + (
+        f"python benchmarks/throughput.py --rows-from-log {logs} --append"
+    )
+    common.validate_throughput(doc)
+    common.write_json(doc, out)
+    print(f"throughput: merged {len(rows)} rows from {logs} into {out}")
+    return 0
 
 
 if __name__ == "__main__":
