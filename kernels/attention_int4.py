@@ -15,11 +15,12 @@ so dequantization never multiplies a K/V element: codes (exact small integers) g
 ``tl.dot``, scales multiply score columns / P columns, zeros are an outer product of per-row query
 group sums and per-column zeros (scores) or a per-row running sum (output).
 
-Nibble halves: byte i of a row holds dims i (low nibble) and i + D/2 (high). A tile is loaded
-once as bytes [NGH, GH, TILE_N] (GH = min(G, D/2) elements of a group in one half, NGH = pieces
-per half) and split with ``& 15`` / ``>> 4`` into the two halves' code tiles; every piece is a
-batch entry of a 3D ``tl.dot`` with its own group's scale. D = 128, G = 64: one piece per half,
-each its own group; D = 256: two pieces per half; D = 64: the two halves share group 0.
+Nibble halves: byte i of a row holds dims i (low nibble) and i + D/2 (high). A "piece" is GH =
+min(G, D/2) byte columns: loaded once as a [GH, TILE_N] byte tile and split with ``& 15`` /
+``>> 4`` into two code tiles, each inside one group, each a 2D ``tl.dot`` against the matching
+query piece. D = 128, G = 64: one piece, low nibbles group 0, high group 1; D = 256: two pieces
+(byte columns [0, 64) -> groups 0 and 2, [64, 128) -> groups 1 and 3); D = 64: one piece, both
+nibbles in group 0. (At most two pieces: group size >= D / 4.)
 
 The rotations are fp32 torch matmuls in the wrapper (q~ = qH before, out = out~ H after): two
 extra launches and two fp32 temporaries per call, see ``paged_attention_int4``.
@@ -51,19 +52,80 @@ def _codes_to_dot(b, DOT_F32: tl.constexpr):
     """uint8 tile -> (low-nibble codes, high-nibble codes) as dot operands (exact 0..15)."""
     lo = b & 15
     hi = b >> 4
-    if DOT_F32:
+    if DOT_F32:  # interpreter
         return lo.to(tl.float32), hi.to(tl.float32)
-    return lo.to(tl.float16), hi.to(tl.float16)
+    # No int -> fp16 conversion instruction (a quarter-rate unit): the fp16 with bits 0x6400 | c
+    # is 1024 + c, so an OR, a free bitcast and an exact subtraction give c.
+    lo = (lo.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    hi = (hi.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return lo, hi
 
 
 @triton.jit
 def _load_sz(cache16_ptr, sz_row, g, key_ok, SZ: tl.constexpr):
-    """fp32 (scale, zero) [NGH, TILE_N] of groups ``g`` [NGH] for keys with fp16 index ``sz_row``
-    (index of the key's group 0 scale in its page's region); 0 for keys past the end."""
-    ptr = cache16_ptr + SZ // 2 + sz_row[None, :] + g[:, None] * 2
-    sc = tl.load(ptr, mask=key_ok[None, :], other=0.0).to(tl.float32)
-    z = tl.load(ptr + 1, mask=key_ok[None, :], other=0.0).to(tl.float32)
+    """fp32 (scale, zero) [TILE_N] of group ``g`` for keys whose group-0 scale sits at fp16
+    index ``sz_row`` of the region; 0 for keys past the end."""
+    ptr = cache16_ptr + SZ // 2 + sz_row + g * 2
+    sc = tl.load(ptr, mask=key_ok, other=0.0).to(tl.float32)
+    z = tl.load(ptr + 1, mask=key_ok, other=0.0).to(tl.float32)
     return sc, z
+
+
+@triton.jit
+def _load_q_piece(q_row, row_ok, d0, GH: tl.constexpr):
+    """Rotated query dims [d0, d0 + GH) of every row: fp32 [BLOCK_M, GH]."""
+    return tl.load(q_row[:, None] + d0 + tl.arange(0, GH)[None, :], mask=row_ok[:, None], other=0.0)
+
+
+@triton.jit
+def _piece_scores(
+    cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo, q_hi, qs_lo, qs_hi,
+    J: tl.constexpr, HALF: tl.constexpr, GH: tl.constexpr, QGROUP: tl.constexpr,
+    K_DATA: tl.constexpr, K_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """Unscaled scores [BLOCK_M, TILE_N] of byte columns [J*GH, (J+1)*GH) of the K rows: their
+    low nibbles are dims J*GH + e, their high nibbles HALF + J*GH + e, one group each."""
+    kb = tl.load(
+        cache_ptr + K_DATA + base[None, :] + J * GH + tl.arange(0, GH)[:, None],
+        mask=key_ok[None, :],
+        other=0,
+    )  # [GH, TILE_N]
+    k_lo, k_hi = _codes_to_dot(kb, DOT_F32)
+    sc_lo, z_lo = _load_sz(cache16_ptr, sz_row, (J * GH) // QGROUP, key_ok, K_SZ)
+    sc_hi, z_hi = _load_sz(cache16_ptr, sz_row, (HALF + J * GH) // QGROUP, key_ok, K_SZ)
+    s = tl.dot(q_lo, k_lo) * sc_lo[None, :] + tl.dot(q_hi, k_hi) * sc_hi[None, :]
+    return s + qs_lo[:, None] * z_lo[None, :] + qs_hi[:, None] * z_hi[None, :]
+
+
+@triton.jit
+def _piece_pv(
+    cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo, acc_hi, az_lo, az_hi,
+    J: tl.constexpr, HALF: tl.constexpr, GH: tl.constexpr, QGROUP: tl.constexpr,
+    V_DATA: tl.constexpr, V_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of the output dims of byte columns [J*GH, (J+1)*GH) (as in
+    ``_piece_scores``): acc += (p * scale) @ codes, az += p @ zero (added to every dim at the end)."""
+    vb = tl.load(
+        cache_ptr + V_DATA + base[:, None] + J * GH + tl.arange(0, GH)[None, :],
+        mask=key_ok[:, None],
+        other=0,
+    )  # [TILE_N, GH]
+    v_lo, v_hi = _codes_to_dot(vb, DOT_F32)
+    sc_lo, z_lo = _load_sz(cache16_ptr, sz_row, (J * GH) // QGROUP, key_ok, V_SZ)
+    sc_hi, z_hi = _load_sz(cache16_ptr, sz_row, (HALF + J * GH) // QGROUP, key_ok, V_SZ)
+    acc_lo = acc_lo * alpha[:, None] + tl.dot((p * sc_lo[None, :]).to(v_lo.dtype), v_lo)
+    acc_hi = acc_hi * alpha[:, None] + tl.dot((p * sc_hi[None, :]).to(v_hi.dtype), v_hi)
+    az_lo = az_lo * alpha + tl.sum(p * z_lo[None, :], axis=1)
+    az_hi = az_hi * alpha + tl.sum(p * z_hi[None, :], axis=1)
+    return acc_lo, acc_hi, az_lo, az_hi
+
+
+@triton.jit
+def _store_piece(dst_row, row_ok, acc_lo, acc_hi, az_lo, az_hi, inv, J: tl.constexpr,
+                 HALF: tl.constexpr, GH: tl.constexpr):  # fmt: skip
+    d = J * GH + tl.arange(0, GH)[None, :]
+    tl.store(dst_row[:, None] + d, (acc_lo + az_lo[:, None]) * inv, mask=row_ok[:, None])
+    tl.store(dst_row[:, None] + HALF + d, (acc_hi + az_hi[:, None]) * inv, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -94,8 +156,8 @@ def _attn_int4_fwd(
     BLOCK_Q: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     QGROUP: tl.constexpr,  # quantization group size G
-    GH: tl.constexpr,  # min(G, HEAD_SIZE // 2)
-    NGH: tl.constexpr,  # (HEAD_SIZE // 2) // GH
+    GH: tl.constexpr,  # min(G, HEAD_SIZE // 2): byte columns of one piece
+    NGH: tl.constexpr,  # (HEAD_SIZE // 2) // GH: pieces per row, 1 or 2
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     K_DATA: tl.constexpr,
@@ -109,6 +171,7 @@ def _attn_int4_fwd(
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
     NG: tl.constexpr = HEAD_SIZE // QGROUP
+    TWO: tl.constexpr = NGH == 2  # D = 256 with G = 64: piece 1 = byte columns [GH, 2*GH)
     pid_q = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,35 +187,38 @@ def _attn_int4_fwd(
     ctx = seq_len - q_len
 
     offs_m = tl.arange(0, BLOCK_M)
-    offs_j = tl.arange(0, NGH)
-    # Dims of the low-half pieces: piece j covers [j*GH, (j+1)*GH); the high half adds HALF.
-    dl = offs_j[:, None] * GH + tl.arange(0, GH)[None, :]  # [NGH, GH]
-    g_lo = (offs_j * GH) // QGROUP  # quantization group of each piece, [NGH]
-    g_hi = (HALF + offs_j * GH) // QGROUP
     q_idx = qb * BLOCK_Q + offs_m // GROUP
     head = kvh * GROUP + offs_m % GROUP
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
     token = (q_start + q_idx).to(tl.int64)
     q_row = q_ptr + token * stride_qt + head * stride_qh
-    q_ptrs = q_row[None, :, None] + dl[:, None, :]  # [NGH, BLOCK_M, GH]
-    q_lo = tl.load(q_ptrs, mask=row_ok[None, :, None], other=0.0)
-    q_hi = tl.load(q_ptrs + HALF, mask=row_ok[None, :, None], other=0.0)
+    # Query pieces matching the K pieces: (low, high) nibble dims of byte columns of piece j.
+    q_lo0 = _load_q_piece(q_row, row_ok, 0, GH)
+    q_hi0 = _load_q_piece(q_row, row_ok, HALF, GH)
+    q_max = tl.maximum(tl.max(tl.abs(q_lo0), axis=1), tl.max(tl.abs(q_hi0), axis=1))
+    if TWO:
+        q_lo1 = _load_q_piece(q_row, row_ok, GH, GH)
+        q_hi1 = _load_q_piece(q_row, row_ok, HALF + GH, GH)
+        q_max = tl.maximum(q_max, tl.max(tl.abs(q_lo1), axis=1))
+        q_max = tl.maximum(q_max, tl.max(tl.abs(q_hi1), axis=1))
+    else:
+        q_lo1 = q_lo0  # unused
+        q_hi1 = q_hi0
     score_scale = softmax_scale
     if not DOT_F32:
         # fp16 dots against exact fp16 codes: scale q so its largest element is <= 2^14 (inside
         # fp16 range, 11 significant bits); 1/c folds into the score scale.
-        q_max = tl.maximum(
-            tl.maximum(tl.max(tl.max(tl.max(tl.abs(q_lo), axis=2), axis=1), axis=0),
-                       tl.max(tl.max(tl.max(tl.abs(q_hi), axis=2), axis=1), axis=0)),
-            1.0e-30,
-        )  # fmt: skip
-        c = tl.exp2(14.0 - tl.ceil(tl.log2(q_max)))
-        q_lo = (q_lo * c).to(tl.float16)
-        q_hi = (q_hi * c).to(tl.float16)
+        c = tl.exp2(14.0 - tl.ceil(tl.log2(tl.maximum(tl.max(q_max, axis=0), 1.0e-30))))
+        q_lo0 = (q_lo0 * c).to(tl.float16)
+        q_hi0 = (q_hi0 * c).to(tl.float16)
+        q_lo1 = (q_lo1 * c).to(tl.float16)
+        q_hi1 = (q_hi1 * c).to(tl.float16)
         score_scale = score_scale / c
-    # Per-row, per-piece query sums for the zero-point term, from the same (rounded) q the dots see.
-    qs_lo = tl.sum(q_lo.to(tl.float32), axis=2)  # [NGH, BLOCK_M]
-    qs_hi = tl.sum(q_hi.to(tl.float32), axis=2)
+    # Per-row piece sums for the zero-point term, from the same (rounded) q the dots see.
+    qs_lo0 = tl.sum(q_lo0.to(tl.float32), axis=1)
+    qs_hi0 = tl.sum(q_hi0.to(tl.float32), axis=1)
+    qs_lo1 = tl.sum(q_lo1.to(tl.float32), axis=1)
+    qs_hi1 = tl.sum(q_hi1.to(tl.float32), axis=1)
     pos = ctx + q_idx
 
     key_hi = tl.minimum(ctx + (qb + 1) * BLOCK_Q, seq_len)
@@ -171,10 +237,14 @@ def _attn_int4_fwd(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc_lo = tl.zeros([NGH, BLOCK_M, GH], tl.float32)  # sum_j p s c over the low-half pieces
-    acc_hi = tl.zeros([NGH, BLOCK_M, GH], tl.float32)
-    az_lo = tl.zeros([NGH, BLOCK_M], tl.float32)  # sum_j p z of each piece's group
-    az_hi = tl.zeros([NGH, BLOCK_M], tl.float32)
+    acc_lo0 = tl.zeros([BLOCK_M, GH], tl.float32)  # sum_j p s c, rotated dims of piece 0
+    acc_hi0 = tl.zeros([BLOCK_M, GH], tl.float32)
+    az_lo0 = tl.zeros([BLOCK_M], tl.float32)  # sum_j p z of the piece's group
+    az_hi0 = tl.zeros([BLOCK_M], tl.float32)
+    acc_lo1 = acc_lo0  # piece 1: only carried (and compiled) when TWO
+    acc_hi1 = acc_hi0
+    az_lo1 = az_lo0
+    az_hi1 = az_hi0
     offs_n = tl.arange(0, TILE_N)
     for start in range(key_lo, key_hi, TILE_N):
         key = start + offs_n
@@ -184,17 +254,16 @@ def _attn_int4_fwd(
         base = page * stride_block + row * HALF  # byte offset of each key's data row
         sz_row = page * (stride_block // 2) + row * (NG * 2)  # fp16 index of its group 0 scale
 
-        kb = tl.load(
-            cache_ptr + K_DATA + base[None, None, :] + dl[:, :, None],
-            mask=key_ok[None, None, :],
-            other=0,
-        )  # [NGH, GH, TILE_N]
-        k_lo, k_hi = _codes_to_dot(kb, DOT_F32)
-        ks_lo, kz_lo = _load_sz(cache16_ptr, sz_row, g_lo, key_ok, K_SZ)
-        ks_hi, kz_hi = _load_sz(cache16_ptr, sz_row, g_hi, key_ok, K_SZ)
-        s3 = tl.dot(q_lo, k_lo) * ks_lo[:, None, :] + tl.dot(q_hi, k_hi) * ks_hi[:, None, :]
-        s3 += qs_lo[:, :, None] * kz_lo[:, None, :] + qs_hi[:, :, None] * kz_hi[:, None, :]
-        s = tl.sum(s3, axis=0) * score_scale  # [BLOCK_M, TILE_N]
+        s = _piece_scores(
+            cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo0, q_hi0, qs_lo0, qs_hi0,
+            0, HALF, GH, QGROUP, K_DATA, K_SZ, DOT_F32,
+        )  # fmt: skip
+        if TWO:
+            s += _piece_scores(
+                cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo1, q_hi1, qs_lo1, qs_hi1,
+                1, HALF, GH, QGROUP, K_DATA, K_SZ, DOT_F32,
+            )  # fmt: skip
+        s = s * score_scale
         if USE_SOFTCAP:
             s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
         visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
@@ -208,45 +277,38 @@ def _attn_int4_fwd(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
-        vb = tl.load(
-            cache_ptr + V_DATA + base[None, :, None] + dl[:, None, :],
-            mask=key_ok[None, :, None],
-            other=0,
-        )  # [NGH, TILE_N, GH]
-        v_lo, v_hi = _codes_to_dot(vb, DOT_F32)
-        vs_lo, vz_lo = _load_sz(cache16_ptr, sz_row, g_lo, key_ok, V_SZ)
-        vs_hi, vz_hi = _load_sz(cache16_ptr, sz_row, g_hi, key_ok, V_SZ)
-        p3 = p[None, :, :]
-        acc_lo = acc_lo * alpha[None, :, None] + tl.dot(
-            (p3 * vs_lo[:, None, :]).to(v_lo.dtype), v_lo
-        )
-        acc_hi = acc_hi * alpha[None, :, None] + tl.dot(
-            (p3 * vs_hi[:, None, :]).to(v_hi.dtype), v_hi
-        )
-        az_lo = az_lo * alpha[None, :] + tl.sum(p3 * vz_lo[:, None, :], axis=2)
-        az_hi = az_hi * alpha[None, :] + tl.sum(p3 * vz_hi[:, None, :], axis=2)
+        acc_lo0, acc_hi0, az_lo0, az_hi0 = _piece_pv(
+            cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo0, acc_hi0, az_lo0,
+            az_hi0, 0, HALF, GH, QGROUP, V_DATA, V_SZ, DOT_F32,
+        )  # fmt: skip
+        if TWO:
+            acc_lo1, acc_hi1, az_lo1, az_hi1 = _piece_pv(
+                cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo1, acc_hi1, az_lo1,
+                az_hi1, 1, HALF, GH, QGROUP, V_DATA, V_SZ, DOT_F32,
+            )  # fmt: skip
 
-    o_lo = acc_lo + az_lo[:, :, None]  # [NGH, BLOCK_M, GH], rotated basis, not yet / l
-    o_hi = acc_hi + az_hi[:, :, None]
-    mask3 = row_ok[None, :, None]
     if SPLIT:
         ws = (token * NUM_Q_HEADS + head) * num_splits + split
         tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
         tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
-        ws_ptrs = ws_acc_ptr + ws[None, :, None] * HEAD_SIZE + dl[:, None, :]
-        tl.store(ws_ptrs, o_lo, mask=mask3)
-        tl.store(ws_ptrs + HALF, o_hi, mask=mask3)
+        dst = ws_acc_ptr + ws * HEAD_SIZE
+        inv = 1.0  # the merge divides by the combined l
     else:
-        inv = 1.0 / tl.where(row_ok, l_i, 1.0)[None, :, None]  # padding rows: no 0/0
-        o_row = out_ptr + token * stride_ot + head * stride_oh
-        o_ptrs = o_row[None, :, None] + dl[:, None, :]
-        tl.store(o_ptrs, o_lo * inv, mask=mask3)
-        tl.store(o_ptrs + HALF, o_hi * inv, mask=mask3)
+        dst = out_ptr + token * stride_ot + head * stride_oh
+        inv = 1.0 / tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows: no 0/0
+    _store_piece(dst, row_ok, acc_lo0, acc_hi0, az_lo0, az_hi0, inv, 0, HALF, GH)
+    if TWO:
+        _store_piece(dst, row_ok, acc_lo1, acc_hi1, az_lo1, az_hi1, inv, 1, HALF, GH)
 
 
 def int4_attn_constexprs(layout: Int4PageLayout) -> dict:
     """Layout-derived compile-time arguments of ``_attn_int4_fwd`` (also compile_sm80.py)."""
     gh = min(layout.group_size, layout.head_size // 2)
+    if layout.head_size // 2 // gh > 2:
+        raise ValueError(
+            f"int4 attention: group size {layout.group_size} splits a nibble half of head_size "
+            f"{layout.head_size} into more than 2 pieces (needs group size >= head_size / 4)"
+        )
     return dict(
         HEAD_SIZE=layout.head_size,
         QGROUP=layout.group_size,
