@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
-from .page_layout import PageLayout
+from .page_layout import INT4_DTYPES, PageLayout
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 # Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
@@ -513,9 +513,7 @@ class _Config:
     chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
 
 
-def _choose_config(
-    group: int, head_size: int, max_query_len: int, cc_major: int = 8
-) -> _Config:
+def _choose_config(group: int, head_size: int, max_query_len: int, cc_major: int = 8) -> _Config:
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = max(16, triton.next_power_of_2(group * max_query_len))
         # 128-token tiles, 4 warps, 5 stages (two K/V buffers): the best int8 config at the large
@@ -561,6 +559,60 @@ def choose_num_splits(
     return splits
 
 
+def _check_shapes(
+    query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int
+) -> None:
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
+    if head_size & (head_size - 1):
+        raise ValueError(f"head_size {head_size} must be a power of two")
+    if query.stride(2) != 1 or output.stride(2) != 1:
+        raise ValueError("query/output must be contiguous along head_size")
+    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
+        raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    cfg: _Config
+    block_q: int  # query tokens per program
+    num_q_blocks: int  # grid dim 0
+    splits: int  # grid dim 2; > 1: partials go to ``workspace`` and need a merge
+    workspace: AttentionWorkspace | None
+
+
+def _plan_launch(
+    query: torch.Tensor,
+    num_seqs: int,
+    group: int,
+    max_query_len: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+    workspace: AttentionWorkspace | None,
+    num_splits: int | None,
+) -> _Plan:
+    """Launch shape of the attention kernel from Python ints only (shared by int8 and int4)."""
+    num_tokens, num_q_heads, head_size = query.shape
+    cfg = _choose_config(group, head_size, max_query_len, _device_cc_major(query.device))
+    block_q = cfg.block_m // group
+    splits = 1
+    if cfg.split:
+        max_splits = MAX_SPLITS
+        if workspace is not None:
+            max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
+        if num_splits is None:
+            sms = _device_sms(query.device)
+            splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms, max_splits)
+        else:
+            splits = min(num_splits, max_splits)
+    if splits > 1 and workspace is None:
+        workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
+    return _Plan(cfg, block_q, num_tokens // block_q + num_seqs, splits, workspace)
+
+
 def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -595,46 +647,40 @@ def paged_attention(
     (``int8_static`` only) the V bytes are FP8-E4M3FN codes (as ``write_kv_cache`` stores them)
     dequantized as e4m3 value * v_scale. ``num_splits`` overrides the
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
+    ``int4``: attention_int4.py (same arguments, no static scales; query/output in the model's
+    basis, the Hadamard rotation is internal).
     """
+    if kv_dtype in INT4_DTYPES:
+        from .attention_int4 import paged_attention_int4  # imports this module: not at the top
+
+        return paged_attention_int4(
+            query, kv_cache, output, kv_dtype=kv_dtype, block_size=block_size,
+            num_kv_heads=num_kv_heads, query_start_loc=query_start_loc, seq_lens=seq_lens,
+            block_table=block_table, max_query_len=max_query_len, max_seq_len=max_seq_len,
+            softmax_scale=softmax_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+            k_scale=k_scale, v_scale=v_scale, workspace=workspace, num_splits=num_splits,
+            v_format=v_format,
+        )  # fmt: skip
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
     v_e4m3 = check_v_format(kv_dtype, v_format)
-    if num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
-        )
-    if head_size & (head_size - 1):
-        raise ValueError(f"head_size {head_size} must be a power of two")
-    if query.stride(2) != 1 or output.stride(2) != 1:
-        raise ValueError("query/output must be contiguous along head_size")
-    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
-        raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
+    _check_shapes(query, output, kv_cache, num_kv_heads)
     dynamic = layout.has_scales
     if not dynamic and (k_scale is None or v_scale is None):
         raise ValueError("int8_static needs k_scale and v_scale")
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads
-    cfg = _choose_config(group, head_size, max_query_len, _device_cc_major(query.device))
-    block_q = cfg.block_m // group
-    num_q_blocks = num_tokens // block_q + num_seqs
-
-    splits = 1
-    if cfg.split:
-        max_splits = MAX_SPLITS
-        if workspace is not None:
-            max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
-        if num_splits is None:
-            sms = _device_sms(query.device)
-            splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms, max_splits)
-        else:
-            splits = min(num_splits, max_splits)
+    plan = _plan_launch(
+        query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits
+    )
+    cfg, block_q, num_q_blocks, splits = plan.cfg, plan.block_q, plan.num_q_blocks, plan.splits
     use_split = splits > 1
-    if use_split and workspace is None:
-        workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
     ws_acc, ws_m, ws_l = (
-        (workspace.acc, workspace.m, workspace.l) if use_split else (output, output, output)
+        (plan.workspace.acc, plan.workspace.m, plan.workspace.l)
+        if use_split
+        else (output, output, output)
     )
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = seq_lens
@@ -683,18 +729,30 @@ def paged_attention(
         num_stages=cfg.num_stages,
     )
     if use_split:
-        _merge_splits[(num_tokens, num_q_heads)](
-            output,
-            ws_acc,
-            ws_m,
-            ws_l,
-            query_start_loc,
-            num_seqs,
-            splits,
-            output.stride(0),
-            output.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_SIZE=head_size,
-            S_PAD=triton.next_power_of_2(splits),
-            num_warps=4,
-        )
+        _launch_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
+
+
+def _launch_merge(
+    output: torch.Tensor,
+    workspace: AttentionWorkspace,
+    query_start_loc: torch.Tensor,
+    num_seqs: int,
+    splits: int,
+) -> None:
+    """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size]."""
+    num_tokens, num_q_heads, head_size = output.shape
+    _merge_splits[(num_tokens, num_q_heads)](
+        output,
+        workspace.acc,
+        workspace.m,
+        workspace.l,
+        query_start_loc,
+        num_seqs,
+        splits,
+        output.stride(0),
+        output.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_SIZE=head_size,
+        S_PAD=triton.next_power_of_2(splits),
+        num_warps=4,
+    )

@@ -1,4 +1,7 @@
-"""Cache write: bf16/fp16 K and V of new tokens -> quantized INT8 pages (vLLM's reshape_and_cache)."""
+"""Cache write: bf16/fp16 K and V of new tokens -> quantized INT8 pages (vLLM's reshape_and_cache).
+
+``int4`` is dispatched to cache_write_int4.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import check_v_format, e4m3_encode
-from .page_layout import PageLayout
+from .page_layout import INT4_DTYPES, PageLayout
 from .reference import QMAX, SCALE_MAX, SCALE_MIN
 
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to the nearest integer,
@@ -150,7 +153,15 @@ def write_kv_cache(
     stores V as FP8-E4M3FN codes of v / v_scale (round half even, saturating at +-448; e4m3.py);
     K stays int8.
     No host sync, no allocation: safe inside CUDA-graph capture.
+    ``int4``: see cache_write_int4.py (same arguments, no static scales; Hadamard-rotated 4-bit).
     """
+    if kv_dtype in INT4_DTYPES:
+        from .cache_write_int4 import write_kv_cache_int4  # imports this module: not at the top
+
+        return write_kv_cache_int4(
+            key, value, kv_cache, slot_mapping, kv_dtype=kv_dtype, block_size=block_size,
+            k_scale=k_scale, v_scale=v_scale, v_format=v_format,
+        )  # fmt: skip
     _, num_kv_heads, head_size = key.shape
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.

@@ -1,4 +1,4 @@
-"""Where each byte of an INT8 KV-cache page lives.
+"""Where each byte of a quantized (INT8 / INT4) KV-cache page lives.
 
 The vLLM backend hands the kernels one ``torch.int8`` tensor per layer of shape
 ``(num_blocks, page_bytes)`` (the block stride may be larger than ``page_bytes`` when vLLM pads
@@ -31,6 +31,26 @@ Why this shape:
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
   same storage (byte offsets / 2), so they cost one small coalesced load per tile.
 
+``int4`` (``Int4PageLayout``: Hadamard-rotated K/V, 4-bit codes, fp16 scale and zero per group of
+G elements, NG = D / G groups per (token, head); G = 64 from the catalogue)::
+
+    byte 0                                                                           page_bytes
+    | K data            | V data            | K scale/zero          | V scale/zero          |
+    | u8 [H][B][D/2]    | u8 [H][B][D/2]    | fp16 [H][B][NG][2]    | fp16 [H][B][NG][2]    |
+    ^ k_data = 0        ^ v_data = H*B*D/2  ^ k_sz = H*B*D          ^ v_sz = H*B*D + 4*H*B*NG
+
+    one K data row (token t, head h) = D/2 bytes at k_data + (h*B + t)*D/2 -> 16-byte aligned
+    (D >= 32); byte i of the row holds element i in its low nibble and element i + D/2 in its high
+    nibble (codes 0..15), so (b & 15) is the tile of dims [0, D/2) and (b >> 4) the tile of
+    [D/2, D), no shuffle needed:
+
+        D = 128, G = 64:  low nibbles = group 0,      high nibbles = group 1
+        D = 256, G = 64:  low nibbles = groups 0, 1,  high nibbles = groups 2, 3
+        D =  64, G = 64:  low and high nibbles together = group 0
+
+    scale/zero of group g = fp16 pair at k_sz + 4*((h*B + t)*NG + g): (scale, zero), the element
+    dequantizes to code * scale + zero (in the rotated basis).
+
 ``page_bytes`` equals ``catalogue.get_dtype(name).page_bytes(B, H, D)`` (checked at construction).
 """
 
@@ -41,6 +61,7 @@ from dataclasses import dataclass
 from .catalogue import get_dtype
 
 INT8_DTYPES: tuple[str, ...] = ("int8", "int8_static")
+INT4_DTYPES: tuple[str, ...] = ("int4",)
 
 
 @dataclass(frozen=True)
@@ -54,7 +75,8 @@ class PageLayout:
 
     def __post_init__(self) -> None:
         if self.dtype_name not in INT8_DTYPES:
-            raise ValueError(f"no int8 page layout for kv dtype {self.dtype_name!r}")
+            hint = " (use Int4PageLayout)" if self.dtype_name in INT4_DTYPES else ""
+            raise ValueError(f"no int8 page layout for kv dtype {self.dtype_name!r}{hint}")
         if self.head_size % 16:
             raise ValueError(f"head_size {self.head_size} must be a multiple of 16")
         # Sum of our regions must be exactly what vLLM allocates from the catalogue.
@@ -96,6 +118,79 @@ class PageLayout:
         return self._end()
 
 
+@dataclass(frozen=True)
+class Int4PageLayout:
+    """Byte offsets of an ``int4`` page's regions (see the module docstring for the diagram)."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype_name: str = "int4"
+
+    def __post_init__(self) -> None:
+        if self.dtype_name not in INT4_DTYPES:
+            raise ValueError(f"no int4 page layout for kv dtype {self.dtype_name!r}")
+        d, g = self.head_size, self.group_size
+        if d < 32 or d & (d - 1):
+            raise ValueError(f"int4: head_size {d} must be a power of two >= 32")
+        # Groups are whole nibble halves or split them evenly (powers of two: g <= d/2 or g == d).
+        if g & (g - 1) or d % g:
+            raise ValueError(f"int4: group size {g} must be a power of two dividing head_size {d}")
+        assert self._end() == get_dtype(self.dtype_name).page_bytes(
+            self.block_size, self.num_kv_heads, self.head_size
+        )
+
+    @property
+    def group_size(self) -> int:
+        g = get_dtype(self.dtype_name).group_size
+        return self.head_size if g is None else g
+
+    @property
+    def num_groups(self) -> int:
+        """(scale, zero) pairs per (token, head), K or V."""
+        return self.head_size // self.group_size
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one (token, head) data row: two 4-bit codes per byte."""
+        return self.head_size // 2
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the K (or V) data region."""
+        return self.num_kv_heads * self.block_size * self.row_bytes
+
+    @property
+    def sz_bytes(self) -> int:
+        """Bytes of the K (or V) scale/zero region: fp16 (scale, zero) per group."""
+        return self.num_kv_heads * self.block_size * self.num_groups * 4
+
+    @property
+    def k_data(self) -> int:
+        return 0
+
+    @property
+    def v_data(self) -> int:
+        return self.data_bytes
+
+    @property
+    def k_sz(self) -> int:
+        return 2 * self.data_bytes
+
+    @property
+    def v_sz(self) -> int:
+        return self.k_sz + self.sz_bytes
+
+    def _end(self) -> int:
+        return self.v_sz + self.sz_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        return self._end()
+
+
 def get_page_bytes(dtype_name: str, block_size: int, num_kv_heads: int, head_size: int) -> int:
     """Bytes of one page of one layer (== catalogue page_bytes)."""
+    if dtype_name in INT4_DTYPES:
+        return Int4PageLayout(block_size, num_kv_heads, head_size, dtype_name).page_bytes
     return PageLayout(dtype_name, block_size, num_kv_heads, head_size).page_bytes

@@ -16,9 +16,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from int8kv_kernels import PageLayout  # noqa: E402
+from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
+from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
 from int8kv_kernels.cache_write import _write_kv_kernel  # noqa: E402
+from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
 
 SM80 = GPUTarget("cuda", 80, 32)
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
@@ -112,8 +114,64 @@ def main() -> int:
                 num_warps=4,
             )  # fmt: skip
             n += 1
+    n += compile_int4()
     print(f"compiled {n} specialisations for sm80")
     return 0
+
+
+def compile_int4() -> int:
+    """int4: the write for every catalogue head size, attention decode (split and not) and
+    prefill for each head size, GQA groups 1 / 4 / 8, window + soft-cap; fp32 merge output."""
+    n = 0
+    # The write kernel reads the rotated fp32 K/V whatever the model dtype; slots int64 or int32.
+    for slot_t, nkv, d in (("*i64", 8, 128), ("*i64", 3, 64), ("*i32", 2, 256), ("*i32", 1, 128)):
+        lay = Int4PageLayout(16, nkv, d)
+        compile_one(
+            _write_kv_int4_kernel,
+            {"k_rot_ptr": "*fp32", "v_rot_ptr": "*fp32", "cache_ptr": "*u8",
+             "cache16_ptr": "*fp16", "slot_ptr": slot_t},
+            int4_write_constexprs(lay),
+            num_warps=4,
+        )  # fmt: skip
+        n += 1
+        print("ok write int4", slot_t, nkv, d, flush=True)
+    ptrs = {"q_ptr": "*fp32", "out_ptr": "*fp32", "cache_ptr": "*u8", "cache16_ptr": "*fp16",
+            "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
+    cases = [  # (nq, nkv, d, block_size, max_query_len, window, softcap, split)
+        (32, 8, 128, 16, 1, False, False, True),
+        (32, 8, 128, 16, 1, False, False, False),
+        (8, 8, 128, 16, 1, False, False, True),
+        (9, 3, 64, 16, 1, True, True, True),
+        (16, 2, 256, 32, 1, False, False, True),
+        (32, 8, 128, 16, 2048, False, False, False),
+        (9, 3, 64, 32, 512, True, True, False),
+        (8, 8, 256, 16, 512, False, False, False),
+        (64, 8, 128, 16, 512, True, False, False),
+    ]
+    for nq, nkv, d, bs, mq, window, softcap, split in cases:
+        lay = Int4PageLayout(bs, nkv, d)
+        group = nq // nkv
+        cfg = _choose_config(group, d, mq)
+        compile_one(
+            _attn_int4_fwd, ptrs,
+            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+                 TILE_N=cfg.tile_n, USE_WINDOW=window, USE_SOFTCAP=softcap,
+                 SPLIT=cfg.split and split, DOT_F32=False, **int4_attn_constexprs(lay)),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        n += 1
+        print("ok attention int4", nq, nkv, d, bs, mq, window, softcap, split, flush=True)
+        if cfg.split and split:
+            compile_one(
+                _merge_splits,
+                {"out_ptr": "*fp32", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
+                 "ws_l_ptr": "*fp32", "qsl_ptr": "*i32"},
+                dict(NUM_Q_HEADS=nq, HEAD_SIZE=d, S_PAD=32),
+                num_warps=4,
+            )  # fmt: skip
+            n += 1
+    return n
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Shared builders for the kernel tests: random INT8 caches, varlen batches, tolerances."""
+"""Shared builders for the kernel tests: random INT8 / INT4 caches, varlen batches, tolerances."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from int8kv_kernels import PageLayout, paged_attention
+from int8kv_kernels import Int4PageLayout, PageLayout, paged_attention
 from int8kv_kernels.reference import attention_ref, dequantize_cache
+from int8kv_kernels.reference_int4 import dequantize_cache_int4
 
 
 def make_cache(
@@ -25,6 +26,8 @@ def make_cache(
     ``v_format="e4m3"``: V bytes are random E4M3 codes (every code but the NaNs 0x7f/0xff, which
     no writer produces) and v_scale ~ 2/448.
     """
+    if kv_dtype == "int4":
+        return make_cache_int4(block_size, nkv, head_size, num_blocks, device), None, None
     layout = PageLayout(kv_dtype, block_size, nkv, head_size)
     cache = torch.randint(
         -127, 128, (num_blocks, layout.page_bytes), dtype=torch.int8, device=device
@@ -41,6 +44,20 @@ def make_cache(
         v[v == -1] = -2  # 0xff -> 0xfe (-448)
         v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 448)
     return cache, k_scale, v_scale
+
+
+def make_cache_int4(
+    block_size: int, nkv: int, head_size: int, num_blocks: int, device: str
+) -> torch.Tensor:
+    """An int4 cache of random codes with random fp16 (scale, zero) pairs: every group
+    dequantizes to about [-2.5, 2.5] (scale ~ 5/15), like unit-variance activations."""
+    lay = Int4PageLayout(block_size, nkv, head_size)
+    cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
+    sz = cache[:, lay.k_sz :].view(torch.float16).unflatten(-1, (-1, 2))
+    sz[..., 0] = (torch.rand(sz.shape[:-1], device=device) + 0.5) * (5.0 / 15)
+    # zero ~ -7.5 scale: centred groups, so no output channel is dominated by a common offset.
+    sz[..., 1] = sz[..., 0] * (-7.5 + (torch.rand(sz.shape[:-1], device=device) - 0.5))
+    return cache
 
 
 @dataclass
@@ -134,6 +151,15 @@ def reference(
     b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, v_format="int8", **kw
 ) -> torch.Tensor:
     head_size = b.query.shape[-1]
+    if kv_dtype == "int4":
+        k, v = dequantize_cache_int4(
+            cache, block_size=block_size, num_kv_heads=nkv, head_size=head_size
+        )
+        ref = attention_ref(
+            b.query, k, v, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+            block_table=b.block_table, softmax_scale=head_size**-0.5, **kw,
+        )  # fmt: skip
+        return ref[: int(b.query_start_loc[-1])]
     k, v = dequantize_cache(
         cache, kv_dtype=kv_dtype, block_size=block_size, num_kv_heads=nkv, head_size=head_size,
         k_scale=k_scale, v_scale=v_scale, v_format=v_format,
