@@ -8,13 +8,19 @@
 #   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
 #        --configs auto_fa2,auto_triton  then  --configs int8_per_token_head,int8 --append)
 #
+# Issue 7's reliability steps:
+#
+#   bash benchmarks/run_gpu_e2e.sh soak [args] [-- vllm serve args]   # benchmarks/soak.py (~4-6 min)
+#   bash benchmarks/run_gpu_e2e.sh longctx [args]        # benchmarks/long_context.py (~5-8 min)
+#   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5-8 min)
+#
 # Assumes the offline vLLM bundle (shared/gpu/README.md) has been staged on this host by earlier
 # calls, or that this call carries its parts. Logs and results go to $OUT (the device tool's output
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|tests|alltests|accuracy|throughput) ;;
-  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput [args]"; exit 2 ;;
+case "$step" in stage|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
+  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput|soak|longctx|tp2 [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -60,6 +66,13 @@ case "$step" in
   alltests) run python3 -m pytest tests -m gpu -v -rA "$@"; rc=$? ;;
   accuracy) run python3 benchmarks/accuracy.py "$@"; rc=$? ;;
   throughput) run python3 benchmarks/throughput.py "$@"; rc=$? ;;
+  soak) run python3 benchmarks/soak.py "$@"; rc=$? ;;
+  longctx) run python3 benchmarks/long_context.py "$@"; rc=$? ;;
+  # NVLink multicast stays off for the TP=2 engines (shared host; the test sets these too)
+  tp2) NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \
+       TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
+       NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} VLLM_ALLREDUCE_USE_SYMM_MEM=0 \
+       run python3 -m pytest tests/e2e/test_tp2.py -m gpu -v -rA -s "$@"; rc=$? ;;
 esac
 cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null
 echo "run_gpu_e2e: $step exited $rc; logs and results in $OUT"
