@@ -158,9 +158,15 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def compute_rows(
-    results: dict[str, dict[str, np.ndarray]], reference: str, targets: np.ndarray, greedy_n: int
+    results: dict[str, dict[str, np.ndarray]],
+    reference: str,
+    targets: np.ndarray,
+    greedy_n: int,
+    num_windows: int = 0,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays."""
+    """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays; with
+    ``num_windows`` (the scored windows, concatenated in ``target_lp``) also the standard error of
+    each ΔPPL."""
     ref = results[reference]
     rows, extras = [], {}
     for label, r in results.items():
@@ -190,6 +196,15 @@ def compute_rows(
         )
         extras[label] = {
             "greedy_seq_agree": round(seq_agree, 6),
+            **(
+                {
+                    "ppl_delta_se_pct": round(
+                        common.ppl_delta_se_pct(ref["target_lp"], r["target_lp"], num_windows), 4
+                    )
+                }
+                if num_windows > 1
+                else {}
+            ),
             "kld_p99": float(f"{float(np.quantile(kl, 0.99)):.6g}"),
             "kld_max": float(f"{float(np.max(kl)):.6g}"),
         }
@@ -303,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         common.write_json(details, details_path)
         print(f"accuracy: {details['error']}", file=sys.stderr)
         return 1
-    rows, extras = compute_rows(results, reference, targets, args.greedy_tokens)
+    rows, extras = compute_rows(
+        results, reference, targets, args.greedy_tokens, num_windows=len(windows)
+    )
     for label, extra in extras.items():
         runs[label].update(extra)
     doc = {

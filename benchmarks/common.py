@@ -53,6 +53,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "shim": False,
     },
     "int8": {"kv_cache_dtype": "int8", "shim": True},
+    # every token through the quantized pages, fresh prefills too (int8kv_shim/fresh_prefill.py)
+    "int8_prefill_triton": {
+        "kv_cache_dtype": "int8",
+        "shim": True,
+        "env": {"INT8KV_PREFILL": "triton"},
+    },
     # int8_static rows need a calibration file (``ensure_scales`` makes one per V format).
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
@@ -70,8 +76,8 @@ def config_for(label: str) -> dict[str, Any]:
 def llm_kwargs_for(label: str) -> dict[str, Any]:
     """The ``LLM(...)`` keyword arguments of a row label (without the ``shim`` flag)."""
     cfg = config_for(label)
-    cfg.pop("shim")
-    cfg.pop("v_format", None)
+    for key in ("shim", "v_format", "env"):
+        cfg.pop(key, None)
     return cfg
 
 
@@ -84,8 +90,9 @@ def child_env(
     ``INT8KV_SHIM`` must be in the environment before vLLM is imported (the shim patches at import),
     which is why every configuration runs in a fresh process.
     """
-    env = dict(os.environ)
-    if config_for(label)["shim"] or shim_everywhere:
+    cfg = config_for(label)
+    env = dict(os.environ) | cfg.get("env", {})
+    if cfg["shim"] or shim_everywhere:
         env[SHIM_ENV] = "1"
     else:
         env.pop(SHIM_ENV, None)
@@ -243,6 +250,18 @@ def _flat_arrays(
 def perplexity(target_lp: np.ndarray) -> float:
     """exp of the mean negative log-likelihood of the actual tokens."""
     return float(math.exp(-float(np.mean(target_lp, dtype=np.float64))))
+
+
+def ppl_delta_se_pct(ref_lp: np.ndarray, lp: np.ndarray, num_blocks: int) -> float:
+    """Standard error (in percent points) of ΔPPL = PPL(lp) / PPL(ref_lp) - 1, from the paired
+    per-token log-likelihood differences averaged per block (the scored windows: tokens within a
+    window are correlated, windows are not), so it measures how much of a ΔPPL is sampling noise."""
+    d = np.asarray(ref_lp, dtype=np.float64) - np.asarray(lp, dtype=np.float64)
+    if num_blocks < 2:
+        raise ValueError("need at least two blocks for a standard error")
+    means = np.array([b.mean() for b in np.array_split(d, num_blocks)])
+    se = float(np.std(means, ddof=1) / math.sqrt(num_blocks))
+    return 100 * math.exp(float(d.mean())) * se
 
 
 def top1_agreement(ref_top_ids: np.ndarray, top_ids: np.ndarray) -> float:

@@ -1,6 +1,8 @@
 """Markdown tables for the README, generated from the result files (numbers are never typed).
 
-    python benchmarks/report.py kernels    # the "Kernel speed" table from benchmarks/results/kernels.json
+    python benchmarks/report.py kernels     # "Kernel speed", from benchmarks/results/kernels.json
+    python benchmarks/report.py accuracy    # "Accuracy", from accuracy.json (+ accuracy_details.json)
+    python benchmarks/report.py throughput  # "Throughput", from throughput.json
 
 tests/test_readme_results.py checks that the README holds exactly what this prints.
 """
@@ -18,7 +20,15 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
     """Decode/prefill/write times of our int8 kernels against FA2, vLLM's Triton and upstream int8."""
     result = json.loads(path.read_text())
     ms = {
-        (r["kernel"], r["impl"], r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"]): r
+        (
+            r["kernel"],
+            r["impl"],
+            r["q_heads"],
+            r["kv_heads"],
+            r["head_dim"],
+            r["batch"],
+            r["ctx"],
+        ): r
         for r in result["rows"]
     }
     peak = result["peak_bw_gbs"]
@@ -70,7 +80,73 @@ def _short(command: str) -> str:
     return "python " + " ".join(kept)
 
 
-TABLES = {"kernels": kernels_table}
+def accuracy_table(path: Path = RESULTS / "accuracy.json") -> str:
+    """Perplexity through the cache and agreement with BF16, per KV-cache dtype."""
+    result = json.loads(path.read_text())
+    details_path = path.with_name(path.stem + "_details.json")
+    runs = json.loads(details_path.read_text())["runs"] if details_path.exists() else {}
+    ref = result["rows"][0]
+    ref_tokens = runs.get(ref["dtype"], {}).get("kv_cache_tokens")
+    lines = [
+        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens scored), "
+        f"{result['gpu']}, `{_short(result['command'])}`. ΔPPL and KV tokens are relative to "
+        f"`{ref['dtype']}` (BF16).",
+        "",
+        "| `--kv-cache-dtype` | PPL | ΔPPL | top-1 agree | mean KL | greedy agree "
+        "| identical continuations | KV tokens vs BF16 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        run = runs.get(row["dtype"], {})
+        seq = run.get("greedy_seq_agree")
+        tokens = run.get("kv_cache_tokens")
+        lines.append(
+            f"| `{row['dtype']}` | {row['ppl']:.3f} | {100 * (row['ppl'] / ref['ppl'] - 1):+.3f}% "
+            f"| {_num(row['top1_agree'], '.4f')} | {_num(row['kld'], '.5f')} "
+            f"| {row['greedy_agree']:.3f} | {_num(seq, '.0%')} "
+            f"| {f'{tokens / ref_tokens:.2f}x' if tokens and ref_tokens else 'n/a'} |"
+        )
+    return "\n".join(lines)
+
+
+def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
+    """Generation throughput per configuration and context, with ratios against the baselines."""
+    result = json.loads(path.read_text())
+    rows = {(r["dtype"], r["ctx"]): r for r in result["rows"]}
+    bases = ("auto_fa2", "auto_triton", "int8_per_token_head")
+    lines = [
+        f"{result['model']}, {result['gpu']}, `{_short(result['command'].split(' ; ')[0])}`"
+        + (
+            " (rows of several runs, see the file's `command`)"
+            if " ; " in result["command"]
+            else ""
+        )
+        + ".",
+        "",
+        "| config | ctx | prompts | gen tok/s | vs `auto_fa2` | vs `auto_triton` "
+        "| vs `int8_per_token_head` | KV tokens | vs BF16 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (dtype, ctx), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ratios = []
+        for base in bases:
+            other = rows.get((base, ctx))
+            ratios.append(f"{row['gen_tok_s'] / other['gen_tok_s']:.2f}x" if other else "n/a")
+        bf16 = rows.get(("auto_fa2", ctx)) or rows.get(("auto_triton", ctx))
+        cap = f"{row['kv_cache_tokens'] / bf16['kv_cache_tokens']:.2f}x" if bf16 else "n/a"
+        lines.append(
+            f"| `{dtype}` | {ctx} | {row['num_prompts']} | {row['gen_tok_s']:.0f} | "
+            + " | ".join(ratios)
+            + f" | {row['kv_cache_tokens']} | {cap} |"
+        )
+    return "\n".join(lines)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+TABLES = {"kernels": kernels_table, "accuracy": accuracy_table, "throughput": throughput_table}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1]]())

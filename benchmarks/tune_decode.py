@@ -21,7 +21,14 @@ import int8kv_kernels.attention as A  # noqa: E402
 from int8kv_kernels import make_workspace, paged_attention  # noqa: E402
 
 # (tile, warps, stages, chunks). Stage 7 gives three K/V buffers (ptxas/TTGIR, kernels/README.md).
-CONFIGS = [(128, 4, 5, 1), (128, 4, 7, 1), (64, 2, 7, 1), (64, 4, 7, 1), (128, 4, 7, 4), (128, 4, 5, 4)]
+CONFIGS = [
+    (128, 4, 5, 1),
+    (128, 4, 7, 1),
+    (64, 2, 7, 1),
+    (64, 4, 7, 1),
+    (128, 4, 7, 4),
+    (128, 4, 5, 4),
+]
 SHAPES = [(32, 8192), (8, 8192), (128, 1024), (8, 1024), (1, 32768), (64, 32768)]
 
 
@@ -29,7 +36,10 @@ def main() -> None:
     torch.manual_seed(0)
     bw = copy_bw()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}", flush=True)
+    print(
+        f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}",
+        flush=True,
+    )
     nq, nkv, d = 32, 8, 128
     ws = make_workspace(128, nq, d, device="cuda")
     orig = A._choose_config
@@ -45,11 +55,30 @@ def main() -> None:
             scales = torch.full((nkv,), 0.01, device="cuda")
             for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:3]:
                 for ns in sorted({heur, min(32, heur * 2)}):
-                    A._choose_config = lambda g, hd, mq, tn=tn, w=w, st=st, ch=ch: A._Config(max(16, triton.next_power_of_2(g)), tn, w, st, True, ch)
+                    A._choose_config = lambda g, hd, mq, tn=tn, w=w, st=st, ch=ch: A._Config(
+                        max(16, triton.next_power_of_2(g)), tn, w, st, True, ch
+                    )
 
                     def run(ns=ns):
                         for c in caches:
-                            paged_attention(q, c, out, kv_dtype=kv_dtype, block_size=16, num_kv_heads=nkv, query_start_loc=qsl, seq_lens=sl, block_table=bt, max_query_len=1, max_seq_len=ctx, softmax_scale=d**-0.5, workspace=ws, num_splits=ns, k_scale=scales, v_scale=scales)
+                            paged_attention(
+                                q,
+                                c,
+                                out,
+                                kv_dtype=kv_dtype,
+                                block_size=16,
+                                num_kv_heads=nkv,
+                                query_start_loc=qsl,
+                                seq_lens=sl,
+                                block_table=bt,
+                                max_query_len=1,
+                                max_seq_len=ctx,
+                                softmax_scale=d**-0.5,
+                                workspace=ws,
+                                num_splits=ns,
+                                k_scale=scales,
+                                v_scale=scales,
+                            )
 
                     try:
                         ms = graph_time(run) / copies
@@ -58,13 +87,29 @@ def main() -> None:
                         continue
                     b = must if kv_dtype == "int8" else must - batch * ctx * nkv * 4
                     frac = b / ms / 1e6 / bw
-                    log.append(dict(dtype=kv_dtype, batch=batch, ctx=ctx, tile=tn, warps=w, stages=st, chunks=ch, splits=ns, us=ms * 1e3, frac=frac))
+                    log.append(
+                        dict(
+                            dtype=kv_dtype,
+                            batch=batch,
+                            ctx=ctx,
+                            tile=tn,
+                            warps=w,
+                            stages=st,
+                            chunks=ch,
+                            splits=ns,
+                            us=ms * 1e3,
+                            frac=frac,
+                        )
+                    )
                     line.append((frac, kv_dtype, tn, w, st, ch, ns, ms * 1e3))
         A._choose_config = orig
         line.sort(reverse=True)
         print(f"b={batch} ctx={ctx} heur_splits={heur}", flush=True)
         for frac, kv_dtype, tn, w, st, ch, ns, us in line[:6]:
-            print(f"   {kv_dtype:11s} tile={tn:3d} w={w} st={st} ch={ch} splits={ns:2d} {us:9.1f}us {frac * 100:5.1f}%bw", flush=True)
+            print(
+                f"   {kv_dtype:11s} tile={tn:3d} w={w} st={st} ch={ch} splits={ns:2d} {us:9.1f}us {frac * 100:5.1f}%bw",
+                flush=True,
+            )
         caches = None  # free before the next shape
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):

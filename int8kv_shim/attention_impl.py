@@ -25,7 +25,9 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
+from int8kv_kernels.hadamard import hadamard
 from int8kv_shim.calibration import active_recorder
+from int8kv_shim.fresh_prefill import PrefillSplit, flash_attention, split_batch
 
 logger = init_logger(__name__)
 
@@ -35,7 +37,10 @@ _WORKSPACE_TOKENS = 256
 
 # dtypes whose kernels exist in this release; the others are registered (so vLLM accepts the
 # name) but refused at startup with a message instead of failing inside a kernel.
-KERNEL_DTYPES = ("int8", "int8_static")
+KERNEL_DTYPES = ("int8", "int8_static", "int4")
+
+# dtypes whose kernels have not yet run on a GPU: served, with a warning at start-up
+EXPERIMENTAL_DTYPES = ("int4",)
 
 STATIC_DTYPE = "int8_static"
 V_FORMATS = ("int8", "e4m3")
@@ -60,6 +65,8 @@ class Int8KVAttentionMetadata:
     block_size: int
     num_splits: int
     workspace: AttentionWorkspace
+    # Fresh prefills (no cached context) attend over their own BF16 K/V (fresh_prefill.py).
+    split: PrefillSplit | None = None
 
 
 def _next_pow2(n: int) -> int:
@@ -88,6 +95,12 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.workspace = make_workspace(
             _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
         )
+        if getattr(kv_cache_spec, "int8kv_dtype", None) == "int4":
+            # Made here, before any CUDA-graph capture, so the cached rotation matrix does not
+            # live in a graph's memory pool.
+            hadamard(model_config.get_head_size(), device)
+        # Decided once per builder, like the impl's own choice (same cached function).
+        self.fresh_prefill = flash_attention(model_config.get_head_size()) is not None
         self.num_sms = (
             torch.cuda.get_device_properties(device).multi_processor_count
             if device.type == "cuda"
@@ -110,6 +123,16 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         fast_build: bool = False,
     ) -> Int8KVAttentionMetadata:
         m = common_attn_metadata
+        split = None
+        if self.fresh_prefill and m.max_query_len > 1:
+            # The model runner's CPU copy (no device sync); None under async spec decode.
+            split = split_batch(
+                m.query_start_loc_cpu,
+                m._num_computed_tokens_cpu,
+                m.num_reqs,
+                m.seq_lens,
+                m.block_table_tensor,
+            )
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -121,6 +144,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             block_size=self.block_size,
             num_splits=self._decode_splits(m.num_reqs),
             workspace=self.workspace,
+            split=split,
         )
 
     def build_for_cudagraph_capture(
@@ -129,6 +153,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         metadata = self.build(0, common_attn_metadata)
         # Capturing with max_model_len-long sequences only makes capture slow (as in triton_attn).
         metadata.seq_lens.fill_(1)
+        # A graph replays whatever it captured for any later batch: our kernels for every sequence.
+        metadata.split = None
         return metadata
 
 
@@ -151,6 +177,12 @@ class Int8KVAttentionImpl(AttentionImpl):
         refuse = _refusal(kv_cache_dtype, head_size, alibi_slopes, attn_type, sinks, unsupported)
         if refuse:
             raise ValueError(f"int8kv-shim: {refuse}")
+        if kv_cache_dtype in EXPERIMENTAL_DTYPES:
+            logger.warning_once(
+                "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels are tested on CPU "
+                "(Triton interpreter) against a torch reference but not yet validated on a GPU",
+                kv_cache_dtype,
+            )
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -170,6 +202,11 @@ class Int8KVAttentionImpl(AttentionImpl):
         )
         # Set only under `int8kv calibrate` (INT8KV_CALIBRATE): records K/V as they enter the cache.
         self._recorder = active_recorder()
+        # Attention of fresh prefills over their BF16 K/V; None: our kernels for every token. A
+        # layer that reads another layer's cache has no K/V of its own.
+        self._fresh_attention = (
+            flash_attention(head_size) if kv_sharing_target_layer_name is None else None
+        )
 
     def set_static_scales(
         self, k_scale: torch.Tensor, v_scale: torch.Tensor, v_format: str, source: str = ""
@@ -218,27 +255,58 @@ class Int8KVAttentionImpl(AttentionImpl):
             raise NotImplementedError("int8kv-shim: fused output quantization is not supported")
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
-        n = attn_metadata.num_actual_tokens
+        md = attn_metadata
+        split = md.split if self._fresh_attention is not None and key is not None else None
+        if split is None:
+            n = md.num_actual_tokens
+            self._paged(query[:n], kv_cache, output[:n], md, md.query_start_loc, md.seq_lens,
+                        md.block_table, md.max_query_len)  # fmt: skip
+            return output
+        fresh = split.fresh
+        q, k, v = (x.index_select(0, fresh.token_index) for x in (query, key, value))
+        out = torch.empty_like(q)
+        self._fresh_attention(q, k, v, out, fresh.query_start_loc, fresh.max_query_len,
+                              self.scale, self.sliding_window, self.logits_soft_cap)  # fmt: skip
+        output.index_copy_(0, fresh.token_index, out)
+        if (rest := split.rest) is not None:
+            q = query.index_select(0, rest.token_index)
+            out = torch.empty_like(q)
+            self._paged(q, kv_cache, out, md, rest.query_start_loc, rest.seq_lens,
+                        rest.block_table, rest.max_query_len)  # fmt: skip
+            output.index_copy_(0, rest.token_index, out)
+        return output
+
+    def _paged(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        output: torch.Tensor,
+        md: Int8KVAttentionMetadata,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        max_query_len: int,
+    ) -> None:
+        """Our kernels over the quantized pages, for the sequences these tensors describe."""
         paged_attention(
-            query[:n],
+            query,
             kv_cache,
-            output[:n],
+            output,
             kv_dtype=self.kv_cache_dtype,
-            block_size=attn_metadata.block_size,
+            block_size=md.block_size,
             num_kv_heads=self.num_kv_heads,
-            query_start_loc=attn_metadata.query_start_loc,
-            seq_lens=attn_metadata.seq_lens,
-            block_table=attn_metadata.block_table,
-            max_query_len=attn_metadata.max_query_len,
-            max_seq_len=attn_metadata.max_seq_len,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            max_query_len=max_query_len,
+            max_seq_len=md.max_seq_len,
             softmax_scale=self.scale,
             sliding_window=self.sliding_window,
             soft_cap=self.logits_soft_cap,
-            workspace=attn_metadata.workspace,
-            num_splits=attn_metadata.num_splits,
+            workspace=md.workspace,
+            num_splits=md.num_splits,
             **self._kernel_scales(),
         )
-        return output
 
     def do_kv_cache_update(
         self,

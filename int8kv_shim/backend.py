@@ -27,7 +27,6 @@ _catalogue = load_catalogue()
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
-
 class Int8KVAttentionBackend(AttentionBackend):
     """Paged attention over an int8 / int4 KV cache, one flat int8 page per block and layer."""
 

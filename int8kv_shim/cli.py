@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 from int8kv_shim import calibrate
 from int8kv_shim._catalogue import load_catalogue
-from int8kv_shim.environment_variables import INT8KV_SHIM, TRUTHY_VALUES, activation_requested
+from int8kv_shim.environment_variables import (
+    INT8KV_PREFILL,
+    INT8KV_SHIM,
+    TRUTHY_VALUES,
+    activation_requested,
+    prefill_mode,
+)
 from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
 
 MIN_COMPUTE_CAPABILITY = (8, 0)  # same bound as backend.MIN_COMPUTE_CAPABILITY (no vLLM import)
@@ -92,6 +98,16 @@ def doctor(args: argparse.Namespace) -> int:
         major, minor = gpu.capability
         count = f" (+{gpu.count - 1} more)" if gpu.count > 1 else ""
         out(f"GPU           {gpu.name}, compute capability {major}.{minor}{count}")
+
+    try:
+        mode = prefill_mode()
+        how = {
+            "flash": "fresh prefills on vLLM's FlashAttention-2 where it runs, the rest on ours",
+            "triton": "every token on our kernels",
+        }[mode]
+        out(f"prefill       {mode} ({INT8KV_PREFILL}): {how}")
+    except ValueError as e:
+        problems.append(str(e))
 
     out("can run here:")
     for name in catalogue.DTYPE_NAMES:

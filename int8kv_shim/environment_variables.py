@@ -33,3 +33,22 @@ INT8KV_SCALES = "INT8KV_SCALES"
 INT8KV_CALIBRATE = "INT8KV_CALIBRATE"
 """Set by ``int8kv calibrate`` in every vLLM process it starts (not for users): ``absmax`` or
 ``histogram`` makes the attention impl record K/V statistics as they enter the cache."""
+
+INT8KV_PREFILL = "INT8KV_PREFILL"
+"""How a prompt's first chunk (no cached context) attends: ``flash`` (default) over its fresh BF16
+K/V with vLLM's FlashAttention-2 where that runs, ``triton`` through the quantized pages with our
+kernels like every other token (``fresh_prefill.py``)."""
+
+PREFILL_MODES: tuple[str, ...] = ("flash", "triton")
+
+
+def prefill_mode(environ: Mapping[str, str] | None = None) -> str:
+    """``flash`` (default) or ``triton``, from ``INT8KV_PREFILL``; anything else is an error."""
+    env = os.environ if environ is None else environ
+    raw = env.get(INT8KV_PREFILL)
+    mode = (raw or "").strip().lower() or "flash"
+    if mode not in PREFILL_MODES:
+        raise ValueError(
+            f"int8kv-shim: {INT8KV_PREFILL}={raw!r} is not one of {', '.join(PREFILL_MODES)}"
+        )
+    return mode

@@ -268,9 +268,7 @@ def patch_kv_cache_spec(attention: ModuleType) -> None:
     ours = frozenset(dtype_names())
     original = attention.Attention.get_kv_cache_spec
 
-    def use_our_spec(
-        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
-    ) -> Any:
+    def use_our_spec(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         spec = wrapped(*args, **kwargs)
         layer = instance if instance is not None else args[0]  # called through the class
         if spec is None or layer.kv_cache_dtype not in ours:

@@ -224,7 +224,9 @@ def _chunked_kv_loop(
     return m, tl.sum(l_i * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
 
 
-@triton.jit
+# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant serves
+# every batch instead of a Triton compile mid-serving when a new size class shows up.
+@triton.jit(do_not_specialize=["num_seqs", "window"])
 def _attn_fwd(
     q_ptr,
     out_ptr,
@@ -423,7 +425,7 @@ def _attn_fwd(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # as _attn_fwd
 def _merge_splits(
     out_ptr,
     ws_acc_ptr,

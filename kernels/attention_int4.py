@@ -128,7 +128,9 @@ def _store_piece(dst_row, row_ok, acc_lo, acc_hi, az_lo, az_hi, inv, J: tl.const
     tl.store(dst_row[:, None] + HALF + d, (acc_hi + az_hi[:, None]) * inv, mask=row_ok[:, None])
 
 
-@triton.jit
+# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant serves
+# every batch instead of a Triton compile mid-serving when a new size class shows up.
+@triton.jit(do_not_specialize=["num_seqs", "window"])
 def _attn_int4_fwd(
     q_ptr,  # rotated query, fp32
     out_ptr,  # rotated output, fp32

@@ -598,3 +598,102 @@ def test_throughput_main_append_merges(tmp_path: Path, monkeypatch: pytest.Monke
     assert {r["prompt_len"] for r in details["rows"] if r["ctx"] == 8192} == {7936}
     assert set(details["runs"]) == {"auto_fa2", "int8", "auto_triton"}
     assert " ; " in doc["command"]
+
+
+def test_throughput_keeps_rows_of_a_timed_out_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed by --timeout after its first context still contributes that row."""
+    monkeypatch.delenv("OUT", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
+
+    def fake_child(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        label = argv[argv.index("--label") + 1]
+        result = Path(argv[argv.index("--result") + 1])
+        row = {"dtype": label, "ctx": 1024, "num_prompts": 2, "output_len": 256}
+        row |= {"gen_tok_s": 5.0, "kv_cache_tokens": 10}
+        result.write_text(json.dumps({"rows": [row], "extra": [{"dtype": label, "ctx": 1024}]}))
+        return -9, timeout_s, "killed"
+
+    monkeypatch.setattr(throughput.common, "run_child", fake_child)
+    out = tmp_path / "throughput.json"
+    argv = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
+    assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192"]) == 1
+    assert [(r["dtype"], r["ctx"]) for r in json.loads(out.read_text())["rows"]] == [("int8", 1024)]
+    run = json.loads((tmp_path / "throughput_details.json").read_text())["runs"]["int8"]
+    assert run["error"] == "timeout" and run["ctx_done"] == [1024]
+
+
+def test_throughput_rows_from_worker_logs(tmp_path: Path) -> None:
+    row = {"dtype": "auto_fa2", "ctx": 8192, "num_prompts": 234, "output_len": 256}
+    row |= {"gen_tok_s": 6611.6, "kv_cache_tokens": 1916736}
+    log = tmp_path / "throughput_auto_fa2.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO noise ctx 8192: {not a row}\n"
+        f"[auto_fa2] ctx 8192: {json.dumps(row)} in 9.1s\n"
+    )
+    assert throughput.rows_from_log(log) == [row]
+    out = tmp_path / "throughput.json"
+    out.write_text(json.dumps({"gpu": "G", "command": "python x", "model": "m", "rows": []}))
+    assert throughput.main(["--rows-from-log", str(log), "--append", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == [row] and doc["gpu"] == "G"
+    assert doc["command"].startswith("python x ; python benchmarks/throughput.py --rows-from-log")
+    (tmp_path / "empty.log").write_text("no rows here\n")
+    with pytest.raises(ValueError, match="no throughput rows"):
+        throughput.rows_from_log(tmp_path / "empty.log")
+    mislabeled = tmp_path / "bad.log"
+    mislabeled.write_text(f"[int8] ctx 8192: {json.dumps(row)} in 1.0s\n")
+    with pytest.raises(ValueError, match="does not match"):
+        throughput.rows_from_log(mislabeled)
+
+
+def test_int8_static_rows_calibrate_once_per_v_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def fake_child(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        calls.append(argv)
+        assert env["INT8KV_SHIM"] == "1" and argv[1:4] == ["-m", "int8kv_shim.cli", "calibrate"]
+        Path(argv[argv.index("--out") + 1]).write_text("{}")
+        return 0, 1.0, "wrote"
+
+    monkeypatch.setattr(common, "run_child", fake_child)
+    assert common.ensure_scales("int8", "m", tmp_path, tmp_path) == (None, {})
+    path, info = common.ensure_scales("int8_static_e4m3", "m", tmp_path, tmp_path)
+    assert path == tmp_path / "int8kv_scales_e4m3.json" and info["calibrate_rc"] == 0
+    assert calls[0][calls[0].index("--v-format") + 1] == "e4m3"
+    assert common.ensure_scales("int8_static_e4m3", "m", tmp_path, tmp_path)[0] == path
+    assert len(calls) == 1  # the file exists now: no second calibration
+    env = common.child_env("int8_static_e4m3", scales=path)
+    assert env["INT8KV_SCALES"] == str(path) and env["INT8KV_SHIM"] == "1"
+    assert common.llm_kwargs_for("int8_static_e4m3") == {"kv_cache_dtype": "int8_static"}
+
+    monkeypatch.setattr(common, "run_child", lambda *a: (1, 1.0, "ValueError: no GPU"))
+    path, info = common.ensure_scales("int8_static", "m", tmp_path, tmp_path)
+    assert path is None and info["calibrate_error"] == "ValueError: no GPU"
+
+
+def test_ppl_delta_standard_error() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.normal(-3.0, 1.0, 40_000)
+    same = ref.copy()
+    # identical runs: zero difference, zero error
+    assert common.ppl_delta_se_pct(ref, same, 40) == 0.0
+    # independent per-token noise of sd 0.05 nats: SE of the mean difference = 0.05 / sqrt(40000)
+    noisy = ref + rng.normal(0.0, 0.05, ref.size)
+    se = common.ppl_delta_se_pct(ref, noisy, 40)
+    assert 0.7 * 0.025 < se < 1.3 * 0.025  # percent points
+    with pytest.raises(ValueError):
+        common.ppl_delta_se_pct(ref, noisy, 1)
+
+
+def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INT8KV_PREFILL", raising=False)
+    assert common.llm_kwargs_for("int8_prefill_triton") == {"kv_cache_dtype": "int8"}
+    assert common.child_env("int8_prefill_triton")["INT8KV_PREFILL"] == "triton"
+    assert "INT8KV_PREFILL" not in common.child_env("int8")

@@ -7,17 +7,23 @@ compared with the torch reference over the dequantized cache. Prints "glue ok" o
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from int8kv_kernels.reference import attention_ref, dequantize_cache
+from int8kv_kernels.reference_int4 import dequantize_cache_int4
+from int8kv_shim import fresh_prefill
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
 
 
-def main() -> None:
+def main(kv_dtype: str = "int8", mode: str = "") -> None:
+    """``mode="fresh"``: the fresh-prefill split on, with ``fresh_prefill.attention_ref`` standing
+    in for FlashAttention-2 (no GPU here): the prefill without context must then match attention
+    over its unquantized K/V, the other sequences attention over the dequantized cache."""
     torch.manual_seed(0)
     nq, nkv, d, bs = 8, 2, 64, 16
     q_lens, seq_lens = [1, 9, 5], [40, 9, 70]  # a decode, a prefill, a chunked-prefill continuation
@@ -28,17 +34,24 @@ def main() -> None:
     for s, n in enumerate(blocks_per_seq):
         block_table[s, :n] = torch.tensor([1 + perm.pop() for _ in range(n)])
 
-    shape = Int8KVAttentionBackend.get_kv_cache_shape(num_blocks, bs, nkv, d, "int8")
+    shape = Int8KVAttentionBackend.get_kv_cache_shape(num_blocks, bs, nkv, d, kv_dtype)
     kv_cache = torch.randint(-128, 128, shape, dtype=torch.int8)
 
-    impl = Int8KVAttentionImpl(nq, d, d**-0.5, nkv, None, None, "int8", None, "decoder", None)
-    # Every token's K/V goes through the impl's cache update (what vLLM calls before attention).
+    impl = Int8KVAttentionImpl(nq, d, d**-0.5, nkv, None, None, kv_dtype, None, "decoder", None)
+    # Every token's K/V goes through the impl's cache update (what vLLM calls before attention);
+    # the unquantized values also go into plain slots, and the new tokens' into the batch's K/V.
+    exact_k = torch.zeros(num_blocks, bs, nkv, d)
+    exact_v = torch.zeros_like(exact_k)
+    new_k, new_v = [], []
     for s, seq_len in enumerate(seq_lens):
         pos = torch.arange(seq_len)
         slots = block_table[s, pos // bs].long() * bs + pos % bs
         k = torch.randn(seq_len, nkv, d, dtype=torch.bfloat16)
         v = torch.randn(seq_len, nkv, d, dtype=torch.bfloat16)
         impl.do_kv_cache_update(None, k, v, kv_cache, slots)
+        exact_k.view(-1, nkv, d)[slots], exact_v.view(-1, nkv, d)[slots] = k.float(), v.float()
+        new_k.append(k[-q_lens[s] :])
+        new_v.append(v[-q_lens[s] :])
 
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     num_tokens = int(qsl[-1])
@@ -52,6 +65,7 @@ def main() -> None:
         max_seq_len=max(seq_lens),
         block_table_tensor=block_table,
         slot_mapping=torch.zeros(num_tokens, dtype=torch.int64),
+        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
     )
     model_config = SimpleNamespace(
         get_num_kv_heads=lambda parallel: nkv,
@@ -60,19 +74,42 @@ def main() -> None:
         max_model_len=256,
     )
     vllm_config = SimpleNamespace(model_config=model_config, parallel_config=None)
-    spec = SimpleNamespace(block_size=bs)
+    spec = SimpleNamespace(block_size=bs, int8kv_dtype=kv_dtype)
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
+    fresh = mode == "fresh"
+    if fresh:
+        builder.fresh_prefill = True
+        impl._fresh_attention = fresh_prefill.attention_ref
     metadata = builder.build(0, common)
+    assert (metadata.split is not None) == fresh
+    if fresh:  # sequence 1 (9 new tokens, no context) is the fresh prefill
+        assert metadata.split.fresh.token_index.tolist() == list(range(1, 10))
+        assert metadata.split.rest.seq_lens.tolist() == [40, 70]
 
     query = torch.randn(num_tokens + 2, nq, d, dtype=torch.bfloat16)  # 2 padded rows, as vLLM pads
+    pad = torch.zeros(2, nkv, d, dtype=torch.bfloat16)
+    key, value = torch.cat([*new_k, pad]), torch.cat([*new_v, pad])
     output = torch.full_like(query, float("nan"))
-    impl.forward(None, query, None, None, kv_cache, metadata, output)
+    impl.forward(None, query, key, value, kv_cache, metadata, output)
 
-    k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype="int8", block_size=bs,
-                                        num_kv_heads=nkv, head_size=d)  # fmt: skip
+    if kv_dtype == "int4":
+        k_slots, v_slots = dequantize_cache_int4(kv_cache, block_size=bs, num_kv_heads=nkv,
+                                                 head_size=d)  # fmt: skip
+    else:
+        k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=bs,
+                                            num_kv_heads=nkv, head_size=d)  # fmt: skip
     ref = attention_ref(query[:num_tokens], k_slots, v_slots, query_start_loc=qsl,
                         seq_lens=common.seq_lens, block_table=block_table,
                         softmax_scale=d**-0.5)  # fmt: skip
+    if fresh:
+        exact = attention_ref(query[:num_tokens], exact_k, exact_v, query_start_loc=qsl,
+                              seq_lens=common.seq_lens, block_table=block_table,
+                              softmax_scale=d**-0.5)  # fmt: skip
+        # the fresh prefill attended over unquantized K/V: closer to `exact` than to `ref`
+        rows = slice(1, 10)
+        assert (output[rows].float() - exact[rows]).abs().max() < 4e-3 + 2.0**-7
+        assert (output[rows].float() - ref[rows]).abs().max() > 1e-3, "read the quantized cache?"
+        ref[rows] = exact[rows]
     # bf16 output: one rounding, which the interpreter does by truncation (2^-7 relative).
     diff = (output[:num_tokens].float() - ref).abs()
     assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), f"max abs error {diff.max().item()}"
@@ -81,8 +118,8 @@ def main() -> None:
     # The profiling run: no metadata, output zeroed, nothing else touched.
     impl.forward(None, query, None, None, kv_cache, None, output)
     assert not output.any()
-    print(f"glue ok (max abs error {err:.2e})")
+    print(f"glue ok ({kv_dtype}{' ' + mode if mode else ''}, max abs error {err:.2e})")
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])

@@ -5,14 +5,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHECK = Path(__file__).with_name("backend_glue_check.py")
 
 
-def test_builder_and_impl_run_our_kernels_like_vllm_does() -> None:
+@pytest.mark.parametrize("args", [["int8"], ["int4"], ["int8", "fresh"]])
+def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed
     run = subprocess.run(
-        [sys.executable, str(CHECK)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "glue ok" in run.stdout
+    assert f"glue ok ({' '.join(args)}," in run.stdout

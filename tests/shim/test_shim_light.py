@@ -93,6 +93,7 @@ def _doctor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def test_doctor_reports_everything(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("INT8KV_SHIM", "1")
+    monkeypatch.delenv("INT8KV_PREFILL", raising=False)
     code, out = _doctor(capsys)
     assert f"int8kv-shim   {package.shim_version()}" in out
     assert f"(supported: {package.SUPPORTED_VLLM_VERSION}): ok" in out
@@ -106,6 +107,14 @@ def test_doctor_reports_everything(monkeypatch: pytest.MonkeyPatch, capsys) -> N
         assert code == 0  # nothing was asked for that cannot work
     for name in DTYPE_NAMES:
         assert re.search(rf"^  {name}\s+(yes|no: .+)$", out, re.M), out
+    assert "prefill       flash (INT8KV_PREFILL)" in out
+
+
+def test_doctor_refuses_an_unknown_prefill_mode(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("INT8KV_SHIM", "1")
+    monkeypatch.setenv("INT8KV_PREFILL", "fa3")
+    code, out = _doctor(capsys)
+    assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_PREFILL='fa3' is not one of" in out
 
 
 def test_doctor_fails_for_an_asked_dtype_that_cannot_run(
