@@ -14,13 +14,20 @@
 #   bash benchmarks/run_gpu_e2e.sh longctx [args]        # benchmarks/long_context.py (~5-8 min)
 #   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5-8 min)
 #
+#   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
+#        returns at most 8 files: end every call with this)
+#
 # Assumes the offline vLLM bundle (shared/gpu/README.md) has been staged on this host by earlier
 # calls, or that this call carries its parts. Logs and results go to $OUT (the device tool's output
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
 case "$step" in stage|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
-  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput|soak|longctx|tp2 [args]"; exit 2 ;;
+  pack)
+    OUT=${OUT:-/tmp/int8kv-out}
+    tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
+    exit $? ;;
+  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD

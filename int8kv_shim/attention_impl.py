@@ -26,6 +26,7 @@ from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, 
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
 from int8kv_kernels.hadamard import hadamard
+from int8kv_shim import fresh_prefill
 from int8kv_shim.calibration import active_recorder
 from int8kv_shim.fresh_prefill import PrefillSplit, flash_attention, split_batch
 
@@ -124,7 +125,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
     ) -> Int8KVAttentionMetadata:
         m = common_attn_metadata
         split = None
-        if self.fresh_prefill and m.max_query_len > 1:
+        if self.fresh_prefill and m.max_query_len > 1 and fresh_prefill.enabled():
             # The model runner's CPU copy (no device sync); None under async spec decode.
             split = split_batch(
                 m.query_start_loc_cpu,
@@ -257,11 +258,29 @@ class Int8KVAttentionImpl(AttentionImpl):
             return output.fill_(0)
         md = attn_metadata
         split = md.split if self._fresh_attention is not None and key is not None else None
-        if split is None:
-            n = md.num_actual_tokens
-            self._paged(query[:n], kv_cache, output[:n], md, md.query_start_loc, md.seq_lens,
-                        md.block_table, md.max_query_len)  # fmt: skip
-            return output
+        if split is not None:
+            try:
+                return self._forward_split(query, key, value, kv_cache, md, split, output)
+            except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+                # Raised before any kernel ran (argument checks): our kernels redo every row.
+                fresh_prefill.disable(e)
+                self._fresh_attention = None
+        n = md.num_actual_tokens
+        self._paged(query[:n], kv_cache, output[:n], md, md.query_start_loc, md.seq_lens,
+                    md.block_table, md.max_query_len)  # fmt: skip
+        return output
+
+    def _forward_split(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: Int8KVAttentionMetadata,
+        split: PrefillSplit,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """Fresh prefills on FlashAttention-2 over their K/V, the rest on our kernels."""
         fresh = split.fresh
         q, k, v = (x.index_select(0, fresh.token_index) for x in (query, key, value))
         out = torch.empty_like(q)

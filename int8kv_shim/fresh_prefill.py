@@ -121,6 +121,27 @@ def split_batch(
     )
 
 
+_failure: str | None = None
+
+
+def disable(error: BaseException) -> None:
+    """Route every later prefill to our kernels after FlashAttention-2 raised (logged once)."""
+    global _failure
+    if _failure is None:
+        _failure = f"{type(error).__name__}: {error}"
+        logger.warning(
+            "int8kv-shim: FlashAttention-2 failed on a fresh prefill (%s); this process now runs "
+            "every prefill on our kernels (set %s=triton to skip the attempt)",
+            _failure,
+            INT8KV_PREFILL,
+        )
+
+
+def enabled() -> bool:
+    """False once :func:`disable` was called in this process."""
+    return _failure is None
+
+
 @functools.cache
 def flash_attention(head_size: int) -> FreshAttention | None:
     """vLLM's FlashAttention-2 as a :data:`FreshAttention`, or None where it cannot run here."""

@@ -77,11 +77,11 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     spec = SimpleNamespace(block_size=bs, int8kv_dtype=kv_dtype)
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
     fresh = mode == "fresh"
-    if fresh:
+    if mode in ("fresh", "broken"):
         builder.fresh_prefill = True
-        impl._fresh_attention = fresh_prefill.attention_ref
+        impl._fresh_attention = fresh_prefill.attention_ref if fresh else _broken_flash_attention
     metadata = builder.build(0, common)
-    assert (metadata.split is not None) == fresh
+    assert (metadata.split is not None) == bool(mode)
     if fresh:  # sequence 1 (9 new tokens, no context) is the fresh prefill
         assert metadata.split.fresh.token_index.tolist() == list(range(1, 10))
         assert metadata.split.rest.seq_lens.tolist() == [40, 70]
@@ -91,6 +91,8 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     key, value = torch.cat([*new_k, pad]), torch.cat([*new_v, pad])
     output = torch.full_like(query, float("nan"))
     impl.forward(None, query, key, value, kv_cache, metadata, output)
+    # a FlashAttention that raises: logged, this process falls back to our kernels for every row
+    assert fresh_prefill.enabled() == (mode != "broken")
 
     if kv_dtype == "int4":
         k_slots, v_slots = dequantize_cache_int4(kv_cache, block_size=bs, num_kv_heads=nkv,
@@ -119,6 +121,10 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     impl.forward(None, query, None, None, kv_cache, None, output)
     assert not output.any()
     print(f"glue ok ({kv_dtype}{' ' + mode if mode else ''}, max abs error {err:.2e})")
+
+
+def _broken_flash_attention(*args: object) -> None:
+    raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
 
 
 if __name__ == "__main__":
