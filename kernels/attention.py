@@ -108,6 +108,35 @@ def _load_scales(
 
 
 @triton.jit
+def _load_scales_by_page(
+    cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
+):  # fmt: skip
+    """fp16 K and V scales of the tile of keys ``start + arange(TILE_N)``, read a page at a time.
+
+    For ``start`` and ``TILE_N`` multiples of ``BLOCK_SIZE``. A page's scales of one head are
+    ``BLOCK_SIZE`` contiguous fp16, so this reads 16-byte vectors that the pipeliner turns into
+    asynchronous copies, where per-key 2-byte gathers (``_load_scales``) stay synchronous and
+    expose a dependent block-table + scale round trip in every iteration. The block-table rows are
+    loaded here too (contiguous), not taken from the per-key gather. Scales of keys past
+    ``key_hi`` inside a valid page are read (in bounds) and zeroed here: a stale NaN there would
+    otherwise survive the masked score as p * NaN.
+    """
+    P: tl.constexpr = TILE_N // BLOCK_SIZE
+    offs_p = tl.arange(0, P)
+    offs_b = tl.arange(0, BLOCK_SIZE)
+    page_ok = start + offs_p * BLOCK_SIZE < key_hi
+    pages = tl.load(bt_row + start // BLOCK_SIZE + offs_p, mask=page_ok, other=0).to(tl.int64)
+    idx = pages[:, None] * (stride_block // 2) + kvh * BLOCK_SIZE + offs_b[None, :]
+    k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
+    v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
+    ok = key < key_hi
+    k_sc = tl.where(ok, tl.reshape(k_sc, [TILE_N]), 0.0)
+    v_sc = tl.where(ok, tl.reshape(v_sc, [TILE_N]), 0.0)
+    return k_sc, v_sc
+
+
+@triton.jit
 def _prefetch_scales(
     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
@@ -363,6 +392,11 @@ def _attn_fwd(
                 k_sc_next, v_sc_next, sc_page = _prefetch_scales(
                     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
                     TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                )  # fmt: skip
+            elif DYNAMIC and TILE_N % BLOCK_SIZE == 0:
+                k_sc, v_sc = _load_scales_by_page(
+                    cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block,
+                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE,
                 )  # fmt: skip
             else:
                 k_sc, v_sc = _load_scales(

@@ -36,13 +36,34 @@ def compile_one(fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stag
         else:
             sig[name] = "fp32" if name in FLOAT_ARGS else "i32"
     cexpr = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    src = ASTSource(fn=fn, signature=sig, constexprs=cexpr)
+    # As Triton specializes at launch: pointers (tensor storage) and strides (whole rows of a
+    # 16-byte-aligned page layout) divisible by 16. Without it no load can become a cp.async and
+    # the pipeline checks below would look at code that never runs.
+    aligned = [n for n in fn.arg_names if n in ptrs or n.startswith("stride")]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=cexpr, attrs=attrs)
     k = triton.compile(src, target=SM80, options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = k.asm["ptx"]
     assert ".target sm_80" in ptx
     assert "wgmma" not in ptx and "cp.async.bulk" not in ptx  # nothing Hopper-only
     assert "e4m3x2" not in ptx  # no FP8 conversion instruction (sm89+); the E4M3 codec is bit ops
     return k
+
+
+def check_pipelined(k, dynamic: bool, decode: bool, chunks: int) -> None:
+    """The K/V tiles (and, on the prefill path, the per-token scales) of the loop are loaded with
+    asynchronous copies, i.e. the pipeliner overlaps them with the math of the previous tile.
+
+    Regressions this catches: a pointer expression whose alignment Triton can no longer prove, a
+    load the pipeliner stops accepting -- each turns the loop back into load, wait, compute. (The
+    decode path prefetches its scales by hand instead, see attention.py.)"""
+    ttgir = k.asm["ttgir"]
+    copies = [ln for ln in ttgir.splitlines() if "async_copy_global_to_local" in ln]
+    kv_copies = [ln for ln in copies if "xi8" in ln.split("->")[-1]]
+    assert len(kv_copies) >= 2, f"K/V loads are not asynchronous copies ({len(copies)} copies)"
+    if dynamic and not decode and chunks == 1:
+        scale_copies = [ln for ln in copies if "xf16" in ln.split("->")[-1]]
+        assert scale_copies, "prefill scale loads are not asynchronous copies"
 
 
 def main() -> int:
@@ -94,7 +115,7 @@ def main() -> int:
         cfg = _choose_config(group, d, mq)
         if chunks:  # the split-K-inside-the-program decode loop, off by default
             cfg = dataclasses.replace(cfg, chunks=chunks[0])
-        compile_one(
+        k = compile_one(
             _attn_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
@@ -104,6 +125,7 @@ def main() -> int:
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
+        check_pipelined(k, dynamic=lay.has_scales, decode=cfg.split, chunks=cfg.chunks)
         print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, flush=True)
         if cfg.split:
             compile_one(
