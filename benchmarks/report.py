@@ -106,6 +106,13 @@ def accuracy_table(path: Path = RESULTS / "accuracy.json") -> str:
             f"| {row['greedy_agree']:.3f} | {_num(seq, '.0%')} "
             f"| {f'{tokens / ref_tokens:.2f}x' if tokens and ref_tokens else 'n/a'} |"
         )
+    calibrations = [
+        f"`{label}` {run['calibrate_s']:.0f} s"
+        for label, run in runs.items()
+        if "calibrate_s" in run
+    ]
+    if calibrations:
+        lines += ["", f"`int8kv calibrate` (shipped text, defaults): {', '.join(calibrations)}."]
     return "\n".join(lines)
 
 

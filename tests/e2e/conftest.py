@@ -52,12 +52,13 @@ def tiny_model_dir(smollm2_dir: Path, e2e_workdir: Path) -> Path:
     )
 
 
-EngineFn = Callable[[str, Mapping[str, Any], Sequence[Mapping[str, Any]], bool], dict[str, Any]]
+EngineFn = Callable[..., dict[str, Any]]
 
 
 @pytest.fixture(scope="session")
 def engine(e2e_workdir: Path) -> EngineFn:
-    """``engine(name, llm_kwargs, phases, shim)``: run once per session, then served from memory.
+    """``engine(name, llm_kwargs, phases, shim, env=None)``: run once per session, then served
+    from memory (``env``: extra variables for that engine's process only).
 
     A failed engine is remembered too, so every test that needs it fails at once with the same log
     instead of starting it again.
@@ -65,12 +66,16 @@ def engine(e2e_workdir: Path) -> EngineFn:
     cache: dict[str, dict[str, Any] | Exception] = {}
 
     def run(
-        name: str, llm_kwargs: Mapping[str, Any], phases: Sequence[Mapping[str, Any]], shim: bool
+        name: str,
+        llm_kwargs: Mapping[str, Any],
+        phases: Sequence[Mapping[str, Any]],
+        shim: bool,
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         if name not in cache:
             try:
                 cache[name] = e2e_support.run_vllm(
-                    name, llm_kwargs, phases, shim=shim, workdir=e2e_workdir
+                    name, llm_kwargs, phases, shim=shim, workdir=e2e_workdir, env=env
                 )
             except RuntimeError as e:
                 cache[name] = e

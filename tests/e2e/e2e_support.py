@@ -143,17 +143,19 @@ def run_vllm(
     shim: bool,
     workdir: str | Path,
     timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``tests/e2e/vllm_worker.py`` for one engine in a fresh process and return its result.
 
-    ``shim`` sets ``INT8KV_SHIM=1`` in that process only (and removes it otherwise). The log goes to
-    ``workdir/NAME.log`` and, on a device run, also to ``$OUT/logs/``.
+    ``shim`` sets ``INT8KV_SHIM=1`` in that process only (and removes it otherwise); ``env`` adds
+    variables to that process only. The log goes to ``workdir/NAME.log`` and, on a device run, also
+    to ``$OUT/logs/``.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     spec, result, log = (workdir / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
     spec.write_text(json.dumps({"llm_kwargs": dict(llm_kwargs), "phases": list(phases)}))
-    env = dict(os.environ)
+    env = dict(os.environ) | dict(env or {})
     if shim:
         env["INT8KV_SHIM"] = "1"
     else:
