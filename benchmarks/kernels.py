@@ -46,7 +46,7 @@ DEV = "cuda"
 BLOCK = 16
 L2_BYTES = 60 << 20
 SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
-IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static"]
+IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static", "int4"]
 
 
 def graph_ms(fn: Callable[[], None], reps: int = 1) -> float:
@@ -96,6 +96,12 @@ class Cache:
             self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
             self.ks.uniform_(0.005, 0.02)
             self.vs.uniform_(0.005, 0.02)
+        elif impl == "int4":
+            lay = K.Int4PageLayout(BLOCK, nkv, d)
+            self.raw = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
+                                     device=DEV)  # fmt: skip
+            self.raw[:, lay.k_sz :].view(torch.float16).uniform_(0.005, 0.02)  # scales, zeros
+            self.sk = self.sv = None  # no static scales
         else:
             lay = K.PageLayout(impl, BLOCK, nkv, d)
             self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,

@@ -38,8 +38,8 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
         "`int8` must read.",
         "",
         "| kernel | q/kv heads, dim | batch | ctx | `int8` µs | %bw | vs `bf16_fa2` | vs `bf16` (Triton) "
-        "| vs `upstream_int8_pth` | `int8_static` vs `bf16_fa2` |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| vs `upstream_int8_pth` | `int8_static` vs `bf16_fa2` | `int4` vs `bf16_fa2` |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, ours in sorted(ms.items(), key=lambda kv: (kv[0][0] != "decode", kv[0][2:])):
         kernel, impl, *shape = key
@@ -50,18 +50,16 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
             row = ms.get((kernel, other, *shape))
             return f"{row['ms'] / mine['ms']:.2f}x" if row else "n/a"
 
-        static = ms.get((kernel, "int8_static", *shape))
-        static_vs = (
-            f"{ms[(kernel, 'bf16_fa2', *shape)]['ms'] / static['ms']:.2f}x"
-            if static and (kernel, "bf16_fa2", *shape) in ms
-            else "n/a"
-        )
+        def fa2_over(impl: str, kernel: str = kernel, shape: list = shape) -> str:
+            row, fa2 = ms.get((kernel, impl, *shape)), ms.get((kernel, "bf16_fa2", *shape))
+            return f"{fa2['ms'] / row['ms']:.2f}x" if row and fa2 else "n/a"
+
         nq, nkv, d, batch, ctx = shape
         bw = f"{100 * ours['gbs'] / peak:.0f}%" if kernel == "decode" else "-"
         lines.append(
             f"| {kernel} | {nq}/{nkv}, {d} | {batch} | {ctx if ctx else '-'} | "
             f"{ours['ms'] * 1e3:.1f} | {bw} | {ratio('bf16_fa2')} | {ratio('bf16')} | "
-            f"{ratio('upstream_int8_pth')} | {static_vs} |"
+            f"{ratio('upstream_int8_pth')} | {fa2_over('int8_static')} | {fa2_over('int4')} |"
         )
     return "\n".join(lines)
 

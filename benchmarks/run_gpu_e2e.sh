@@ -2,6 +2,8 @@
 # Issue 4's GPU work on the GPU host, one step per call, from the repo root:
 #
 #   bash benchmarks/run_gpu_e2e.sh stage                 # bundle + package only (check it imports)
+#   bash benchmarks/run_gpu_e2e.sh kernels [args]        # gpu-marked kernel tests, then
+#        benchmarks/kernels.py [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
 #   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e, gpu-marked (~8-10 min)
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
 #   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
@@ -22,12 +24,12 @@
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
+case "$step" in stage|kernels|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
   pack)
     OUT=${OUT:-/tmp/int8kv-out}
     tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
     exit $? ;;
-  *) echo "usage: $0 stage|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
+  *) echo "usage: $0 stage|kernels|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -69,6 +71,9 @@ fi
 run() { echo "+ $*"; "$@" 2>&1 | tee "$OUT/logs/$step.log"; return "${PIPESTATUS[0]}"; }
 case "$step" in
   stage) rc=0 ;;
+  kernels) run python3 -m pytest tests/kernels -m gpu -q -rfE; rc=$?
+           python3 benchmarks/kernels.py "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
+           rc=$(( rc || PIPESTATUS[0] )) ;;
   tests) run python3 -m pytest tests/e2e -m gpu -v -rA -s "$@"; rc=$? ;;
   alltests) run python3 -m pytest tests -m gpu -v -rA "$@"; rc=$? ;;
   accuracy) run python3 benchmarks/accuracy.py "$@"; rc=$? ;;
