@@ -25,9 +25,10 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
-from int8kv_kernels.hadamard import hadamard
+from int8kv_kernels.hadamard import hadamard, set_rotation
 from int8kv_shim import fresh_prefill
 from int8kv_shim.calibration import active_recorder
+from int8kv_shim.environment_variables import INT8KV_INT4_ROTATION, int4_rotation_enabled
 from int8kv_shim.fresh_prefill import PrefillSplit, flash_attention, split_batch
 
 logger = init_logger(__name__)
@@ -178,6 +179,13 @@ class Int8KVAttentionImpl(AttentionImpl):
         refuse = _refusal(kv_cache_dtype, head_size, alibi_slopes, attn_type, sinks, unsupported)
         if refuse:
             raise ValueError(f"int8kv-shim: {refuse}")
+        if kv_cache_dtype == "int4" and not int4_rotation_enabled():
+            set_rotation(False)
+            logger.warning_once(
+                "int8kv-shim: %s=0: int4 stores K/V without the Hadamard rotation (an accuracy "
+                "ablation; expect a worse model)",
+                INT8KV_INT4_ROTATION,
+            )
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels are tested on CPU "

@@ -13,6 +13,7 @@ INT8KV_SHIM = "INT8KV_SHIM"
 ``yes``, ``on``. Anything else, or unset, leaves vLLM untouched."""
 
 TRUTHY_VALUES: frozenset[str] = frozenset({"1", "true", "yes", "on"})
+FALSY_VALUES: frozenset[str] = frozenset({"0", "false", "no", "off"})
 
 
 def is_truthy(value: str | None) -> bool:
@@ -52,3 +53,15 @@ def prefill_mode(environ: Mapping[str, str] | None = None) -> str:
             f"int8kv-shim: {INT8KV_PREFILL}={raw!r} is not one of {', '.join(PREFILL_MODES)}"
         )
     return mode
+
+
+INT8KV_INT4_ROTATION = "INT8KV_INT4_ROTATION"
+"""``int4`` only, for accuracy ablations: ``0`` / ``off`` / ``false`` / ``no`` store K/V without the
+Hadamard rotation (worse accuracy; ``benchmarks/accuracy.py``'s ``int4_no_rotation`` row). Unset or
+anything else: rotation on."""
+
+
+def int4_rotation_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``int4`` rotates K/V (``INT8KV_INT4_ROTATION``; on unless explicitly switched off)."""
+    env = os.environ if environ is None else environ
+    return (env.get(INT8KV_INT4_ROTATION) or "").strip().lower() not in FALSY_VALUES

@@ -15,6 +15,21 @@ from __future__ import annotations
 import torch
 
 _CACHE: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+# Off only for the accuracy ablation "4-bit without rotation" (issue 6): set_rotation(False).
+_ENABLED = True
+
+
+def set_rotation(enabled: bool) -> None:
+    """Turn the rotation into the identity (``False``) or back on, for the whole process.
+
+    An ablation switch: pages written with one setting must be read with the same one.
+    """
+    global _ENABLED
+    _ENABLED = bool(enabled)
+
+
+def rotation_enabled() -> bool:
+    return _ENABLED
 
 
 def hadamard(d: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -43,5 +58,7 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     Also undoes a rotation (H is its own inverse). Any input dtype; a row with NaN/Inf, or whose
     rotation overflows fp32 (|x| > ~3e37), comes out with non-finite elements.
     """
+    if not _ENABLED:
+        return x.to(torch.float32, copy=True).contiguous()
     h = hadamard(x.shape[-1], x.device)
     return torch.matmul(x.float(), h)

@@ -158,3 +158,13 @@ def test_doctor_fails_when_activated_on_an_unsupported_vllm(
 def test_readme_dtype_table_matches_the_catalogue() -> None:
     readme = (REPO / "README.md").read_text()
     assert cli.dtypes_table(128) in readme, "regenerate the README table with `int8kv dtypes`"
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("", True), ("1", True), ("0", False), (" OFF ", False)]
+)
+def test_int4_rotation_switch(value: str | None, on: bool) -> None:
+    from int8kv_shim.environment_variables import int4_rotation_enabled
+
+    env = {} if value is None else {"INT8KV_INT4_ROTATION": value}
+    assert int4_rotation_enabled(env) is on
