@@ -47,6 +47,9 @@ import common  # noqa: E402
 DEFAULT_CONFIGS = "auto_fa2,auto_triton,int8_per_token_head,int8"
 DEFAULT_CTX = "1024,8192,32768"
 WARMUP_PROMPTS = 8
+# --profile: enough sequences and steps to see prefill and decode kernels, a small trace
+PROFILE_PROMPTS = 16
+PROFILE_TOKENS = 64
 # How a worker logs each row ("[int8] ctx 8192: {...} in 23.2s"); rows_from_log() parses it back.
 ROW_LOG_RE = re.compile(r"^\[([\w.-]+)\] ctx (\d+): (\{.*\}) in [\d.]+s\s*$")
 
@@ -65,6 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=0, help="0 = vLLM's default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1200, help="seconds per configuration")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each context's timed run, profile a short untimed one (vLLM's torch profiler: "
+        f"{PROFILE_PROMPTS} prompts, {PROFILE_TOKENS} output tokens) and keep its per-kernel CUDA "
+        "time table next to the results (profile_LABEL_CTX.txt, also in $OUT/logs)",
+    )
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
@@ -135,6 +145,13 @@ def worker(args: argparse.Namespace) -> int:
     )
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
+    profile_dir = Path(args.result).with_name(f"profile_{args.label}")
+    if args.profile:
+        kwargs["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profile_dir),
+            "torch_profiler_with_stack": False,
+        }
     t0 = time.monotonic()
     llm = LLM(**kwargs)
     start_s = time.monotonic() - t0
@@ -189,7 +206,34 @@ def worker(args: argparse.Namespace) -> int:
         print(f"[{args.label}] ctx {ctx}: {json.dumps(rows[-1])} in {wall:.1f}s", flush=True)
         # After every context, so a configuration stopped by --timeout keeps what it measured.
         Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
+        if args.profile:
+            profile(llm, prompts[:PROFILE_PROMPTS], args, ctx, profile_dir)
     return 0
+
+
+def profile(
+    llm: Any, prompts: list[Any], args: argparse.Namespace, ctx: int, profile_dir: Path
+) -> None:
+    """One short profiled generate; keeps vLLM's per-kernel table (profiler_out_0.txt)."""
+    from vllm import SamplingParams
+
+    short = SamplingParams(max_tokens=min(PROFILE_TOKENS, args.output_len), ignore_eos=True,
+                           temperature=0.0, detokenize=False)  # fmt: skip
+    llm.start_profile()
+    llm.generate(prompts, short, use_tqdm=False)
+    llm.stop_profile()
+    table = profile_dir / "profiler_out_0.txt"
+    if not table.exists():
+        print(f"[{args.label}] ctx {ctx}: no profiler table in {profile_dir}", flush=True)
+        return
+    name = f"profile_{args.label}_{ctx}.txt"
+    targets = [Path(args.result).with_name(name)]
+    if os.environ.get("OUT"):
+        targets.append(Path(os.environ["OUT"]) / "logs" / name)
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(table.read_text())
+    print(f"[{args.label}] ctx {ctx}: kernel profile in {targets[-1]}", flush=True)
 
 
 def rows_from_log(path: Path) -> list[dict[str, Any]]:
@@ -257,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.seed),
             "--gpu-memory-utilization",
             str(args.gpu_memory_utilization),
+            *(["--profile"] if args.profile else []),
         ]
         env = common.child_env(label, args.shim_everywhere)
         rc, secs, tail = common.run_child(

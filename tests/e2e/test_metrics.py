@@ -608,8 +608,11 @@ def test_throughput_keeps_rows_of_a_timed_out_config(
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
     monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
 
+    seen_argv = []
+
     def fake_child(argv, env, timeout_s, log_path):
         argv = list(argv)
+        seen_argv.append(argv)
         label = argv[argv.index("--label") + 1]
         result = Path(argv[argv.index("--result") + 1])
         row = {"dtype": label, "ctx": 1024, "num_prompts": 2, "output_len": 256}
@@ -620,7 +623,8 @@ def test_throughput_keeps_rows_of_a_timed_out_config(
     monkeypatch.setattr(throughput.common, "run_child", fake_child)
     out = tmp_path / "throughput.json"
     argv = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
-    assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192"]) == 1
+    assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192", "--profile"]) == 1
+    assert "--profile" in seen_argv[0]  # the worker is asked to profile too
     assert [(r["dtype"], r["ctx"]) for r in json.loads(out.read_text())["rows"]] == [("int8", 1024)]
     run = json.loads((tmp_path / "throughput_details.json").read_text())["runs"]["int8"]
     assert run["error"] == "timeout" and run["ctx_done"] == [1024]
