@@ -72,6 +72,60 @@ def _load_sz(cache16_ptr, sz_row, g, key_ok, SZ: tl.constexpr):
 
 
 @triton.jit
+def _load_sz_tile(
+    cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, SZ: tl.constexpr,
+    TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NG: tl.constexpr,
+):  # fmt: skip
+    """fp32 (scale, zero) [TILE_N, NG] of every group of the tile's keys, read a page at a time.
+
+    For ``start`` and ``TILE_N`` multiples of ``BLOCK_SIZE``: a page's (scale, zero) pairs of one
+    head are ``BLOCK_SIZE * NG`` contiguous 32-bit words, so this is one vector load per page
+    that the pipeliner can copy asynchronously, instead of four 2-byte gathers per key and piece. Keys past
+    ``key_hi`` inside a valid page are read (in bounds) and zeroed: a stale NaN there would
+    otherwise survive the masked softmax as p * NaN.
+    """
+    P: tl.constexpr = TILE_N // BLOCK_SIZE
+    ROW: tl.constexpr = BLOCK_SIZE * NG  # (scale, zero) pairs of one page and head
+    offs_p = tl.arange(0, P)
+    page_ok = start + offs_p * BLOCK_SIZE < key_hi
+    pages = tl.load(bt_row + start // BLOCK_SIZE + offs_p, mask=page_ok, other=0).to(tl.int64)
+    # One pair = one 32-bit word (scale in the low half: little endian), so even one pair per
+    # thread is a 4-byte load, the smallest an asynchronous copy takes.
+    words_ptr = cache16_ptr.to(tl.pointer_type(tl.int32))
+    idx = pages[:, None] * (stride_block // 4) + kvh * ROW + tl.arange(0, ROW)[None, :]
+    words = tl.load(words_ptr + SZ // 4 + idx, mask=page_ok[:, None], other=0)
+    words = tl.reshape(words, [TILE_N, NG])
+    sc = (words & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    z = (words >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    ok = (key < key_hi)[:, None]
+    return tl.where(ok, sc, 0.0), tl.where(ok, z, 0.0)
+
+
+@triton.jit
+def _group(x, g: tl.constexpr, NG: tl.constexpr):
+    """Column ``g`` of ``x`` [TILE_N, NG] as [TILE_N] (a select and an in-register sum)."""
+    return tl.sum(tl.where(tl.arange(0, NG)[None, :] == g, x, 0.0), axis=1)
+
+
+@triton.jit
+def _piece_sz(
+    cache16_ptr, sz_row, key_ok, sc_tile, z_tile, J: tl.constexpr, HALF: tl.constexpr,
+    GH: tl.constexpr, QGROUP: tl.constexpr, NG: tl.constexpr, SZ: tl.constexpr,
+    PAGED: tl.constexpr,
+):  # fmt: skip
+    """(scale, zero) [TILE_N] of the low- and high-nibble groups of piece J: from the page-wise
+    tile (``PAGED``), or gathered per key."""
+    g_lo: tl.constexpr = (J * GH) // QGROUP
+    g_hi: tl.constexpr = (HALF + J * GH) // QGROUP
+    if PAGED:
+        return (_group(sc_tile, g_lo, NG), _group(z_tile, g_lo, NG),
+                _group(sc_tile, g_hi, NG), _group(z_tile, g_hi, NG))  # fmt: skip
+    sc_lo, z_lo = _load_sz(cache16_ptr, sz_row, g_lo, key_ok, SZ)
+    sc_hi, z_hi = _load_sz(cache16_ptr, sz_row, g_hi, key_ok, SZ)
+    return sc_lo, z_lo, sc_hi, z_hi
+
+
+@triton.jit
 def _load_q_piece(q_row, row_ok, d0, GH: tl.constexpr):
     """Rotated query dims [d0, d0 + GH) of every row: fp32 [BLOCK_M, GH]."""
     return tl.load(q_row[:, None] + d0 + tl.arange(0, GH)[None, :], mask=row_ok[:, None], other=0.0)
@@ -79,9 +133,8 @@ def _load_q_piece(q_row, row_ok, d0, GH: tl.constexpr):
 
 @triton.jit
 def _piece_scores(
-    cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo, q_hi, qs_lo, qs_hi,
-    J: tl.constexpr, HALF: tl.constexpr, GH: tl.constexpr, QGROUP: tl.constexpr,
-    K_DATA: tl.constexpr, K_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+    cache_ptr, base, key_ok, q_lo, q_hi, qs_lo, qs_hi, sc_lo, z_lo, sc_hi, z_hi,
+    J: tl.constexpr, GH: tl.constexpr, K_DATA: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """Unscaled scores [BLOCK_M, TILE_N] of byte columns [J*GH, (J+1)*GH) of the K rows: their
     low nibbles are dims J*GH + e, their high nibbles HALF + J*GH + e, one group each."""
@@ -91,17 +144,14 @@ def _piece_scores(
         other=0,
     )  # [GH, TILE_N]
     k_lo, k_hi = _codes_to_dot(kb, DOT_F32)
-    sc_lo, z_lo = _load_sz(cache16_ptr, sz_row, (J * GH) // QGROUP, key_ok, K_SZ)
-    sc_hi, z_hi = _load_sz(cache16_ptr, sz_row, (HALF + J * GH) // QGROUP, key_ok, K_SZ)
     s = tl.dot(q_lo, k_lo) * sc_lo[None, :] + tl.dot(q_hi, k_hi) * sc_hi[None, :]
     return s + qs_lo[:, None] * z_lo[None, :] + qs_hi[:, None] * z_hi[None, :]
 
 
 @triton.jit
 def _piece_pv(
-    cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo, acc_hi, az_lo, az_hi,
-    J: tl.constexpr, HALF: tl.constexpr, GH: tl.constexpr, QGROUP: tl.constexpr,
-    V_DATA: tl.constexpr, V_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+    cache_ptr, base, key_ok, p, alpha, acc_lo, acc_hi, az_lo, az_hi, sc_lo, z_lo, sc_hi, z_hi,
+    J: tl.constexpr, GH: tl.constexpr, V_DATA: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of the output dims of byte columns [J*GH, (J+1)*GH) (as in
     ``_piece_scores``): acc += (p * scale) @ codes, az += p @ zero (added to every dim at the end)."""
@@ -111,8 +161,6 @@ def _piece_pv(
         other=0,
     )  # [TILE_N, GH]
     v_lo, v_hi = _codes_to_dot(vb, DOT_F32)
-    sc_lo, z_lo = _load_sz(cache16_ptr, sz_row, (J * GH) // QGROUP, key_ok, V_SZ)
-    sc_hi, z_hi = _load_sz(cache16_ptr, sz_row, (HALF + J * GH) // QGROUP, key_ok, V_SZ)
     acc_lo = acc_lo * alpha[:, None] + tl.dot((p * sc_lo[None, :]).to(v_lo.dtype), v_lo)
     acc_hi = acc_hi * alpha[:, None] + tl.dot((p * sc_hi[None, :]).to(v_hi.dtype), v_hi)
     az_lo = az_lo * alpha + tl.sum(p * z_lo[None, :], axis=1)
@@ -174,6 +222,8 @@ def _attn_int4_fwd(
     HALF: tl.constexpr = HEAD_SIZE // 2
     NG: tl.constexpr = HEAD_SIZE // QGROUP
     TWO: tl.constexpr = NGH == 2  # D = 256 with G = 64: piece 1 = byte columns [GH, 2*GH)
+    # (scale, zero) read a page at a time (_load_sz_tile) when a tile is whole pages
+    PAGED: tl.constexpr = TILE_N % BLOCK_SIZE == 0
     pid_q = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -255,15 +305,28 @@ def _attn_int4_fwd(
         row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
         base = page * stride_block + row * HALF  # byte offset of each key's data row
         sz_row = page * (stride_block // 2) + row * (NG * 2)  # fp16 index of its group 0 scale
+        if PAGED:
+            ksc, kz = _load_sz_tile(cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block,
+                                    K_SZ, TILE_N, BLOCK_SIZE, NG)  # fmt: skip
+            vsc, vz = _load_sz_tile(cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block,
+                                    V_SZ, TILE_N, BLOCK_SIZE, NG)  # fmt: skip
+        else:  # unused placeholders
+            ksc = tl.zeros([TILE_N, NG], tl.float32)
+            kz = ksc
+            vsc = ksc
+            vz = ksc
 
         s = _piece_scores(
-            cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo0, q_hi0, qs_lo0, qs_hi0,
-            0, HALF, GH, QGROUP, K_DATA, K_SZ, DOT_F32,
+            cache_ptr, base, key_ok, q_lo0, q_hi0, qs_lo0, qs_hi0,
+            *_piece_sz(cache16_ptr, sz_row, key_ok, ksc, kz, 0, HALF, GH, QGROUP, NG, K_SZ, PAGED),
+            0, GH, K_DATA, DOT_F32,
         )  # fmt: skip
         if TWO:
             s += _piece_scores(
-                cache_ptr, cache16_ptr, base, sz_row, key_ok, q_lo1, q_hi1, qs_lo1, qs_hi1,
-                1, HALF, GH, QGROUP, K_DATA, K_SZ, DOT_F32,
+                cache_ptr, base, key_ok, q_lo1, q_hi1, qs_lo1, qs_hi1,
+                *_piece_sz(cache16_ptr, sz_row, key_ok, ksc, kz, 1, HALF, GH, QGROUP, NG, K_SZ,
+                           PAGED),
+                1, GH, K_DATA, DOT_F32,
             )  # fmt: skip
         s = s * score_scale
         if USE_SOFTCAP:
@@ -280,13 +343,16 @@ def _attn_int4_fwd(
         m_i = m_new
 
         acc_lo0, acc_hi0, az_lo0, az_hi0 = _piece_pv(
-            cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo0, acc_hi0, az_lo0,
-            az_hi0, 0, HALF, GH, QGROUP, V_DATA, V_SZ, DOT_F32,
+            cache_ptr, base, key_ok, p, alpha, acc_lo0, acc_hi0, az_lo0, az_hi0,
+            *_piece_sz(cache16_ptr, sz_row, key_ok, vsc, vz, 0, HALF, GH, QGROUP, NG, V_SZ, PAGED),
+            0, GH, V_DATA, DOT_F32,
         )  # fmt: skip
         if TWO:
             acc_lo1, acc_hi1, az_lo1, az_hi1 = _piece_pv(
-                cache_ptr, cache16_ptr, base, sz_row, key_ok, p, alpha, acc_lo1, acc_hi1, az_lo1,
-                az_hi1, 1, HALF, GH, QGROUP, V_DATA, V_SZ, DOT_F32,
+                cache_ptr, base, key_ok, p, alpha, acc_lo1, acc_hi1, az_lo1, az_hi1,
+                *_piece_sz(cache16_ptr, sz_row, key_ok, vsc, vz, 1, HALF, GH, QGROUP, NG, V_SZ,
+                           PAGED),
+                1, GH, V_DATA, DOT_F32,
             )  # fmt: skip
 
     if SPLIT:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -64,6 +65,17 @@ def check_pipelined(k, dynamic: bool, decode: bool, chunks: int) -> None:
     if dynamic and not decode and chunks == 1:
         scale_copies = [ln for ln in copies if "xf16" in ln.split("->")[-1]]
         assert scale_copies, "prefill scale loads are not asynchronous copies"
+
+
+def check_int4_pipelined(k) -> None:
+    """As check_pipelined, for int4: the packed K/V bytes and the (scale, zero) words (read a page
+    at a time as 32-bit words, _load_sz_tile) are asynchronous copies."""
+    copies = [ln for ln in k.asm["ttgir"].splitlines() if "async_copy_global_to_local" in ln]
+    targets = [ln.split("->")[-1] for ln in copies]
+    assert sum("xi8" in t for t in targets) >= 2, "int4 K/V loads are not asynchronous copies"
+    # [pages, pairs] words; 1-D i32 copies are the block-table gathers
+    words = [t for t in targets if re.search(r"<\d+x\d+xi32", t)]
+    assert len(words) >= 2, "int4 scale/zero loads are not asynchronous copies"
 
 
 def main() -> int:
@@ -175,7 +187,7 @@ def compile_int4() -> int:
         lay = Int4PageLayout(bs, nkv, d)
         group = nq // nkv
         cfg = _choose_config(group, d, mq)
-        compile_one(
+        k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  TILE_N=cfg.tile_n, USE_WINDOW=window, USE_SOFTCAP=softcap,
@@ -183,6 +195,7 @@ def compile_int4() -> int:
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
+        check_int4_pipelined(k)
         print("ok attention int4", nq, nkv, d, bs, mq, window, softcap, split, flush=True)
         if cfg.split and split:
             compile_one(

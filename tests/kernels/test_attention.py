@@ -22,6 +22,8 @@ CASES = [
     ("sliding_window_decode", [1, 1], [200, 20], 4, 1, 64, 16, {"sliding_window": 50}),
     ("soft_cap", [1, 6], [50, 40], 4, 1, 128, 16, {"soft_cap": 3.0}),
     ("gqa1_head128_bs32", [3, 1], [64, 100], 2, 2, 128, 32, {}),
+    # pages larger than the prefill tile: scales gathered per key instead of a page at a time
+    ("mixed_bs128", [1, 30], [200, 150], 4, 1, 64, 128, {}),
 ]
 
 

@@ -30,6 +30,8 @@ CASES = [
     ("soft_cap", [1, 6], [50, 40], 4, 1, 128, 16, {"soft_cap": 3.0}),
     ("gqa1_head128_bs32", [3, 1], [64, 100], 2, 2, 128, 32, {}),
     ("d256_mixed", [1, 4], [40, 21], 4, 2, 256, 16, {}),
+    # pages larger than the prefill tile: (scale, zero) gathered per key, not a page at a time
+    ("mixed_bs128", [1, 30], [200, 150], 4, 1, 64, 128, {"num_splits": 2}),
 ]  # fmt: skip
 
 
