@@ -108,6 +108,17 @@ def _load_scales(
 
 
 @triton.jit
+def _load_tile_pages(bt_row, start, key_hi, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Pages of the tile of keys ``start + arange(TILE_N)`` (``start`` and ``TILE_N`` multiples of
+    ``BLOCK_SIZE``), one per page from contiguous block-table entries, and which hold any key
+    below ``key_hi``."""
+    offs_p = tl.arange(0, TILE_N // BLOCK_SIZE)
+    page_ok = start + offs_p * BLOCK_SIZE < key_hi
+    pages = tl.load(bt_row + start // BLOCK_SIZE + offs_p, mask=page_ok, other=0).to(tl.int64)
+    return pages, page_ok
+
+
+@triton.jit
 def _load_scales_by_page(
     cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
@@ -122,11 +133,8 @@ def _load_scales_by_page(
     ``key_hi`` inside a valid page are read (in bounds) and zeroed here: a stale NaN there would
     otherwise survive the masked score as p * NaN.
     """
-    P: tl.constexpr = TILE_N // BLOCK_SIZE
-    offs_p = tl.arange(0, P)
+    pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
     offs_b = tl.arange(0, BLOCK_SIZE)
-    page_ok = start + offs_p * BLOCK_SIZE < key_hi
-    pages = tl.load(bt_row + start // BLOCK_SIZE + offs_p, mask=page_ok, other=0).to(tl.int64)
     idx = pages[:, None] * (stride_block // 2) + kvh * BLOCK_SIZE + offs_b[None, :]
     k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
     v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
@@ -149,6 +157,26 @@ def _prefetch_scales(
         BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
     )  # fmt: skip
     return k_sc, v_sc, _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
+
+
+@triton.jit
+def _softmax_step(
+    s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+):  # fmt: skip
+    """Soft-cap, causal (and window) mask and one online-softmax step on a [BLOCK_M, TILE_N] tile
+    of scaled scores (log2 units unless soft-capped): (p, alpha, new running max, new sum)."""
+    if USE_SOFTCAP:
+        # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
+        s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
+    visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
+    if USE_WINDOW:
+        visible = visible & (pos[:, None] - key[None, :] < window)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit
@@ -416,19 +444,9 @@ def _attn_fwd(
                 s = s * (k_sc.to(tl.float32) * score_scale)[None, :]
             else:
                 s = s * score_scale
-            if USE_SOFTCAP:
-                # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
-                s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
-            visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (pos[:, None] - key[None, :] < window)
-            s = tl.where(visible, s, float("-inf"))
-
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _softmax_step(
+                s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
+            )
 
             v = tl.load(
                 cache_ptr + V_DATA + base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0

@@ -40,7 +40,9 @@ from .attention import (
     _find_seq,
     _launch_merge,
     _load_pages,
+    _load_tile_pages,
     _plan_launch,
+    _softmax_step,
 )
 from .e4m3 import check_v_format
 from .hadamard import rotate
@@ -84,11 +86,8 @@ def _load_sz_tile(
     ``key_hi`` inside a valid page are read (in bounds) and zeroed: a stale NaN there would
     otherwise survive the masked softmax as p * NaN.
     """
-    P: tl.constexpr = TILE_N // BLOCK_SIZE
     ROW: tl.constexpr = BLOCK_SIZE * NG  # (scale, zero) pairs of one page and head
-    offs_p = tl.arange(0, P)
-    page_ok = start + offs_p * BLOCK_SIZE < key_hi
-    pages = tl.load(bt_row + start // BLOCK_SIZE + offs_p, mask=page_ok, other=0).to(tl.int64)
+    pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
     # One pair = one 32-bit word (scale in the low half: little endian), so even one pair per
     # thread is a 4-byte load, the smallest an asynchronous copy takes.
     words_ptr = cache16_ptr.to(tl.pointer_type(tl.int32))
@@ -328,19 +327,9 @@ def _attn_int4_fwd(
                            PAGED),
                 1, GH, K_DATA, DOT_F32,
             )  # fmt: skip
-        s = s * score_scale
-        if USE_SOFTCAP:
-            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
-        visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (pos[:, None] - key[None, :] < window)
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(
+            s * score_scale, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
+        )
 
         acc_lo0, acc_hi0, az_lo0, az_hi0 = _piece_pv(
             cache_ptr, base, key_ok, p, alpha, acc_lo0, acc_hi0, az_lo0, az_hi0,
@@ -371,23 +360,12 @@ def _attn_int4_fwd(
 
 def int4_attn_constexprs(layout: Int4PageLayout) -> dict:
     """Layout-derived compile-time arguments of ``_attn_int4_fwd`` (also compile_sm80.py)."""
-    gh = min(layout.group_size, layout.head_size // 2)
-    if layout.head_size // 2 // gh > 2:
+    if layout.row_bytes // layout.piece_bytes > 2:
         raise ValueError(
             f"int4 attention: group size {layout.group_size} splits a nibble half of head_size "
             f"{layout.head_size} into more than 2 pieces (needs group size >= head_size / 4)"
         )
-    return dict(
-        HEAD_SIZE=layout.head_size,
-        QGROUP=layout.group_size,
-        GH=gh,
-        NGH=layout.head_size // 2 // gh,
-        BLOCK_SIZE=layout.block_size,
-        K_DATA=layout.k_data,
-        V_DATA=layout.v_data,
-        K_SZ=layout.k_sz,
-        V_SZ=layout.v_sz,
-    )
+    return dict(QGROUP=layout.group_size, **layout.kernel_constexprs())
 
 
 def paged_attention_int4(

@@ -143,19 +143,11 @@ def _write_kv_int4_kernel(
 
 def int4_write_constexprs(layout: Int4PageLayout) -> dict:
     """Compile-time arguments of ``_write_kv_int4_kernel`` for ``layout`` (also compile_sm80.py)."""
-    gh = min(layout.group_size, layout.head_size // 2)
     return dict(
         NUM_KV_HEADS=layout.num_kv_heads,
         H_PAD=triton.next_power_of_2(layout.num_kv_heads),
-        HEAD_SIZE=layout.head_size,
         GROUP=layout.group_size,
-        GH=gh,
-        NGH=layout.head_size // 2 // gh,
-        BLOCK_SIZE=layout.block_size,
-        K_DATA=layout.k_data,
-        V_DATA=layout.v_data,
-        K_SZ=layout.k_sz,
-        V_SZ=layout.v_sz,
+        **layout.kernel_constexprs(),
     )
 
 

@@ -161,6 +161,24 @@ class Int4PageLayout:
         return self.num_kv_heads * self.block_size * self.row_bytes
 
     @property
+    def piece_bytes(self) -> int:
+        """Byte columns the kernels handle as one piece: one group's low (and high) nibbles."""
+        return min(self.group_size, self.row_bytes)
+
+    def kernel_constexprs(self) -> dict[str, int]:
+        """The layout's compile-time arguments shared by the int4 write and attention kernels."""
+        return dict(
+            HEAD_SIZE=self.head_size,
+            GH=self.piece_bytes,
+            NGH=self.row_bytes // self.piece_bytes,
+            BLOCK_SIZE=self.block_size,
+            K_DATA=self.k_data,
+            V_DATA=self.v_data,
+            K_SZ=self.k_sz,
+            V_SZ=self.v_sz,
+        )
+
+    @property
     def sz_bytes(self) -> int:
         """Bytes of the K (or V) scale/zero region: fp16 (scale, zero) per group."""
         return self.num_kv_heads * self.block_size * self.num_groups * 4
