@@ -147,11 +147,50 @@ def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
     return "\n".join(lines)
 
 
+def reliability_table(
+    soak_path: Path = RESULTS / "soak.json", long_path: Path = RESULTS / "long_context.json"
+) -> str:
+    """The serving soak and the long-context comparison, one line each."""
+    soak = json.loads(soak_path.read_text())
+    long = json.loads(long_path.read_text())
+    ref = long["reference"]
+    lines = [
+        "| check | model, GPU | command | result |",
+        "|---|---|---|---|",
+        f"| serving soak, `--kv-cache-dtype {soak['dtype']}` | {soak['model']}, {soak['gpu']} "
+        f"| `{_short(soak['command'])}` | {soak['requests']} requests "
+        f"({soak['completed']} completed, {soak['cancelled']} cancelled mid-stream, "
+        f"{soak['shared_prefix_requests']} on shared prefixes), up to {soak['max_in_flight']} in "
+        f"flight, {soak['errors']} errors, probes identical before and after: "
+        f"{'yes' if soak['probe_identical'] else 'NO'} ({soak['load_s']:.0f} s of load) |",
+    ]
+    for dtype in dict.fromkeys(r["dtype"] for r in long["rows"]):
+        if dtype == ref:
+            continue
+        rows = [r for r in long["rows"] if r["dtype"] == dtype]
+        same = sum(r["identical_first_32"] for r in rows)
+        kinds = sorted({r["divergence"] for r in rows} - {"none"})
+        nan = sum(r["nan"] for r in rows)
+        lines.append(
+            f"| long context, `{dtype}` vs `{ref}` | {long['model']}, {long['gpu']} "
+            f"| `{_short(long['command'])}` | {len(rows)} prompts of {long['prompt_len']} tokens: "
+            f"{same}/{len(rows)} identical over the first 32 generated tokens"
+            + (f" (divergences: {', '.join(kinds)})" if kinds else "")
+            + f", {nan} with NaN |"
+        )
+    return "\n".join(lines)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
-TABLES = {"kernels": kernels_table, "accuracy": accuracy_table, "throughput": throughput_table}
+TABLES = {
+    "kernels": kernels_table,
+    "accuracy": accuracy_table,
+    "throughput": throughput_table,
+    "reliability": reliability_table,
+}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1]]())

@@ -15,7 +15,7 @@ def _report():
     return module
 
 
-@pytest.mark.parametrize("table", ["kernels", "accuracy", "throughput"])
+@pytest.mark.parametrize("table", ["kernels", "accuracy", "throughput", "reliability"])
 def test_readme_quotes_result_file(table: str) -> None:
     generated = _report().TABLES[table]()
     readme = (REPO / "README.md").read_text()
