@@ -28,7 +28,15 @@ CONFIGS = [
     (64, 4, 7, 1),
     (128, 4, 7, 4),
     (128, 4, 5, 4),
+    # One- and two-warp programs: no cross-warp reduction or P relayout per tile at all (a 16-row
+    # decode tile's softmax and PV stay inside one warp), many programs per SM for bytes in flight.
+    (32, 1, 4, 1),
+    (64, 1, 4, 1),
+    (64, 2, 4, 1),
 ]
+# Split counts tried per shape: the heuristic's and these multiples of it (small programs need
+# more of them to fill the GPU).
+SPLIT_FACTORS = (1, 2, 4)
 SHAPES = [(32, 8192), (8, 8192), (128, 1024), (8, 1024), (1, 32768), (64, 32768)]
 
 
@@ -53,8 +61,8 @@ def main() -> None:
         line = []
         for kv_dtype in ("int8", "int8_static"):
             scales = torch.full((nkv,), 0.01, device="cuda")
-            for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:3]:
-                for ns in sorted({heur, min(32, heur * 2)}):
+            for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:3] + CONFIGS[-3:]:
+                for ns in sorted({min(32, heur * f) for f in SPLIT_FACTORS}):
                     A._choose_config = lambda g, hd, mq, tn=tn, w=w, st=st, ch=ch: A._Config(
                         max(16, triton.next_power_of_2(g)), tn, w, st, True, ch
                     )

@@ -20,6 +20,7 @@ from vllm.v1.attention.backend import (
     AttentionType,
     CommonAttentionMetadata,
 )
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
@@ -67,6 +68,14 @@ class Int8KVAttentionMetadata:
     block_size: int
     num_splits: int
     workspace: AttentionWorkspace
+    num_reqs: int = 0
+    # Set when the batch mixes decodes with longer queries: the model runner puts the decodes
+    # first (reorder_batch_threshold = 1), and they run as their own launch on the decode
+    # configuration (split-KV, small tiles) instead of the prefill one the longest query picks.
+    num_decodes: int = 0
+    num_decode_tokens: int = 0
+    # query_start_loc of the sequences after the decodes, counted from their first token
+    prefill_query_start_loc: torch.Tensor | None = None
     # Fresh prefills (no cached context) attend over their own BF16 K/V (fresh_prefill.py).
     split: PrefillSplit | None = None
 
@@ -80,6 +89,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
     # counts (grids depend on nothing else; lengths are read on the device), so mixed batches can
     # be captured too.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+    # vLLM's model runner puts the requests with one query token first in every batch, so build()
+    # can give them a launch of their own (as vLLM's FlashInfer and MLA backends do).
+    reorder_batch_threshold: int | None = 1
 
     def __init__(
         self,
@@ -125,6 +137,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         fast_build: bool = False,
     ) -> Int8KVAttentionMetadata:
         m = common_attn_metadata
+        # Host-side counts only (query_start_loc_cpu): no device sync.
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m)
+        mixed = num_decodes > 0 and num_prefills > 0
         split = None
         if self.fresh_prefill and m.max_query_len > 1 and fresh_prefill.enabled():
             # The model runner's CPU copy (no device sync); None under async spec decode.
@@ -134,6 +149,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
                 m.num_reqs,
                 m.seq_lens,
                 m.block_table_tensor,
+                first_seq=num_decodes if mixed else 0,
             )
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
@@ -144,8 +160,16 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             block_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping,
             block_size=self.block_size,
-            num_splits=self._decode_splits(m.num_reqs),
+            num_splits=self._decode_splits(num_decodes if mixed else m.num_reqs),
             workspace=self.workspace,
+            num_reqs=m.num_reqs,
+            num_decodes=num_decodes if mixed else 0,
+            num_decode_tokens=num_decode_tokens if mixed else 0,
+            prefill_query_start_loc=(
+                m.query_start_loc[num_decodes : m.num_reqs + 1] - num_decode_tokens
+                if mixed
+                else None
+            ),
             split=split,
         )
 
@@ -155,8 +179,11 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         metadata = self.build(0, common_attn_metadata)
         # Capturing with max_model_len-long sequences only makes capture slow (as in triton_attn).
         metadata.seq_lens.fill_(1)
-        # A graph replays whatever it captured for any later batch: our kernels for every sequence.
+        # A graph replays whatever it captured for any later batch: one launch of our kernels for
+        # every sequence (correct for any batch).
         metadata.split = None
+        metadata.num_decodes = metadata.num_decode_tokens = 0
+        metadata.prefill_query_start_loc = None
         return metadata
 
 
@@ -265,17 +292,25 @@ class Int8KVAttentionImpl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         md = attn_metadata
+        n = md.num_actual_tokens
+        lo = 0  # first token after the decodes that run as their own launch
+        qsl, seq_lens, block_table = md.query_start_loc, md.seq_lens, md.block_table
+        if md.prefill_query_start_loc is not None:
+            nd, lo = md.num_decodes, md.num_decode_tokens
+            self._paged(query[:lo], kv_cache, output[:lo], md, qsl[: nd + 1], seq_lens[:nd],
+                        block_table[:nd], 1)  # fmt: skip
+            qsl, seq_lens = md.prefill_query_start_loc, seq_lens[nd : md.num_reqs]
+            block_table = block_table[nd : md.num_reqs]
         split = md.split if self._fresh_attention is not None and key is not None else None
         if split is not None:
             try:
                 return self._forward_split(query, key, value, kv_cache, md, split, output)
             except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
-                # Raised before any kernel ran (argument checks): our kernels redo every row.
+                # Raised before any kernel ran (argument checks): our kernels redo those rows.
                 fresh_prefill.disable(e)
                 self._fresh_attention = None
-        n = md.num_actual_tokens
-        self._paged(query[:n], kv_cache, output[:n], md, md.query_start_loc, md.seq_lens,
-                    md.block_table, md.max_query_len)  # fmt: skip
+        self._paged(query[lo:n], kv_cache, output[lo:n], md, qsl, seq_lens, block_table,
+                    md.max_query_len)  # fmt: skip
         return output
 
     def _forward_split(
@@ -288,7 +323,7 @@ class Int8KVAttentionImpl(AttentionImpl):
         split: PrefillSplit,
         output: torch.Tensor,
     ) -> torch.Tensor:
-        """Fresh prefills on FlashAttention-2 over their K/V, the rest on our kernels."""
+        """Fresh prefills on FlashAttention-2 over their K/V, the other non-decodes on our kernels."""
         fresh = split.fresh
         q, k, v = (x.index_select(0, fresh.token_index) for x in (query, key, value))
         out = torch.empty_like(q)

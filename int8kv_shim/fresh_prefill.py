@@ -55,17 +55,21 @@ class PrefillSplit:
 
 
 def plan_split(
-    query_start_loc_cpu: torch.Tensor, num_computed_cpu: torch.Tensor, num_reqs: int
+    query_start_loc_cpu: torch.Tensor,
+    num_computed_cpu: torch.Tensor,
+    num_reqs: int,
+    first_seq: int = 0,
 ) -> tuple[list[int], list[int]] | None:
     """(fresh, rest) sequence indices of a batch, or None when no sequence is a fresh prefill.
 
     Fresh: no computed tokens and more than one new token (a one-token prompt is left to the decode
-    path, so a pure decode batch never splits).
+    path, so a pure decode batch never splits). Sequences before ``first_seq`` (the decodes the
+    impl runs as their own launch) are in neither list.
     """
     qsl = query_start_loc_cpu[: num_reqs + 1].tolist()
     done = num_computed_cpu[:num_reqs].tolist()
     fresh, rest = [], []
-    for i in range(num_reqs):
+    for i in range(first_seq, num_reqs):
         q_len = qsl[i + 1] - qsl[i]
         if q_len == 0:
             continue  # padding request: nothing to compute
@@ -104,14 +108,16 @@ def split_batch(
     num_reqs: int,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
+    first_seq: int = 0,
 ) -> PrefillSplit | None:
     """The split of a batch, or None (no fresh prefill, or no CPU copy of the computed counts).
 
     ``seq_lens`` / ``block_table``: the batch's device tensors (subsets are gathered from them).
+    ``first_seq``: as in :func:`plan_split`.
     """
     if num_computed_cpu is None:
         return None
-    plan = plan_split(query_start_loc_cpu, num_computed_cpu, num_reqs)
+    plan = plan_split(query_start_loc_cpu, num_computed_cpu, num_reqs, first_seq)
     if plan is None:
         return None
     fresh, rest = plan

@@ -188,6 +188,8 @@ class Comparison:
     near_tie: list[int] = field(default_factory=list)  # diverged where both tokens are near-ties
     mismatch: list[int] = field(default_factory=list)  # diverged on a token the other ruled out
     first_divergence: dict[int, int] = field(default_factory=dict)
+    # near ties: how near, in nats (the larger of the two runs' logprob gaps between the tokens)
+    margin: dict[int, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -200,8 +202,13 @@ class Comparison:
     def summary(self) -> str:
         return (
             f"{self.identical}/{self.total} identical over the first {self.n} tokens; "
-            f"near-tie divergences at {self._fmt(self.near_tie)}; "
-            f"real mismatches at {self._fmt(self.mismatch)}"
+            f"near-tie divergences at {self._fmt(self.near_tie)}"
+            + (
+                f" (largest logprob gap {max(self.margin.values()):.3f} nats)"
+                if self.margin
+                else ""
+            )
+            + f"; real mismatches at {self._fmt(self.mismatch)}"
         )
 
     def _fmt(self, idx: list[int]) -> str:
@@ -231,19 +238,24 @@ def compare_greedy(
             continue
         pos = min(len(a), len(b)) if pos is None else pos
         cmp.first_divergence[i] = pos
-        if (
-            pos < min(len(a), len(b))
-            and _in_topk(other, i, pos, a[pos])
-            and _in_topk(ref, i, pos, b[pos])
-        ):
+        if pos < min(len(a), len(b)):
+            # each run's logprobs of its own token and of the other run's token there
+            ref_own, ref_other = _logprob(ref, i, pos, a[pos]), _logprob(ref, i, pos, b[pos])
+            own, other_ = _logprob(other, i, pos, b[pos]), _logprob(other, i, pos, a[pos])
+        else:
+            ref_own = ref_other = own = other_ = None
+        if None not in (ref_other, other_):
             cmp.near_tie.append(i)
+            if None not in (ref_own, own):
+                cmp.margin[i] = max(ref_own - ref_other, own - other_)
         else:
             cmp.mismatch.append(i)
     return cmp
 
 
-def _in_topk(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> bool:
+def _logprob(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> float | None:
+    """The run's logprob of ``token`` at ``pos`` if it is among its top-k there, else None."""
     lps = run.get("logprobs") or []
     if prompt >= len(lps) or pos >= len(lps[prompt]):
-        return False
-    return any(t == token for t, _ in lps[prompt][pos])
+        return None
+    return next((lp for t, lp in lps[prompt][pos] if t == token), None)

@@ -432,6 +432,9 @@ def test_compare_greedy_identical_near_tie_and_mismatch() -> None:
     assert cmp.first_divergence == {1: 1, 2: 1}
     assert cmp.identical_fraction == pytest.approx(1 / 3)
     assert "p1@t1" in cmp.summary() and "p2@t1" in cmp.summary()
+    # ref: -0.6 vs -0.8 for the two tokens, other: -0.6 vs -0.8 -> 0.2 nats apart
+    assert cmp.margin == {1: pytest.approx(0.2)}
+    assert "largest logprob gap 0.200 nats" in cmp.summary()
     # only the first n tokens count
     assert e2e_support.compare_greedy(ref, other, n=1).identical == 3
 

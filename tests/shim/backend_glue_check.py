@@ -15,7 +15,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from int8kv_kernels.reference import attention_ref, dequantize_cache
 from int8kv_kernels.reference_int4 import dequantize_cache_int4
-from int8kv_shim import fresh_prefill
+from int8kv_shim import attention_impl, fresh_prefill
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
 
@@ -84,13 +84,29 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     assert (metadata.split is not None) == bool(mode)
     if fresh:  # sequence 1 (9 new tokens, no context) is the fresh prefill
         assert metadata.split.fresh.token_index.tolist() == list(range(1, 10))
-        assert metadata.split.rest.seq_lens.tolist() == [40, 70]
+        # the decode (sequence 0) runs as its own launch: the rest is the continuation only
+        assert metadata.split.rest.seq_lens.tolist() == [70]
+    assert (metadata.num_decodes, metadata.num_decode_tokens) == (1, 1)
+    assert metadata.prefill_query_start_loc.tolist() == [0, 9, 14]
 
     query = torch.randn(num_tokens + 2, nq, d, dtype=torch.bfloat16)  # 2 padded rows, as vLLM pads
     pad = torch.zeros(2, nkv, d, dtype=torch.bfloat16)
     key, value = torch.cat([*new_k, pad]), torch.cat([*new_v, pad])
     output = torch.full_like(query, float("nan"))
+    launches = []  # (query tokens, max_query_len) of each launch of our kernels
+
+    def recording(q: torch.Tensor, *args: object, **kwargs: object) -> None:
+        launches.append((q.shape[0], kwargs["max_query_len"]))
+        paged_attention(q, *args, **kwargs)
+
+    paged_attention = attention_impl.paged_attention
+    attention_impl.paged_attention = recording
     impl.forward(None, query, key, value, kv_cache, metadata, output)
+    attention_impl.paged_attention = paged_attention
+    # The decode (first, as vLLM's model runner orders batches for us) is a launch of its own on
+    # the decode configuration; the longer queries follow (minus the fresh prefill on FlashAttention).
+    assert launches[0] == (1, 1), launches
+    assert launches[1:] == ([(5, 5)] if fresh else [(14, 9)]), launches
     # a FlashAttention that raises: logged, this process falls back to our kernels for every row
     assert fresh_prefill.enabled() == (mode != "broken")
 

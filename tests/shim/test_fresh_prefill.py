@@ -24,6 +24,13 @@ def test_fresh_means_no_context_and_more_than_one_new_token() -> None:
     assert rest == [0, 2, 3]  # the padding request is in neither
 
 
+def test_sequences_before_first_seq_are_left_out() -> None:
+    # the impl runs the leading decodes as their own launch: they are in neither list
+    fresh, rest = plan_split(_qsl(Q_LENS), torch.tensor(DONE), len(Q_LENS), first_seq=1)
+    assert fresh == [1, 5] and rest == [2, 3]
+    assert plan_split(_qsl([1, 1, 4]), torch.tensor([7, 0, 0]), 3, first_seq=2) == ([2], [])
+
+
 def test_no_split_without_a_fresh_prefill_or_without_cpu_counts() -> None:
     assert plan_split(_qsl([1, 1, 4]), torch.tensor([7, 0, 12]), 3) is None
     seq_lens = torch.tensor([8, 9], dtype=torch.int32)
