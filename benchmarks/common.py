@@ -53,7 +53,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "shim": False,
     },
     "int8": {"kv_cache_dtype": "int8", "shim": True},
-    # every token through the quantized pages, fresh prefills too (int8kv_shim/fresh_prefill.py)
+    # every token through the quantized pages, prefills too (int8kv_shim/flash_prefill.py)
     "int8_prefill_triton": {
         "kv_cache_dtype": "int8",
         "shim": True,

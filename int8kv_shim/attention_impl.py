@@ -23,14 +23,28 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from int8kv_kernels import AttentionWorkspace, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels import (
+    AttentionWorkspace,
+    gather_kv_context,
+    make_workspace,
+    paged_attention,
+    write_kv_cache,
+)
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
 from int8kv_kernels.hadamard import hadamard, set_rotation
-from int8kv_shim import fresh_prefill
+from int8kv_shim import flash_prefill
 from int8kv_shim.calibration import active_recorder
 from int8kv_shim.environment_variables import INT8KV_INT4_ROTATION, int4_rotation_enabled
-from int8kv_shim.fresh_prefill import PrefillSplit, flash_attention, split_batch
+from int8kv_shim.flash_prefill import (
+    CONTEXT_BUFFER_BYTES,
+    MIN_CONTINUATION_TOKENS,
+    PrefillSplit,
+    Subset,
+    context_bytes_per_token,
+    flash_attention,
+    split_batch,
+)
 
 logger = init_logger(__name__)
 
@@ -47,6 +61,10 @@ EXPERIMENTAL_DTYPES = ("int4",)
 
 STATIC_DTYPE = "int8_static"
 V_FORMATS = ("int8", "e4m3")
+
+# dtypes whose chunked-prefill continuations may attend on FlashAttention over their context,
+# dequantized by gather_kv_context (int4 pages hold Hadamard-rotated K/V: not gathered).
+FLASH_CONTEXT_DTYPES = ("int8", "int8_static")
 
 
 def missing_kernels(kv_cache_dtype: str) -> str | None:
@@ -76,7 +94,7 @@ class Int8KVAttentionMetadata:
     num_decode_tokens: int = 0
     # query_start_loc of the sequences after the decodes, counted from their first token
     prefill_query_start_loc: torch.Tensor | None = None
-    # Fresh prefills (no cached context) attend over their own BF16 K/V (fresh_prefill.py).
+    # Prefills (first chunks and long enough continuations) on FlashAttention (flash_prefill.py).
     split: PrefillSplit | None = None
 
 
@@ -114,7 +132,16 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             # live in a graph's memory pool.
             hadamard(model_config.get_head_size(), device)
         # Decided once per builder, like the impl's own choice (same cached function).
-        self.fresh_prefill = flash_attention(model_config.get_head_size()) is not None
+        self.flash_prefill = flash_attention(model_config.get_head_size()) is not None
+        # Continuations need their context dequantized into BF16 (int8 / int8_static only: int4
+        # pages hold Hadamard-rotated K/V), within CONTEXT_BUFFER_BYTES per layer call.
+        self.max_context_tokens = (
+            CONTEXT_BUFFER_BYTES
+            // context_bytes_per_token(self.num_kv_heads, model_config.get_head_size())
+            if getattr(kv_cache_spec, "int8kv_dtype", None) in FLASH_CONTEXT_DTYPES
+            else 0
+        )
+        self.min_continuation_tokens = MIN_CONTINUATION_TOKENS
         self.num_sms = (
             torch.cuda.get_device_properties(device).multi_processor_count
             if device.type == "cuda"
@@ -141,7 +168,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m)
         mixed = num_decodes > 0 and num_prefills > 0
         split = None
-        if self.fresh_prefill and m.max_query_len > 1 and fresh_prefill.enabled():
+        if self.flash_prefill and m.max_query_len > 1 and flash_prefill.enabled():
             # The model runner's CPU copy (no device sync); None under async spec decode.
             split = split_batch(
                 m.query_start_loc_cpu,
@@ -149,6 +176,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
                 m.num_reqs,
                 m.seq_lens,
                 m.block_table_tensor,
+                self.max_context_tokens,
+                self.min_continuation_tokens,
                 first_seq=num_decodes if mixed else 0,
             )
         return Int8KVAttentionMetadata(
@@ -238,9 +267,9 @@ class Int8KVAttentionImpl(AttentionImpl):
         )
         # Set only under `int8kv calibrate` (INT8KV_CALIBRATE): records K/V as they enter the cache.
         self._recorder = active_recorder()
-        # Attention of fresh prefills over their BF16 K/V; None: our kernels for every token. A
-        # layer that reads another layer's cache has no K/V of its own.
-        self._fresh_attention = (
+        # FlashAttention for prefills over their BF16 K/V (and dequantized context); None: our
+        # kernels for every token. A layer that reads another layer's cache has no K/V of its own.
+        self._flash_attention = (
             flash_attention(head_size) if kv_sharing_target_layer_name is None else None
         )
 
@@ -301,14 +330,15 @@ class Int8KVAttentionImpl(AttentionImpl):
                         block_table[:nd], 1)  # fmt: skip
             qsl, seq_lens = md.prefill_query_start_loc, seq_lens[nd : md.num_reqs]
             block_table = block_table[nd : md.num_reqs]
-        split = md.split if self._fresh_attention is not None and key is not None else None
+        split = md.split if self._flash_attention is not None and key is not None else None
         if split is not None:
             try:
                 return self._forward_split(query, key, value, kv_cache, md, split, output)
             except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
-                # Raised before any kernel ran (argument checks): our kernels redo those rows.
-                fresh_prefill.disable(e)
-                self._fresh_attention = None
+                # Raised before `output` was written (argument checks; the context gather may
+                # have run, into its own buffer): our kernels redo those rows.
+                flash_prefill.disable(e)
+                self._flash_attention = None
         self._paged(query[lo:n], kv_cache, output[lo:n], md, qsl, seq_lens, block_table,
                     md.max_query_len)  # fmt: skip
         return output
@@ -323,20 +353,25 @@ class Int8KVAttentionImpl(AttentionImpl):
         split: PrefillSplit,
         output: torch.Tensor,
     ) -> torch.Tensor:
-        """Fresh prefills on FlashAttention-2 over their K/V, the other non-decodes on our kernels."""
-        fresh = split.fresh
-        q, k, v = (x.index_select(0, fresh.token_index) for x in (query, key, value))
-        out = torch.empty_like(q)
-        self._fresh_attention(q, k, v, out, fresh.query_start_loc, fresh.max_query_len,
-                              self.scale, self.sliding_window, self.logits_soft_cap)  # fmt: skip
-        output.index_copy_(0, fresh.token_index, out)
-        if (rest := split.rest) is not None:
-            q = query.index_select(0, rest.token_index)
-            out = torch.empty_like(q)
-            self._paged(q, kv_cache, out, md, rest.query_start_loc, rest.seq_lens,
-                        rest.block_table, rest.max_query_len)  # fmt: skip
-            output.index_copy_(0, rest.token_index, out)
-        return output
+        """Flash sequences on FlashAttention-2 (with their dequantized context), the rest on ours."""
+
+        def gather(k: torch.Tensor, v: torch.Tensor, s: Subset) -> tuple[torch.Tensor, ...]:
+            return gather_kv_context(
+                kv_cache, k, v, kv_dtype=self.kv_cache_dtype, block_size=md.block_size,
+                block_table=s.block_table, cu_seqlens_q=s.query_start_loc,
+                cu_seqlens_k=s.key_start_loc, max_seqlen_k=s.max_key_len,
+                num_k_tokens=s.num_key_tokens, **self._kernel_scales(),
+            )  # fmt: skip
+
+        def paged(q: torch.Tensor, out: torch.Tensor, s: Subset) -> None:
+            self._paged(q, kv_cache, out, md, s.query_start_loc, s.seq_lens, s.block_table,
+                        s.max_query_len)  # fmt: skip
+
+        return flash_prefill.forward_split(
+            query, key, value, output, split, flash_attention=self._flash_attention,
+            gather_context=gather, paged=paged, softmax_scale=self.scale,
+            sliding_window=self.sliding_window, soft_cap=self.logits_soft_cap,
+        )  # fmt: skip
 
     def _paged(
         self,

@@ -102,7 +102,10 @@ def doctor(args: argparse.Namespace) -> int:
     try:
         mode = prefill_mode()
         how = {
-            "flash": "fresh prefills on vLLM's FlashAttention-2 where it runs, the rest on ours",
+            "flash": (
+                "prefills (first chunks; int8/int8_static continuations with their "
+                "dequantized context) on vLLM's FlashAttention-2 where it runs, the rest on ours"
+            ),
             "triton": "every token on our kernels",
         }[mode]
         out(f"prefill       {mode} ({INT8KV_PREFILL}): {how}")

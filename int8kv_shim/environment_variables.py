@@ -36,9 +36,10 @@ INT8KV_CALIBRATE = "INT8KV_CALIBRATE"
 ``histogram`` makes the attention impl record K/V statistics as they enter the cache."""
 
 INT8KV_PREFILL = "INT8KV_PREFILL"
-"""How a prompt's first chunk (no cached context) attends: ``flash`` (default) over its fresh BF16
-K/V with vLLM's FlashAttention-2 where that runs, ``triton`` through the quantized pages with our
-kernels like every other token (``fresh_prefill.py``)."""
+"""How prefills attend: ``flash`` (default) with vLLM's FlashAttention-2 where that runs, over the
+new tokens' fresh BF16 K/V and, for a chunked-prefill continuation (``int8`` / ``int8_static``),
+its context dequantized from the pages; ``triton`` through the quantized pages with our kernels
+like every other token (``flash_prefill.py``)."""
 
 PREFILL_MODES: tuple[str, ...] = ("flash", "triton")
 

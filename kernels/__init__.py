@@ -3,6 +3,7 @@
 Public API:
     write_kv_cache      quantize new K/V into INT8 pages (cache_write.py)
     paged_attention     varlen causal attention over INT8 pages (attention.py)
+    gather_kv_context   dequantize chunked-prefill contexts into contiguous K/V (context_gather.py)
     make_workspace      split-KV scratch for CUDA-graph-safe decode (attention.py)
     PageLayout          byte offsets of an INT8 page's regions (page_layout.py)
     Int4PageLayout      byte offsets of an ``int4`` page's regions (page_layout.py)
@@ -15,6 +16,7 @@ hadamard.py and its torch specification in reference_int4.py.
 
 from .attention import AttentionWorkspace, choose_num_splits, make_workspace, paged_attention
 from .cache_write import write_kv_cache
+from .context_gather import gather_kv_context
 from .e4m3 import V_FORMATS
 from .page_layout import INT4_DTYPES, INT8_DTYPES, Int4PageLayout, PageLayout, get_page_bytes
 
@@ -26,6 +28,7 @@ __all__ = [
     "PageLayout",
     "V_FORMATS",
     "choose_num_splits",
+    "gather_kv_context",
     "get_page_bytes",
     "make_workspace",
     "paged_attention",

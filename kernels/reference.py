@@ -175,3 +175,36 @@ def attention_ref(
         p = torch.softmax(scores, dim=-1)
         out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).float()
     return out
+
+
+def gather_kv_context_ref(
+    kv_cache: torch.Tensor,
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    v_format: str = "int8",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for ``gather_kv_context``: per sequence, its first ctx slots dequantized
+    (``dequantize_cache``, fp32) and rounded once to the new K/V's dtype, then its new K/V rows."""
+    nkv, d = new_key.shape[1], new_key.shape[2]
+    k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=block_size,
+                                        num_kv_heads=nkv, head_size=d, k_scale=k_scale,
+                                        v_scale=v_scale, v_format=v_format)  # fmt: skip
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    keys, values = [], []
+    for s in range(len(cq) - 1):
+        q_len, k_len = cq[s + 1] - cq[s], ck[s + 1] - ck[s]
+        ctx = k_len - q_len
+        blocks = block_table[s, : -(-ctx // block_size)].long()
+        for out, slots, new in ((keys, k_slots, new_key), (values, v_slots, new_value)):
+            out.append(slots[blocks].reshape(-1, nkv, d)[:ctx].to(new.dtype))
+            out.append(new[cq[s] : cq[s + 1]])
+    empty = new_key.new_empty(0, nkv, d)
+    return torch.cat([empty, *keys]), torch.cat([empty, *values])

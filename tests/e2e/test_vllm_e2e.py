@@ -128,8 +128,8 @@ def _smol_eager(
 ) -> dict[str, Any]:
     """Eager engine with prefix caching on: a pass that may not read the prefix cache (all misses;
     it fills the cache), then the same prompts again (hits). The miss pass is the reference of its
-    dtype for every other comparison. ``through_cache``: ``INT8KV_PREFILL=triton``, so fresh
-    prefills too read the quantized pages (int8kv_shim/fresh_prefill.py)."""
+    dtype for every other comparison. ``through_cache``: ``INT8KV_PREFILL=triton``, so
+    prefills too read the quantized pages (int8kv_shim/flash_prefill.py)."""
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(smollm2_dir), "enforce_eager": True}
     kw["enable_prefix_caching"] = True

@@ -22,6 +22,7 @@ from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  #
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
 from int8kv_kernels.cache_write import _write_kv_kernel  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
+from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
 SM80 = GPUTarget("cuda", 80, 32)
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
@@ -149,6 +150,7 @@ def main() -> int:
             )  # fmt: skip
             n += 1
     n += compile_int4()
+    n += compile_gather()
     print(f"compiled {n} specialisations for sm80")
     return 0
 
@@ -206,6 +208,36 @@ def compile_int4() -> int:
                 num_warps=4,
             )  # fmt: skip
             n += 1
+    return n
+
+
+def compile_gather() -> int:
+    """The context dequantize-gather (FlashAttention continuations): int8 and int8_static (int8
+    and E4M3 V), bf16 and fp16 output, each catalogue head size."""
+    n = 0
+    cases = [  # (kv_dtype, v_format, out dtype, nkv, head_size, block_size)
+        ("int8", "int8", "bf16", 8, 128, 16),
+        ("int8", "int8", "fp16", 3, 64, 32),
+        ("int8", "int8", "bf16", 2, 256, 16),
+        ("int8_static", "int8", "bf16", 8, 128, 16),
+        ("int8_static", "e4m3", "bf16", 8, 128, 16),
+        ("int8_static", "e4m3", "fp16", 2, 64, 32),
+    ]
+    for kv_dtype, v_fmt, out_t, nkv, d, bs in cases:
+        lay = PageLayout(kv_dtype, bs, nkv, d)
+        compile_one(
+            _gather_kv_kernel,
+            {"cache_ptr": "*i8", "cache16_ptr": "*fp16" if lay.has_scales else "*i8",
+             "new_k_ptr": f"*{out_t}", "new_v_ptr": f"*{out_t}", "k_out_ptr": f"*{out_t}",
+             "v_out_ptr": f"*{out_t}", "block_table_ptr": "*i32", "cu_q_ptr": "*i32",
+             "cu_k_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"},
+            dict(HEAD_SIZE=d, BLOCK_SIZE=bs, BLOCK_T=_BLOCK_T, K_DATA=lay.k_data,
+                 V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
+                 DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3", OUT_BF16=out_t == "bf16"),
+            num_warps=4,
+        )  # fmt: skip
+        n += 1
+        print("ok gather", kv_dtype, v_fmt, out_t, nkv, d, bs, flush=True)
     return n
 
 

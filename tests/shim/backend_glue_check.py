@@ -15,15 +15,17 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from int8kv_kernels.reference import attention_ref, dequantize_cache
 from int8kv_kernels.reference_int4 import dequantize_cache_int4
-from int8kv_shim import attention_impl, fresh_prefill
+from int8kv_shim import attention_impl, flash_prefill
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
 
 
 def main(kv_dtype: str = "int8", mode: str = "") -> None:
-    """``mode="fresh"``: the fresh-prefill split on, with ``fresh_prefill.attention_ref`` standing
-    in for FlashAttention-2 (no GPU here): the prefill without context must then match attention
-    over its unquantized K/V, the other sequences attention over the dequantized cache."""
+    """``mode="flash"``: the FlashAttention split on, with ``flash_prefill.attention_ref`` standing
+    in for FlashAttention-2 (no GPU here), continuations of any length allowed: the prefill without
+    context must then match attention over its unquantized K/V, the continuation attention over its
+    dequantized context plus its unquantized new K/V (the gather kernel ran), the decode attention
+    over the dequantized cache."""
     torch.manual_seed(0)
     nq, nkv, d, bs = 8, 2, 64, 16
     q_lens, seq_lens = [1, 9, 5], [40, 9, 70]  # a decode, a prefill, a chunked-prefill continuation
@@ -38,6 +40,11 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     kv_cache = torch.randint(-128, 128, shape, dtype=torch.int8)
 
     impl = Int8KVAttentionImpl(nq, d, d**-0.5, nkv, None, None, kv_dtype, None, "decoder", None)
+    static = {}
+    if kv_dtype == "int8_static":  # N(0, 1) K/V: absmax about 4; V as E4M3 codes
+        static = {"k_scale": torch.full((nkv,), 4 / 127), "v_scale": torch.full((nkv,), 4 / 448),
+                  "v_format": "e4m3"}  # fmt: skip
+        impl.set_static_scales(**static)
     # Every token's K/V goes through the impl's cache update (what vLLM calls before attention);
     # the unquantized values also go into plain slots, and the new tokens' into the batch's K/V.
     exact_k = torch.zeros(num_blocks, bs, nkv, d)
@@ -76,16 +83,19 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     vllm_config = SimpleNamespace(model_config=model_config, parallel_config=None)
     spec = SimpleNamespace(block_size=bs, int8kv_dtype=kv_dtype)
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
-    fresh = mode == "fresh"
-    if mode in ("fresh", "broken"):
-        builder.fresh_prefill = True
-        impl._fresh_attention = fresh_prefill.attention_ref if fresh else _broken_flash_attention
+    flash = mode == "flash"
+    if mode in ("flash", "broken"):
+        builder.flash_prefill = True
+        builder.min_continuation_tokens = 2  # tiny shapes: let the 5-token continuation in
+        impl._flash_attention = flash_prefill.attention_ref if flash else _broken_flash_attention
     metadata = builder.build(0, common)
     assert (metadata.split is not None) == bool(mode)
-    if fresh:  # sequence 1 (9 new tokens, no context) is the fresh prefill
-        assert metadata.split.fresh.token_index.tolist() == list(range(1, 10))
-        # the decode (sequence 0) runs as its own launch: the rest is the continuation only
-        assert metadata.split.rest.seq_lens.tolist() == [70]
+    if flash:  # sequences 1 (9 new tokens, no context) and 2 (65 cached + 5 new) on FlashAttention
+        assert metadata.split.flash.token_index.tolist() == list(range(1, 15))
+        assert metadata.split.flash.key_start_loc.tolist() == [0, 9, 79]
+        assert metadata.split.flash.context_tokens == 65
+        # the decode (sequence 0) runs as its own launch: nothing else is left for our kernels
+        assert metadata.split.rest is None
     assert (metadata.num_decodes, metadata.num_decode_tokens) == (1, 1)
     assert metadata.prefill_query_start_loc.tolist() == [0, 9, 14]
 
@@ -104,30 +114,39 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     impl.forward(None, query, key, value, kv_cache, metadata, output)
     attention_impl.paged_attention = paged_attention
     # The decode (first, as vLLM's model runner orders batches for us) is a launch of its own on
-    # the decode configuration; the longer queries follow (minus the fresh prefill on FlashAttention).
+    # the decode configuration; the longer queries follow unless FlashAttention took them all.
     assert launches[0] == (1, 1), launches
-    assert launches[1:] == ([(5, 5)] if fresh else [(14, 9)]), launches
+    assert launches[1:] == ([] if flash else [(14, 9)]), launches
     # a FlashAttention that raises: logged, this process falls back to our kernels for every row
-    assert fresh_prefill.enabled() == (mode != "broken")
+    assert flash_prefill.enabled() == (mode != "broken")
 
     if kv_dtype == "int4":
         k_slots, v_slots = dequantize_cache_int4(kv_cache, block_size=bs, num_kv_heads=nkv,
                                                  head_size=d)  # fmt: skip
     else:
         k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=bs,
-                                            num_kv_heads=nkv, head_size=d)  # fmt: skip
+                                            num_kv_heads=nkv, head_size=d, **static)  # fmt: skip
     ref = attention_ref(query[:num_tokens], k_slots, v_slots, query_start_loc=qsl,
                         seq_lens=common.seq_lens, block_table=block_table,
                         softmax_scale=d**-0.5)  # fmt: skip
-    if fresh:
-        exact = attention_ref(query[:num_tokens], exact_k, exact_v, query_start_loc=qsl,
+    if flash:
+        # FlashAttention's keys: the cache's dequantized values for context tokens, the exact
+        # (unquantized) values for the new tokens of sequences 1 and 2.
+        mixed_k, mixed_v = k_slots.contiguous().clone(), v_slots.contiguous().clone()
+        for s, (seq_len, q_len) in enumerate(zip(seq_lens, q_lens, strict=True)):
+            if s in (1, 2):
+                pos = torch.arange(seq_len - q_len, seq_len)
+                slots = block_table[s, pos // bs].long() * bs + pos % bs
+                mixed_k.view(-1, nkv, d)[slots] = exact_k.view(-1, nkv, d)[slots]
+                mixed_v.view(-1, nkv, d)[slots] = exact_v.view(-1, nkv, d)[slots]
+        mixed = attention_ref(query[:num_tokens], mixed_k, mixed_v, query_start_loc=qsl,
                               seq_lens=common.seq_lens, block_table=block_table,
                               softmax_scale=d**-0.5)  # fmt: skip
-        # the fresh prefill attended over unquantized K/V: closer to `exact` than to `ref`
-        rows = slice(1, 10)
-        assert (output[rows].float() - exact[rows]).abs().max() < 4e-3 + 2.0**-7
-        assert (output[rows].float() - ref[rows]).abs().max() > 1e-3, "read the quantized cache?"
-        ref[rows] = exact[rows]
+        # the flash rows attended over unquantized new K/V: closer to `mixed` than to `ref`
+        for rows in (slice(1, 10), slice(10, 15)):
+            assert (output[rows].float() - mixed[rows]).abs().max() < 4e-3 + 2.0**-7
+            assert (output[rows].float() - ref[rows]).abs().max() > 1e-3, "quantized new K/V?"
+        ref[1:15] = mixed[1:15]
     # bf16 output: one rounding, which the interpreter does by truncation (2^-7 relative).
     diff = (output[:num_tokens].float() - ref).abs()
     assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), f"max abs error {diff.max().item()}"

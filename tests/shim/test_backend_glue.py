@@ -10,7 +10,9 @@ import pytest
 CHECK = Path(__file__).with_name("backend_glue_check.py")
 
 
-@pytest.mark.parametrize("args", [["int8"], ["int4"], ["int8", "fresh"], ["int8", "broken"]])
+@pytest.mark.parametrize(
+    "args", [["int8"], ["int4"], ["int8", "flash"], ["int8_static", "flash"], ["int8", "broken"]]
+)
 def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed

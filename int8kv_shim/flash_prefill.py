@@ -1,0 +1,350 @@
+"""Prefills on vLLM's FlashAttention-2: over their fresh BF16 K/V, plus their dequantized context.
+
+A sequence that brings more than one new token attends with FlashAttention-2 ("flash" sequences):
+
+* a prompt's **first chunk** (``num_computed_tokens == 0``) attends only to the tokens it brings,
+  whose K and V the model has just computed in BF16. Reading them back from the quantized pages
+  would cost a dequantization and give a less exact result; attending over the fresh tensors is
+  what FlashAttention does for a BF16 cache, at its speed. (TensorRT-LLM does the same for its
+  quantized caches.)
+* a **chunked-prefill continuation** (``num_computed_tokens > 0``, at least
+  ``MIN_CONTINUATION_TOKENS`` new tokens) also needs its context: ``gather_kv_context``
+  (``int8kv_kernels``, one Triton launch) dequantizes those tokens from the pages into a temporary
+  contiguous BF16/FP16 buffer followed by the new tokens' fresh K/V, and FlashAttention runs varlen
+  with ``cu_seqlens_k`` (context + new) apart from ``cu_seqlens_q`` (new). Its causal mask is
+  aligned bottom-right when seqlen_k > seqlen_q (flash-attn >= 2.1), i.e. new token i at absolute
+  position ctx + i sees keys <= ctx + i, exactly our kernels' rule; the sliding window likewise
+  (``window_size=[w - 1, 0]``). vLLM's own TurboQuant backend attends continuations this way. The
+  context reads the same quantized values our kernels would; the new tokens are unquantized, as
+  for a first chunk. ``int4`` continuations stay on our kernels (their pages hold Hadamard-rotated
+  K/V), and so does a continuation whose context would push the batch's buffers past
+  ``CONTEXT_BUFFER_BYTES``.
+
+Every other query token -- decodes, speculative-decode verifications, short continuations --
+attends over the quantized pages with our kernels. The new tokens' K/V are written into the cache
+either way (``do_kv_cache_update`` runs before attention), so later steps read them quantized.
+
+``INT8KV_PREFILL=triton`` turns this off (every token through our kernels, e.g. to measure
+accuracy purely through the cache). It is also off where vLLM's FlashAttention-2 cannot run
+(no ``vllm.vllm_flash_attn`` build, compute capability < 8.0, head size it lacks).
+
+The split is decided on the host from the batch's CPU metadata (no device sync) in the metadata
+builder, never during CUDA-graph capture: a captured graph always runs our kernels for every
+sequence, which is correct for any batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from int8kv_shim._logging import get_logger
+from int8kv_shim.environment_variables import INT8KV_PREFILL, prefill_mode
+
+logger = get_logger()
+
+# (q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window,
+#  soft_cap) -> None, writing out; causal with the mask aligned bottom-right (see the docstring)
+FlashAttention = Callable[..., None]
+
+# Cap on the temporary K+V context buffers of one layer call: BF16/FP16 copies of every flash
+# continuation's context, 2 tensors x 2 bytes per element. They are freed after the layer (the
+# caching allocator reuses them), but the peak comes on top of what vLLM planned its KV cache
+# around, so it must stay small next to the activations of a large prefill step: 256 MiB is about
+# 65K context tokens of an 8-kv-head x 128 model per step, several 8K-prompt continuations.
+# A continuation that does not fit stays on our kernels (correct either way, just slower).
+CONTEXT_BUFFER_BYTES = 256 << 20
+
+# A continuation with fewer new tokens stays on our kernels. The gather writes the whole context in
+# BF16 and FlashAttention reads it again (about 5 bytes of traffic per element where our kernel
+# reads 1), which only pays when enough queries share it; short ones (speculative-decode
+# verification, tiny last chunks) are memory-bound and our kernel is the faster there. A guess at
+# the crossover, not yet measured on a GPU.
+MIN_CONTINUATION_TOKENS = 64
+
+
+def context_bytes_per_token(num_kv_heads: int, head_size: int) -> int:
+    """Bytes of the temporary K+V buffers per context token (2 tensors, 2-byte model dtype)."""
+    return num_kv_heads * head_size * 2 * 2
+
+
+@dataclass
+class Subset:
+    """Some sequences of a batch, as a compact varlen batch of their own."""
+
+    token_index: torch.Tensor  # int64 [tokens]: rows of query/key/value/output in the full batch
+    query_start_loc: torch.Tensor  # int32 [seqs + 1], compacted
+    max_query_len: int
+    seq_lens: torch.Tensor  # int32 [seqs]: their rows of the batch's seq_lens
+    block_table: torch.Tensor  # int32 [seqs, max_blocks]: their rows of the block table
+    # FlashAttention's key side: context + new tokens per sequence. Without any context (first
+    # chunks only) the keys are the new tokens: key_start_loc is query_start_loc, no gather.
+    key_start_loc: torch.Tensor | None = None  # int32 [seqs + 1] (cu_seqlens_k)
+    max_key_len: int = 0
+    num_key_tokens: int = 0
+    context_tokens: int = 0  # sum of the contexts: > 0 means gather_kv_context builds the keys
+
+
+@dataclass
+class PrefillSplit:
+    """A batch split into flash sequences (FlashAttention) and the rest (our kernels)."""
+
+    flash: Subset
+    rest: Subset | None  # None: every sequence is a flash sequence
+
+
+def plan_split(
+    query_start_loc_cpu: torch.Tensor,
+    num_computed_cpu: torch.Tensor,
+    num_reqs: int,
+    max_context_tokens: int = 0,
+    min_continuation_tokens: int = MIN_CONTINUATION_TOKENS,
+    first_seq: int = 0,
+) -> tuple[list[int], list[int]] | None:
+    """(flash, rest) sequence indices of a batch, or None when no sequence goes to FlashAttention.
+
+    Flash: more than one new token (a one-token prompt is left to the decode path, so a pure decode
+    batch never splits) and either no computed tokens, or at least ``min_continuation_tokens`` new
+    ones and a context that still fits in ``max_context_tokens`` together with the contexts of the
+    flash continuations before it in the batch (0: continuations stay on our kernels).
+    Sequences before ``first_seq`` (the decodes the impl runs as their own launch) are in neither
+    list.
+    """
+    qsl = query_start_loc_cpu[: num_reqs + 1].tolist()
+    done = num_computed_cpu[:num_reqs].tolist()
+    flash, rest = [], []
+    budget = max_context_tokens
+    for i in range(first_seq, num_reqs):
+        q_len = qsl[i + 1] - qsl[i]
+        if q_len == 0:
+            continue  # padding request: nothing to compute
+        ctx = done[i]
+        on_flash = q_len > 1 and (
+            ctx == 0 or (q_len >= min_continuation_tokens and 0 < ctx <= budget)
+        )
+        if on_flash:
+            budget -= ctx
+        (flash if on_flash else rest).append(i)
+    return (flash, rest) if flash else None
+
+
+def make_subset(
+    query_start_loc_cpu: torch.Tensor,
+    seqs: list[int],
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_computed_cpu: torch.Tensor | None = None,
+) -> Subset:
+    """The compact varlen description of ``seqs`` (host work, small copies, two gathers).
+
+    With ``num_computed_cpu``, also FlashAttention's key side (context + new tokens).
+    """
+    device = seq_lens.device
+    qsl = query_start_loc_cpu.tolist()
+    tokens: list[int] = []
+    starts = [0]
+    for i in seqs:
+        tokens.extend(range(qsl[i], qsl[i + 1]))
+        starts.append(len(tokens))
+    lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    seq_index = torch.tensor(seqs, dtype=torch.int64).to(device, non_blocking=True)
+    query_start_loc = torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True)
+    subset = Subset(
+        token_index=torch.tensor(tokens, dtype=torch.int64).to(device, non_blocking=True),
+        query_start_loc=query_start_loc,
+        max_query_len=max(lens),
+        seq_lens=seq_lens.index_select(0, seq_index),
+        block_table=block_table.index_select(0, seq_index),
+    )
+    if num_computed_cpu is not None:
+        contexts = [int(num_computed_cpu[i]) for i in seqs]
+        key_lens = [c + n for c, n in zip(contexts, lens, strict=True)]
+        subset.context_tokens = sum(contexts)
+        subset.max_key_len = max(key_lens)
+        subset.num_key_tokens = sum(key_lens)
+        if subset.context_tokens:
+            key_starts = [0, *torch.tensor(key_lens).cumsum(0).tolist()]
+            subset.key_start_loc = torch.tensor(key_starts, dtype=torch.int32).to(
+                device, non_blocking=True
+            )
+        else:
+            subset.key_start_loc = query_start_loc
+    return subset
+
+
+def split_batch(
+    query_start_loc_cpu: torch.Tensor,
+    num_computed_cpu: torch.Tensor | None,
+    num_reqs: int,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_tokens: int = 0,
+    min_continuation_tokens: int = MIN_CONTINUATION_TOKENS,
+    first_seq: int = 0,
+) -> PrefillSplit | None:
+    """The split of a batch, or None (nothing for FlashAttention, or no CPU computed counts).
+
+    ``seq_lens`` / ``block_table``: the batch's device tensors (subsets are gathered from them).
+    ``max_context_tokens`` / ``min_continuation_tokens`` / ``first_seq``: as in :func:`plan_split`.
+    """
+    if num_computed_cpu is None:
+        return None
+    plan = plan_split(
+        query_start_loc_cpu, num_computed_cpu, num_reqs, max_context_tokens,
+        min_continuation_tokens, first_seq,
+    )  # fmt: skip
+    if plan is None:
+        return None
+    flash, rest = plan
+    return PrefillSplit(
+        flash=make_subset(query_start_loc_cpu, flash, seq_lens, block_table, num_computed_cpu),
+        rest=make_subset(query_start_loc_cpu, rest, seq_lens, block_table) if rest else None,
+    )
+
+
+def forward_split(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    split: PrefillSplit,
+    *,
+    flash_attention: FlashAttention,
+    gather_context: Callable[[torch.Tensor, torch.Tensor, Subset], tuple[torch.Tensor, ...]],
+    paged: Callable[[torch.Tensor, torch.Tensor, Subset], None],
+    softmax_scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+) -> torch.Tensor:
+    """Attention of a split batch into ``output``: flash sequences on ``flash_attention``, the rest
+    on ``paged`` (our kernels: ``paged(q, out, subset)``).
+
+    ``gather_context(new_k, new_v, flash_subset) -> (k, v)`` builds the keys of flash sequences
+    with context (``gather_kv_context`` bound to the layer's cache). Raises before any kernel ran
+    when the arguments are refused, so the caller can redo every row on our kernels.
+    """
+    flash = split.flash
+    q, k, v = (x.index_select(0, flash.token_index) for x in (query, key, value))
+    if flash.context_tokens:
+        k, v = gather_context(k, v, flash)
+    out = torch.empty_like(q)
+    flash_attention(q, k, v, out, flash.query_start_loc, flash.key_start_loc, flash.max_query_len,
+                    flash.max_key_len, softmax_scale, sliding_window, soft_cap)  # fmt: skip
+    output.index_copy_(0, flash.token_index, out)
+    if (rest := split.rest) is not None:
+        q = query.index_select(0, rest.token_index)
+        out = torch.empty_like(q)
+        paged(q, out, rest)
+        output.index_copy_(0, rest.token_index, out)
+    return output
+
+
+_failure: str | None = None
+
+
+def disable(error: BaseException) -> None:
+    """Route every later prefill to our kernels after FlashAttention-2 raised (logged once)."""
+    global _failure
+    if _failure is None:
+        _failure = f"{type(error).__name__}: {error}"
+        logger.warning(
+            "int8kv-shim: FlashAttention-2 failed on a prefill (%s); this process now runs "
+            "every prefill on our kernels (set %s=triton to skip the attempt)",
+            _failure,
+            INT8KV_PREFILL,
+        )
+
+
+def enabled() -> bool:
+    """False once :func:`disable` was called in this process."""
+    return _failure is None
+
+
+@functools.cache
+def flash_attention(head_size: int) -> FlashAttention | None:
+    """vLLM's FlashAttention-2 as a :data:`FlashAttention`, or None where it cannot run here."""
+    if prefill_mode() != "flash":
+        logger.info("int8kv-shim: %s=triton: prefills run on our kernels", INT8KV_PREFILL)
+        return None
+    reason = None
+    if not torch.cuda.is_available():
+        reason = "no GPU"
+    elif torch.cuda.get_device_capability() < (8, 0):
+        reason = "compute capability < 8.0"
+    elif head_size % 8 or head_size > 256:
+        reason = f"FlashAttention-2 has no head size {head_size}"
+    else:
+        try:
+            from vllm.v1.attention.backends.fa_utils import is_fa_version_supported
+            from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+            if not is_fa_version_supported(2):
+                reason = "vLLM's FlashAttention-2 is not supported on this GPU"
+        except ImportError as e:  # a vLLM build without vllm_flash_attn
+            reason = f"vLLM's FlashAttention is not importable ({e})"
+    if reason is not None:
+        logger.info("int8kv-shim: prefills run on our kernels: %s", reason)
+        return None
+
+    def run(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            window, soft_cap) -> None:  # fmt: skip
+        flash_attn_varlen_func(
+            q=q,
+            k=k,
+            v=v,
+            out=out,
+            cu_seqlens_q=cu_seqlens_q,
+            # keys = context + new tokens; with seqlen_k > seqlen_q FA2's causal mask is aligned
+            # bottom-right (query i at position seqlen_k - seqlen_q + i), as our kernels' is
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            softmax_scale=softmax_scale,
+            causal=True,
+            # ours: key j visible from position i when i - j < window; FA: i - j <= window[0]
+            window_size=[window - 1, 0] if window else [-1, -1],
+            softcap=soft_cap or 0.0,
+            fa_version=2,
+        )
+
+    logger.info(
+        "int8kv-shim: prefills attend over their BF16 K/V (and dequantized context) with "
+        "FlashAttention-2"
+    )
+    return run
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window: int | None,
+    soft_cap: float | None,
+) -> None:
+    """A :data:`FlashAttention` in plain torch (the tests' stand-in for FlashAttention-2): causal
+    with the mask aligned bottom-right, query i of a sequence at position seqlen_k - seqlen_q + i."""
+    group = q.shape[1] // k.shape[1]
+    qs_, ks_ = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for s in range(len(qs_) - 1):
+        (a, b), (c, e) = (qs_[s], qs_[s + 1]), (ks_[s], ks_[s + 1])
+        qs = q[a:b].float().transpose(0, 1)
+        ks, vs = (x[c:e].float().transpose(0, 1).repeat_interleave(group, 0) for x in (k, v))
+        sc = (qs @ ks.transpose(1, 2)) * softmax_scale
+        if soft_cap:
+            sc = soft_cap * torch.tanh(sc / soft_cap)
+        pos = torch.arange(b - a)[:, None] + (e - c) - (b - a)
+        j = torch.arange(e - c)[None, :]
+        visible = j <= pos
+        if window:
+            visible &= (pos - j) < window
+        sc = sc.masked_fill(~visible, float("-inf"))
+        out[a:b] = (torch.softmax(sc, -1) @ vs).transpose(0, 1).to(out.dtype)

@@ -1,0 +1,210 @@
+"""Dequantize-gather of chunked-prefill contexts into contiguous BF16/FP16 K/V for FlashAttention.
+
+A chunked-prefill continuation (``num_computed > 0`` cached tokens, ``q_len > 1`` new ones) can run
+on a dense varlen attention (vLLM's FlashAttention-2) if its keys are laid out as one contiguous
+run per sequence: the context read back from the quantized pages, then the new tokens' own K/V.
+``gather_kv_context`` builds that batch in one launch::
+
+    rows [cu_k[i], cu_k[i] + ctx_i)      dequantized context of sequence i (its first ctx_i tokens)
+    rows [cu_k[i] + ctx_i, cu_k[i + 1])  new_key / new_value rows [cu_q[i], cu_q[i + 1]), copied
+
+with ``ctx_i = (cu_k[i + 1] - cu_k[i]) - (cu_q[i + 1] - cu_q[i])``, read on the device (no host
+sync, no per-sequence launch).
+
+Dequantization is the spec of ``reference.dequantize_cache`` followed by one rounding to the output
+dtype, bit for bit: int8 (or the exact E4M3 value) times the fp32 scale in fp32 -- for ``int8`` the
+fp16 scale, whose product with an int8 is exact in fp32 -- then round to nearest even. The bf16
+rounding is done with integer ops, not a cast: the Triton interpreter truncates fp32 -> bf16 casts
+(GPUs round to nearest even), and one code path for both keeps the CPU tests meaningful.
+``int4`` (Hadamard-rotated K/V) is not handled here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .e4m3 import check_v_format, e4m3_decode
+from .page_layout import PageLayout
+
+# Rows (tokens of one kv head) per program: 16-byte loads of whole rows, and few enough programs
+# that a long context is still one pass over its pages.
+_BLOCK_T = 32
+
+_BF16_QNAN = tl.constexpr(0x7FC0)
+
+
+@triton.jit
+def _round_to_out(x, OUT_BF16: tl.constexpr):
+    """fp32 -> the output dtype, round to nearest even (what torch's ``.to`` does)."""
+    if OUT_BF16:
+        u = x.to(tl.int32, bitcast=True)
+        # Add just under half an ulp of bf16, plus one when the kept LSB is odd (ties to even);
+        # a carry into the exponent is the correct rounding up. NaN kept apart: a NaN with a full
+        # mantissa (GPUs produce 0x7fffffff) would carry into the sign bit.
+        r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+        r = tl.where(x == x, r, _BF16_QNAN)
+        return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(tl.float16)  # IEEE round to nearest even, on GPUs and in the interpreter
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _gather_kv_kernel(
+    cache_ptr, cache16_ptr, new_k_ptr, new_v_ptr, k_out_ptr, v_out_ptr,
+    block_table_ptr, cu_q_ptr, cu_k_ptr, k_scale_ptr, v_scale_ptr,
+    stride_block, stride_bt, stride_nk_t, stride_nk_h, stride_nv_t, stride_nv_h,
+    stride_ko_t, stride_ko_h, stride_vo_t, stride_vo_h, num_seqs,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+    K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
+    DYNAMIC: tl.constexpr, V_E4M3: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
+    """Grid (row blocks of the longest key run, sequences, kv heads)."""
+    pid_t = tl.program_id(0)
+    seq = tl.program_id(1)
+    kvh = tl.program_id(2)
+    k0 = tl.load(cu_k_ptr + seq)
+    k_len = tl.load(cu_k_ptr + seq + 1) - k0
+    q0 = tl.load(cu_q_ptr + seq)
+    ctx = k_len - (tl.load(cu_q_ptr + seq + 1) - q0)
+    if pid_t * BLOCK_T >= k_len:
+        return
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, HEAD_SIZE)
+    in_seq = t < k_len
+    is_ctx = t < ctx
+    is_new = in_seq & (t >= ctx)
+
+    # Context rows: page of each token from the block table, row (kvh, t % B) of that page.
+    page = tl.load(block_table_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=is_ctx, other=0)
+    row = page.to(tl.int64) * stride_block + (kvh * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_SIZE
+    m_ctx = is_ctx[:, None]
+    kq = tl.load(cache_ptr + K_DATA + row[:, None] + d[None, :], mask=m_ctx, other=0)
+    vq = tl.load(cache_ptr + V_DATA + row[:, None] + d[None, :], mask=m_ctx, other=0)
+    if V_E4M3:
+        vf = e4m3_decode(vq)  # exact fp32 value, as e4m3_decode_ref
+    else:
+        vf = vq.to(tl.float32)
+    if DYNAMIC:
+        sidx = page.to(tl.int64) * (stride_block // 2) + kvh * BLOCK_SIZE + t % BLOCK_SIZE
+        k_sc = tl.load(cache16_ptr + K_SCALE // 2 + sidx, mask=is_ctx, other=0.0).to(tl.float32)
+        v_sc = tl.load(cache16_ptr + V_SCALE // 2 + sidx, mask=is_ctx, other=0.0).to(tl.float32)
+        k_deq = kq.to(tl.float32) * k_sc[:, None]
+        v_deq = vf * v_sc[:, None]
+    else:
+        k_deq = kq.to(tl.float32) * tl.load(k_scale_ptr + kvh)
+        v_deq = vf * tl.load(v_scale_ptr + kvh)
+    k_deq = _round_to_out(k_deq, OUT_BF16)
+    v_deq = _round_to_out(v_deq, OUT_BF16)
+
+    # New rows: the sequence's own fresh K/V, row q0 + (t - ctx) of new_key / new_value.
+    src = (q0 + t - ctx).to(tl.int64)
+    m_new = is_new[:, None]
+    k_new = tl.load(
+        new_k_ptr + src[:, None] * stride_nk_t + kvh * stride_nk_h + d[None, :], mask=m_new
+    )
+    v_new = tl.load(
+        new_v_ptr + src[:, None] * stride_nv_t + kvh * stride_nv_h + d[None, :], mask=m_new
+    )
+
+    dst = (k0 + t).to(tl.int64)
+    m_out = in_seq[:, None]
+    tl.store(
+        k_out_ptr + dst[:, None] * stride_ko_t + kvh * stride_ko_h + d[None, :],
+        tl.where(m_ctx, k_deq, k_new),
+        mask=m_out,
+    )
+    tl.store(
+        v_out_ptr + dst[:, None] * stride_vo_t + kvh * stride_vo_h + d[None, :],
+        tl.where(m_ctx, v_deq, v_new),
+        mask=m_out,
+    )
+
+
+def gather_kv_context(
+    kv_cache: torch.Tensor,
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    *,
+    kv_dtype: str,
+    block_size: int,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_k: int,
+    num_k_tokens: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    v_format: str = "int8",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous K, V [num_k_tokens, num_kv_heads, head_size] of a varlen batch: per sequence its
+    dequantized context, then its new tokens' K/V (see the module docstring).
+
+    new_key, new_value: [cu_seqlens_q[-1], num_kv_heads, head_size] bf16/fp16, the new tokens of
+    each sequence (unit stride on head_size); the output has their dtype. kv_cache: int8
+    [num_blocks, >= page_bytes] (``int8`` / ``int8_static``). block_table: int32 [seqs, max_blocks],
+    each row covering at least the sequence's context. cu_seqlens_q / cu_seqlens_k: int32
+    [seqs + 1] of new tokens / context + new tokens. ``max_seqlen_k`` (launch shape) and
+    ``num_k_tokens`` (== cu_seqlens_k[-1], the allocation) are host ints, so no device sync.
+    ``int8_static`` needs k_scale / v_scale (fp32 [num_kv_heads]); ``v_format="e4m3"`` as in
+    ``paged_attention``.
+    """
+    num_kv_heads, head_size = new_key.shape[1], new_key.shape[2]
+    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
+    v_e4m3 = check_v_format(kv_dtype, v_format)
+    dynamic = layout.has_scales
+    if not dynamic and (k_scale is None or v_scale is None):
+        raise ValueError("int8_static needs k_scale and v_scale")
+    if new_key.dtype not in (torch.bfloat16, torch.float16) or new_value.dtype != new_key.dtype:
+        raise ValueError(
+            f"new K/V must be bf16 or fp16 alike, not {new_key.dtype}/{new_value.dtype}"
+        )
+    if new_key.stride(2) != 1 or new_value.stride(2) != 1:
+        raise ValueError("new_key/new_value must be contiguous along head_size")
+    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
+        raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
+    shape = (num_k_tokens, num_kv_heads, head_size)
+    k_out = torch.empty(shape, dtype=new_key.dtype, device=new_key.device)
+    v_out = torch.empty_like(k_out)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if num_k_tokens == 0 or num_seqs == 0:
+        return k_out, v_out
+    dummy = cu_seqlens_q
+    grid = (triton.cdiv(max_seqlen_k, _BLOCK_T), num_seqs, num_kv_heads)
+    _gather_kv_kernel[grid](
+        kv_cache,
+        kv_cache.view(torch.float16) if dynamic else kv_cache,
+        new_key,
+        new_value,
+        k_out,
+        v_out,
+        block_table,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        kv_cache.stride(0),
+        block_table.stride(0),
+        new_key.stride(0),
+        new_key.stride(1),
+        new_value.stride(0),
+        new_value.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
+        v_out.stride(0),
+        v_out.stride(1),
+        num_seqs,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        BLOCK_T=_BLOCK_T,
+        K_DATA=layout.k_data,
+        V_DATA=layout.v_data,
+        K_SCALE=layout.k_scale,
+        V_SCALE=layout.v_scale,
+        DYNAMIC=dynamic,
+        V_E4M3=v_e4m3,
+        OUT_BF16=new_key.dtype == torch.bfloat16,
+        num_warps=4,
+    )
+    return k_out, v_out
