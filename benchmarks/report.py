@@ -181,6 +181,25 @@ def reliability_table(
     return "\n".join(lines)
 
 
+def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
+    """ΔPPL of simulated cache formats (benchmarks/kv_quant_sim.py)."""
+    result = json.loads(path.read_text())
+    lines = [
+        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens, windows of "
+        f"{result['window']}), {result['device']}, `{_short(result['command'])}`.",
+        "",
+        "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| `{row['variant']}` | {row['ppl']:.3f} | {row['delta_pct']:+.2f}% "
+            f"| {_num(row['delta_se_pct'], '.2f')} | {row['kv_bytes_per_token_head']:g} "
+            f"| {row['capacity_vs_bf16']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -190,6 +209,7 @@ TABLES = {
     "accuracy": accuracy_table,
     "throughput": throughput_table,
     "reliability": reliability_table,
+    "kv_quant_sim": kv_quant_sim_table,
 }
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ def _report():
     return module
 
 
-@pytest.mark.parametrize("table", ["kernels", "accuracy", "throughput", "reliability"])
+@pytest.mark.parametrize(
+    "table", ["kernels", "accuracy", "throughput", "reliability", "kv_quant_sim"]
+)
 def test_readme_quotes_result_file(table: str) -> None:
     generated = _report().TABLES[table]()
     readme = (REPO / "README.md").read_text()

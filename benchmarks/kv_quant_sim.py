@@ -1,0 +1,247 @@
+"""Perplexity with simulated KV-cache quantization (Hugging Face model, our torch references).
+
+Answers design questions of the ``int4`` format (issue 6) that do not need vLLM or a GPU: how much
+the Hadamard rotation, KVarN-style variance normalization, BF16 "sink" tokens and the group size
+change ΔPPL. Every K and V vector (after RoPE, per token and kv-head) is quantized and dequantized
+with the same torch references the kernels are tested against (``int8kv_kernels.reference`` and
+``reference_int4``) before attention, i.e. every token is read back from the cache, as with
+``INT8KV_PREFILL=triton``. Attention itself is PyTorch's SDPA, so this measures the storage
+format, not our kernels' arithmetic: ``benchmarks/accuracy.py`` is the measurement through vLLM.
+
+Variance normalization here is an *oracle*: per (layer, kv-head, channel) root-mean-square of the
+rotated vectors over the very window being scored, divided out before quantization and multiplied
+back after (the factors would fold into q for K and into the output for V). A calibration-free
+implementation could only do worse, so if the oracle does not lower ΔPPL measurably, the real
+thing is not worth building.
+
+    python benchmarks/kv_quant_sim.py --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
+
+Writes ``benchmarks/results/kv_quant_sim.json``:
+``{"model", "corpus", "tokens", "command", "device", "rows": [{"variant", "ppl", "delta_pct",
+"delta_se_pct", "kv_bytes_per_token_head", "capacity_vs_bf16"}]}`` (K + V bytes; ΔPPL vs the unquantized row; its standard error from
+the per-window differences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from int8kv_kernels.hadamard import hadamard
+from int8kv_kernels.reference import quantize_int8
+from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SINK_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    bits: int  # 16: unquantized
+    k_bits: int | None = None  # K's bits when they differ from V's (``bits``)
+    # K-only experiments (V stays as ``bits``/``group``): "mean" subtracts the per (kv-head,
+    # channel) mean over the window before quantizing (an oracle; softmax is invariant to a
+    # vector subtracted from every key, so nothing is added back), "clip" shrinks each group's
+    # range to CLIP of its min..max around its middle, "sym" stores symmetric codes (one fp16
+    # scale, no zero point) in groups of half the size: the same bytes as asymmetric ``group``.
+    k_mode: str = ""
+    group: int = 64
+    rotate: bool = True
+    var_norm: bool = False
+    sinks: int = 0
+
+    def for_k(self) -> Variant:
+        """The variant K is stored with."""
+        return self if self.k_bits is None else replace(self, bits=self.k_bits, k_bits=None)
+
+    def bytes_per_token_head(self, d: int) -> float:
+        """Bytes of one (token, kv-head) K + V pair in the page (scales included)."""
+        return _bytes(self.for_k().bits, self.group, d) + _bytes(self.bits, self.group, d)
+
+
+def _bytes(bits: int, group: int, d: int) -> float:
+    if bits == 16:
+        return 2.0 * d
+    if bits == 8:
+        return d + 2.0  # int8 data + fp16 scale
+    return d / 2 + 4.0 * (d // min(group, d))  # nibbles + fp16 (scale, zero) per group
+
+
+VARIANTS = [
+    Variant("bf16", 16),
+    Variant("int8", 8),
+    Variant("int4", 4),
+    Variant("int4_no_rotation", 4, rotate=False),
+    Variant("int4_var_norm_oracle", 4, var_norm=True),
+    Variant(f"int4_sinks{SINK_TOKENS}", 4, sinks=SINK_TOKENS),
+    Variant("int4_group32", 4, group=32),
+    Variant("k8_v4", 4, k_bits=8),
+    Variant("k4_v8", 8, k_bits=4),
+    Variant("int4_k_mean_oracle", 4, k_mode="mean"),
+    Variant("int4_k_clip", 4, k_mode="clip"),
+    Variant("int4_k_sym_half_groups", 4, k_mode="sym"),
+]
+CLIP = 0.85
+
+
+def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
+    """x [batch, kv_heads, tokens, D] -> the values attention would read back from the cache."""
+    if v.bits == 16:
+        return x
+    xf = x.float()
+    if k_mode == "mean":
+        xf = xf - xf.mean(dim=-2, keepdim=True)
+    if v.bits == 8:
+        q, scale = quantize_int8(xf)
+        out = q.float() * scale.float()[..., None]
+    else:
+        d = x.shape[-1]
+        h = hadamard(d, x.device) if v.rotate else torch.eye(d, device=x.device)
+        r = xf @ h
+        norm = None
+        if v.var_norm:  # oracle: per (kv-head, channel) RMS over this window's tokens
+            norm = r.pow(2).mean(dim=-2, keepdim=True).sqrt().clamp_min(1e-6)
+            r = r / norm
+        group = min(v.group, d)
+        if k_mode == "sym":
+            r = _symmetric_int4(r, group // 2)
+        else:
+            if k_mode == "clip":
+                r = _clip_groups(r, group)
+            codes, scale, zero = quantize_int4(r, group)
+            r = dequantize_int4(codes, scale, zero)
+        if norm is not None:
+            r = r * norm
+        out = r @ h.T
+    if v.sinks:
+        out[..., : v.sinks, :] = x.float()[..., : v.sinks, :]
+    return out.to(x.dtype)
+
+
+def _clip_groups(r: torch.Tensor, group: int) -> torch.Tensor:
+    """Clamp each group to CLIP of its min..max range, around the range's middle."""
+    g = r.unflatten(-1, (r.shape[-1] // group, group))
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    mid, half = (hi + lo) / 2, (hi - lo) / 2 * CLIP
+    return torch.minimum(torch.maximum(g, mid - half), mid + half).flatten(-2)
+
+
+def _symmetric_int4(r: torch.Tensor, group: int) -> torch.Tensor:
+    """Symmetric 4-bit (codes -7..7, fp16 scale = absmax / 7) per group, dequantized."""
+    g = r.unflatten(-1, (r.shape[-1] // group, group))
+    scale = (g.abs().amax(-1, keepdim=True) / 7).to(torch.float16).float().clamp_min(2.0**-24)
+    return (torch.round(g / scale).clamp(-7, 7) * scale).flatten(-2)
+
+
+def install(variant_ref: list[Variant]) -> str:
+    """Register an attention function that quantizes K/V with ``variant_ref[0]`` first."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        v = variant_ref[0]
+        return sdpa_attention_forward(
+            module,
+            query,
+            fake_quant(key, v.for_k(), v.k_mode),
+            fake_quant(value, v),
+            attention_mask,
+            **kwargs,
+        )
+
+    AttentionInterface.register("int8kv_sim", attention)
+    return "int8kv_sim"
+
+
+def window_nll(model, ids: torch.Tensor) -> tuple[float, int]:
+    with torch.inference_mode():
+        logits = model(ids[None]).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum")
+    return nll.item(), ids.numel() - 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face folder")
+    p.add_argument("--model-name", default="SmolLM2-135M-Instruct")
+    p.add_argument("--corpus", default=str(common.DEFAULT_CORPUS))
+    p.add_argument("--window", type=int, default=2048)
+    p.add_argument("--windows", type=int, default=10)
+    p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "kv_quant_sim.json"))
+    args = p.parse_args()
+
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    by_name = {v.name: v for v in VARIANTS}
+    variants = [by_name[n] for n in args.variants.split(",")]
+    current = [variants[0]]
+    impl = install(current)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.bfloat16, attn_implementation=impl
+    ).to(args.device)
+    ids = tok(Path(args.corpus).read_text(), return_tensors="pt").input_ids[0]
+    n = min(args.windows, ids.numel() // args.window)
+    windows = [ids[i * args.window : (i + 1) * args.window].to(args.device) for i in range(n)]
+    d = model.config.head_dim
+
+    per_window: dict[str, list[float]] = {}
+    tokens = 0
+    start = time.time()
+    for v in variants:
+        current[0] = v
+        nll = []
+        for w in tqdm(windows, desc=v.name, file=sys.stderr):
+            total, count = window_nll(model, w)
+            nll.append(total / count)
+            tokens = count * n
+        per_window[v.name] = nll
+    base = per_window[variants[0].name]
+    rows = []
+    for v in variants:
+        nll = per_window[v.name]
+        ppl = math.exp(sum(nll) / n)
+        # per-window ΔPPL (%) and its standard error across windows
+        deltas = [100 * (math.exp(a - b) - 1) for a, b in zip(nll, base, strict=True)]
+        mean = sum(deltas) / n
+        se = (sum((x - mean) ** 2 for x in deltas) / (n - 1) / n) ** 0.5 if n > 1 else None
+        rows.append(
+            {
+                "variant": v.name,
+                "ppl": round(ppl, 4),
+                "delta_pct": round(100 * (ppl / math.exp(sum(base) / n) - 1), 3),
+                "delta_se_pct": None if se is None else round(se, 3),
+                "kv_bytes_per_token_head": v.bytes_per_token_head(d),
+                "capacity_vs_bf16": round(4 * d / v.bytes_per_token_head(d), 2),
+            }
+        )
+        print(f"{v.name:24s} ppl {ppl:8.4f}  Δ {rows[-1]['delta_pct']:+7.3f}% ± {se or 0:.3f}")
+    result = {
+        "model": args.model_name,
+        "corpus": Path(args.corpus).name,
+        "tokens": tokens,
+        "window": args.window,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "command": "python benchmarks/kv_quant_sim.py " + " ".join(sys.argv[1:]),
+        "seconds": round(time.time() - start, 1),
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"kv_quant_sim: wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
