@@ -52,6 +52,11 @@ SHARED_SUFFIX_LENS = (17, 50, 90, 200)
 TINY_ATTN_OUT_SCALE = 1.0  # standard init; see build_tiny_llama
 MAX_MODEL_LEN = 2560  # longest prompt (2300) + generated tokens, rounded up to a block multiple
 GEN_TOKENS = 32
+# Rounds of 24 prompts. The tests compare how many prompts stay identical with a control's count,
+# allowing a slack of 0.15 (test_vllm_e2e.SLACK); the standard error of the difference of two such
+# fractions near 0.3 is sqrt(2 * 0.21 / n): 0.13 for n = 24 (the slack is ~1 s.e., so an equally good
+# cache fails about one comparison in seven), 0.076 for n = 72 (~2 s.e.).
+PROMPT_ROUNDS = int(os.environ.get("INT8KV_E2E_PROMPT_ROUNDS", "3"))
 
 
 def corpus_token_ids(tokenizer_dir: str | Path) -> list[int]:
@@ -61,24 +66,28 @@ def corpus_token_ids(tokenizer_dir: str | Path) -> list[int]:
     return list(tok(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
 
 
-def make_prompts(ids: Sequence[int]) -> list[list[int]]:
-    """24 deterministic prompts cut from the corpus: 20 of varied length, 4 with a shared prefix.
+def make_prompts(ids: Sequence[int], rounds: int = PROMPT_ROUNDS) -> list[list[int]]:
+    """``rounds`` x 24 deterministic prompts cut from the corpus; per round, 20 of varied length
+    and 4 with a shared prefix (each round its own prefix).
 
-    Each prompt starts at a different place (no accidental shared prefixes among the 20), the shared
-    ones all start with the same ``SHARED_PREFIX_LEN`` tokens and continue with different text.
+    Each prompt starts at a different place (no accidental shared prefixes among the varied ones),
+    the shared ones of a round all start with the same ``SHARED_PREFIX_LEN`` tokens and continue
+    with different text.
     """
-    need = sum(PROMPT_LENGTHS) + SHARED_PREFIX_LEN + sum(SHARED_SUFFIX_LENS)
+    per_round = sum(PROMPT_LENGTHS) + SHARED_PREFIX_LEN + sum(SHARED_SUFFIX_LENS)
+    need = rounds * per_round
     if len(ids) < need:
         raise ValueError(f"corpus has {len(ids)} tokens, prompts need {need}")
     prompts, pos = [], 0
-    for n in PROMPT_LENGTHS:
-        prompts.append(list(ids[pos : pos + n]))
-        pos += n
-    prefix = list(ids[pos : pos + SHARED_PREFIX_LEN])
-    pos += SHARED_PREFIX_LEN
-    for n in SHARED_SUFFIX_LENS:
-        prompts.append(prefix + list(ids[pos : pos + n]))
-        pos += n
+    for _ in range(rounds):
+        for n in PROMPT_LENGTHS:
+            prompts.append(list(ids[pos : pos + n]))
+            pos += n
+        prefix = list(ids[pos : pos + SHARED_PREFIX_LEN])
+        pos += SHARED_PREFIX_LEN
+        for n in SHARED_SUFFIX_LENS:
+            prompts.append(prefix + list(ids[pos : pos + n]))
+            pos += n
     return prompts
 
 

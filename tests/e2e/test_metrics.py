@@ -100,17 +100,33 @@ def test_greedy_prompts_are_deterministic_slices() -> None:
 
 
 def test_e2e_prompts_cover_lengths_and_share_a_prefix() -> None:
-    ids = list(range(40_000))
-    prompts = e2e_support.make_prompts(ids)
-    assert len(prompts) >= 20
-    assert sum(len(p) > 1024 for p in prompts) >= 5
+    ids = list(range(120_000))
+    prompts = e2e_support.make_prompts(ids, rounds=3)
+    per_round = len(e2e_support.PROMPT_LENGTHS) + len(e2e_support.SHARED_SUFFIX_LENS)
+    assert len(prompts) == 3 * per_round
+    assert sum(len(p) > 1024 for p in prompts) >= 15
     assert max(len(p) for p in prompts) + e2e_support.GEN_TOKENS <= e2e_support.MAX_MODEL_LEN
-    shared = prompts[-len(e2e_support.SHARED_SUFFIX_LENS) :]
     n = e2e_support.SHARED_PREFIX_LEN
-    assert all(p[:n] == shared[0][:n] for p in shared)
-    assert len({tuple(p[n:]) for p in shared}) == len(shared)
-    firsts = [p[0] for p in prompts[: len(e2e_support.PROMPT_LENGTHS)]]
+    prefixes = set()
+    for r in range(3):
+        shared = prompts[
+            (r + 1) * per_round - len(e2e_support.SHARED_SUFFIX_LENS) : (r + 1) * per_round
+        ]
+        assert all(p[:n] == shared[0][:n] for p in shared)
+        assert len({tuple(p[n:]) for p in shared}) == len(shared)
+        prefixes.add(tuple(shared[0][:n]))
+    assert len(prefixes) == 3  # each round shares its own prefix
+    shared_rows = {
+        i
+        for r in range(3)
+        for i in range(
+            (r + 1) * per_round - len(e2e_support.SHARED_SUFFIX_LENS), (r + 1) * per_round
+        )
+    }
+    firsts = [p[0] for i, p in enumerate(prompts) if i not in shared_rows]
     assert len(set(firsts)) == len(firsts)
+    with pytest.raises(ValueError, match="corpus has"):
+        e2e_support.make_prompts(ids[:40_000], rounds=3)
 
 
 # --------------------------------------------------------------------------------------------

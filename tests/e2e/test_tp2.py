@@ -16,7 +16,7 @@ Comparison: TP=2 changes the matmul split and adds all-reduces, so the BF16 resi
 rounds differently from TP=1's; on a random model (flat next-token distributions, near ties
 everywhere, see ``test_tiny_gqa_matches_bf16``) that flips some greedy tokens in any dtype. As in the
 tiny test: no real mismatch (a divergence where either run's token is outside the other's top-5)
-and at least ``INT8KV_E2E_TINY_MIN`` (default 0.25) of the 24 prompts identical over 32 tokens. A
+and at least ``INT8KV_E2E_TINY_MIN`` (default 0.25) of the prompts identical over 32 tokens. A
 rank reading the other rank's heads or a wrong scale gives real mismatches at the first tokens.
 
 ``int8_static``: one calibration file (``int8kv calibrate`` at TP=1, holding both KV heads) serves
