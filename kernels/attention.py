@@ -119,6 +119,43 @@ def _load_tile_pages(bt_row, start, key_hi, TILE_N: tl.constexpr, BLOCK_SIZE: tl
 
 
 @triton.jit
+def _load_v_tile(
+    cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, V_DATA: tl.constexpr,
+    V_E4M3: tl.constexpr,
+):  # fmt: skip
+    """The int8 V tile [TILE_N, HEAD_SIZE] of keys ``start + arange(TILE_N)``.
+
+    V is key-major in the page (element d of slot t at (h*D + d)*B + t, page_layout.py), so the
+    tile reaches shared memory with keys contiguous: the PV product's B operand then loads four
+    keys per 32-bit word, where a D-contiguous V had to be read one byte per instruction. When
+    whole pages fit the tile, it is read a page at a time (B contiguous bytes per element d: 16-byte
+    asynchronous copies); otherwise per key, from ``page`` (correct, narrower loads).
+    """
+    offs_d = tl.arange(0, HEAD_SIZE)
+    if TILE_N % BLOCK_SIZE == 0:
+        pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
+        offs_b = tl.arange(0, BLOCK_SIZE)
+        addr = (
+            pages[:, None, None] * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE
+            + offs_d[None, None, :] * BLOCK_SIZE + offs_b[None, :, None]
+        )  # fmt: skip
+        v = tl.load(cache_ptr + V_DATA + addr, mask=page_ok[:, None, None], other=0)
+        v = tl.reshape(v, [TILE_N, HEAD_SIZE])
+        if V_E4M3:
+            # keys past key_hi inside a valid page are read (in bounds); their p is 0, but a stale
+            # byte there can be an E4M3 NaN code and 0 * NaN is not 0 (int8 codes are all finite)
+            v = tl.where(key_ok[:, None], v, 0)
+        return v
+    col = page * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + key % BLOCK_SIZE
+    return tl.load(
+        cache_ptr + V_DATA + col[:, None] + offs_d[None, :] * BLOCK_SIZE,
+        mask=key_ok[:, None],
+        other=0,
+    )
+
+
+@triton.jit
 def _load_scales_by_page(
     cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
@@ -265,8 +302,10 @@ def _chunked_kv_loop(
         l_i = l_i * alpha + tl.sum(p, axis=2)
         m_i = m_new
 
+        # V is key-major in the page (see _load_v_tile); per key here
+        v_col = page * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + key % BLOCK_SIZE
         v = tl.load(
-            cache_ptr + V_DATA + base[:, :, None] + offs_d[None, None, :],
+            cache_ptr + V_DATA + v_col[:, :, None] + offs_d[None, None, :] * BLOCK_SIZE,
             mask=key_ok[:, :, None],
             other=0,
         )  # [CHUNKS, C, HEAD_SIZE]
@@ -448,9 +487,10 @@ def _attn_fwd(
                 s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
             )
 
-            v = tl.load(
-                cache_ptr + V_DATA + base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0
-            )
+            v = _load_v_tile(
+                cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
+                HEAD_SIZE, BLOCK_SIZE, TILE_N, V_DATA, V_E4M3,
+            )  # fmt: skip
             if DYNAMIC:
                 p = p * v_sc.to(tl.float32)[None, :]
             v = _v_to_dot(v, V_E4M3, DOT_F32)

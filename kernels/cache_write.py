@@ -44,6 +44,7 @@ def _quantize_store(
     BLOCK_SIZE: tl.constexpr,
     DYNAMIC: tl.constexpr,
     E4M3: tl.constexpr,  # store E4M3FN codes instead of int8 integers (static scales only)
+    KEY_MAJOR: tl.constexpr = False,  # V: element d of slot t at (h*D + d)*B + t (page_layout.py)
 ):
     offs_h = tl.arange(0, H_PAD)
     offs_d = tl.arange(0, HEAD_SIZE)
@@ -80,11 +81,11 @@ def _quantize_store(
         q = e4m3_encode(y)  # saturates to +-448 itself
     else:
         q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
-    tl.store(
-        cache_ptr + page_off + data_off + row[:, None] * HEAD_SIZE + offs_d[None, :],
-        q,
-        mask=mask_h[:, None],
-    )
+    if KEY_MAJOR:
+        addr = (offs_h[:, None] * HEAD_SIZE + offs_d[None, :]) * BLOCK_SIZE + slot_in_block
+    else:
+        addr = row[:, None] * HEAD_SIZE + offs_d[None, :]
+    tl.store(cache_ptr + page_off + data_off + addr, q, mask=mask_h[:, None])
 
 
 @triton.jit
@@ -127,7 +128,7 @@ def _write_kv_kernel(
     )  # fmt: skip
     _quantize_store(
         value_ptr + t * stride_vt, stride_vh, cache_ptr, cache16_ptr, page_off, V_DATA, V_SCALE,
-        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, V_E4M3,
+        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, V_E4M3, True,
     )  # fmt: skip
 
 

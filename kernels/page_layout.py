@@ -9,15 +9,17 @@ head are one contiguous chunk, so a kernel tile of one kv-head is a handful of c
 
     byte 0                                                                      page_bytes
     | K data            | V data            | K scales          | V scales          |
-    | int8 [H][B][D]    | int8 [H][B][D]    | fp16 [H][B]       | fp16 [H][B]       |
+    | int8 [H][B][D]    | int8 [H][D][B]    | fp16 [H][B]       | fp16 [H][B]       |
     ^ k_data = 0        ^ v_data = H*B*D    ^ k_scale = 2*H*B*D ^ v_scale = 2*H*B*D + 2*H*B
 
     one K data row (token t, head h) = D bytes at k_data + (h*B + t)*D  -> 16-byte aligned
-    its scale = fp16 at k_scale + 2*(h*B + t)
+    V is key-major: element d of (token t, head h) at v_data + (h*D + d)*B + t, i.e. for each
+    (head, d) the B tokens of the page are one contiguous (16-byte aligned) run
+    their scales = fp16 at k_scale + 2*(h*B + t) and v_scale + 2*(h*B + t)
 
 ``int8_static`` (per-layer, per-kv-head fp32 scales passed in, nothing per token)::
 
-    | K data int8 [H][B][D] | V data int8 [H][B][D] |      page_bytes = 2*H*B*D
+    | K data int8 [H][B][D] | V data int8 [H][D][B] |      page_bytes = 2*H*B*D
 
     with ``v_format="e4m3"`` the V bytes are FP8-E4M3FN codes (e4m3.py) instead of int8 integers;
     the layout is the same.
@@ -28,6 +30,12 @@ Why this shape:
   offloading move it as a unit;
 * data rows start at multiples of D (a multiple of 16), never after an inline scale, so every row
   load is a run of 16-byte vector loads (upstream's inline fp32 scale breaks that);
+* V is key-major because the attention's PV product reduces over keys: a V tile then reaches shared
+  memory with keys contiguous and the matrix-multiply operand is read four keys per 32-bit word.
+  Stored D-contiguous like K, the same operand compiled to one byte-wide shared-memory load per
+  element (int8 has no transposing ``ldmatrix``), the largest instruction cost of the loop
+  (``tests/kernels/compile_sm80.py`` checks it stays gone). The write stores a token's V as D
+  single bytes instead of one row, a small cost next to the reads;
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
   same storage (byte offsets / 2), so they cost one small coalesced load per tile.
 

@@ -55,11 +55,13 @@ def quantize_e4m3_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _views(kv_cache: torch.Tensor, layout: PageLayout):
-    """Named views [num_blocks, H, B, D] / [num_blocks, H, B] of the regions of every page."""
+    """Named views [num_blocks, H, B, D] / [num_blocks, H, B] of the regions of every page (V's is
+    a transposed view: its bytes are key-major)."""
     nb = kv_cache.shape[0]
     h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
     k = kv_cache[:, layout.k_data : layout.v_data].view(nb, h, b, d)
-    v = kv_cache[:, layout.v_data : layout.k_scale].view(nb, h, b, d)
+    # V is stored key-major ([H][D][B], page_layout.py): viewed here as [H][B][D] like K
+    v = kv_cache[:, layout.v_data : layout.k_scale].view(nb, h, d, b).transpose(2, 3)
     if not layout.has_scales:
         return k, v, None, None
     ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, b)

@@ -68,6 +68,17 @@ def check_pipelined(k, dynamic: bool, decode: bool, chunks: int) -> None:
         assert scale_copies, "prefill scale loads are not asynchronous copies"
 
 
+def check_v_operand(k) -> None:
+    """The PV product's int8 V operand is read from shared memory in words, not bytes.
+
+    V is stored key-major in the page (page_layout.py) so that the tile lands in shared memory with
+    keys (the PV reduction dimension) contiguous; a D-contiguous V compiled to one ``ld.shared.b8``
+    per element (128 per thread and 128-key decode tile, 256 in a prefill tile) plus the byte
+    permutes to assemble them, the main instruction cost of the loop."""
+    n = k.asm["ptx"].count("ld.shared.b8")
+    assert n == 0, f"{n} byte-wide shared-memory loads: the V tile is no longer key-contiguous"
+
+
 def check_int4_pipelined(k) -> None:
     """As check_pipelined, for int4: the packed K/V bytes and the (scale, zero) words (read a page
     at a time as 32-bit words, _load_sz_tile) are asynchronous copies."""
@@ -139,6 +150,8 @@ def main() -> int:
         )  # fmt: skip
         n += 1
         check_pipelined(k, dynamic=lay.has_scales, decode=cfg.split, chunks=cfg.chunks)
+        if cfg.chunks == 1:
+            check_v_operand(k)
         print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, flush=True)
         if cfg.split:
             compile_one(

@@ -172,7 +172,8 @@ def test_write_e4m3_matches_reference_bitwise(dtype, nkv, head_size, block_size,
     assert torch.equal(cache, ref)
     # K is still int8 (the v_format changes V only), and the V codes are what torch would write.
     kd = cache[:, : lay.v_data].view(nb, nkv, block_size, head_size)
-    vd = cache[:, lay.v_data : lay.k_scale].view(nb, nkv, block_size, head_size)
+    # V is key-major in the page ([H][D][B]); viewed as [H][B][D] like K
+    vd = cache[:, lay.v_data : lay.k_scale].view(nb, nkv, head_size, block_size).transpose(2, 3)
     keep = slots >= 0
     blk, off = slots[keep] // block_size, slots[keep] % block_size
     assert torch.equal(kd[blk, :, off], quantize_int8_static(key[keep], ks))
