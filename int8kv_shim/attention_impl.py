@@ -213,6 +213,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         metadata.split = None
         metadata.num_decodes = metadata.num_decode_tokens = 0
         metadata.prefill_query_start_loc = None
+        metadata.num_splits = self._decode_splits(common_attn_metadata.num_reqs)
         return metadata
 
 

@@ -7,6 +7,7 @@ compared with the torch reference over the dequantized cache. Prints "glue ok" o
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from types import SimpleNamespace
 
@@ -152,6 +153,13 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), f"max abs error {diff.max().item()}"
     err = diff.max().item()
     assert torch.isnan(output[num_tokens:]).all(), "padded rows must stay untouched"
+    # CUDA-graph capture: one launch of our kernels for every sequence, whatever the batch holds
+    capture = builder.build_for_cudagraph_capture(
+        dataclasses.replace(common, seq_lens=common.seq_lens.clone())  # it fills seq_lens with 1
+    )
+    assert capture.split is None and capture.prefill_query_start_loc is None
+    assert capture.num_decodes == 0
+    assert capture.num_splits == builder._decode_splits(len(seq_lens))
     # The profiling run: no metadata, output zeroed, nothing else touched.
     impl.forward(None, query, None, None, kv_cache, None, output)
     assert not output.any()
