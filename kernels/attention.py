@@ -119,6 +119,13 @@ def _load_tile_pages(bt_row, start, key_hi, TILE_N: tl.constexpr, BLOCK_SIZE: tl
 
 
 @triton.jit
+def v_column(page, key, kvh, stride_block, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Byte offset (from the V region) of element 0 of ``key``'s V in head ``kvh``: V is key-major,
+    element d sits ``d * BLOCK_SIZE`` bytes further (page_layout.py)."""
+    return page * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + key % BLOCK_SIZE
+
+
+@triton.jit
 def _load_v_tile(
     cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, V_DATA: tl.constexpr,
@@ -147,7 +154,7 @@ def _load_v_tile(
             # byte there can be an E4M3 NaN code and 0 * NaN is not 0 (int8 codes are all finite)
             v = tl.where(key_ok[:, None], v, 0)
         return v
-    col = page * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + key % BLOCK_SIZE
+    col = v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
     return tl.load(
         cache_ptr + V_DATA + col[:, None] + offs_d[None, :] * BLOCK_SIZE,
         mask=key_ok[:, None],
@@ -303,7 +310,7 @@ def _chunked_kv_loop(
         m_i = m_new
 
         # V is key-major in the page (see _load_v_tile); per key here
-        v_col = page * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + key % BLOCK_SIZE
+        v_col = v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
         v = tl.load(
             cache_ptr + V_DATA + v_col[:, :, None] + offs_d[None, None, :] * BLOCK_SIZE,
             mask=key_ok[:, :, None],

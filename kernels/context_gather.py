@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention import v_column
 from .e4m3 import check_v_format, e4m3_decode
 from .page_layout import PageLayout
 
@@ -81,8 +82,7 @@ def _gather_kv_kernel(
     row = page.to(tl.int64) * stride_block + (kvh * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_SIZE
     m_ctx = is_ctx[:, None]
     kq = tl.load(cache_ptr + K_DATA + row[:, None] + d[None, :], mask=m_ctx, other=0)
-    # V is key-major in the page: element d of slot t at (kvh*D + d)*B + t
-    v_col = page.to(tl.int64) * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE + t % BLOCK_SIZE
+    v_col = v_column(page.to(tl.int64), t, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
     vq = tl.load(cache_ptr + V_DATA + v_col[:, None] + d[None, :] * BLOCK_SIZE, mask=m_ctx, other=0)
     if V_E4M3:
         vf = e4m3_decode(vq)  # exact fp32 value, as e4m3_decode_ref
