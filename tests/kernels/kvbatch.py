@@ -6,7 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from int8kv_kernels import Int4PageLayout, PageLayout, paged_attention
+from int8kv_kernels import (
+    Int4PageLayout,
+    PageLayout,
+    get_page_bytes,
+    paged_attention,
+    write_kv_cache,
+)
 from int8kv_kernels.reference import attention_ref, dequantize_cache
 from int8kv_kernels.reference_int4 import dequantize_cache_int4
 
@@ -60,6 +66,14 @@ def make_cache_int4(
     return cache
 
 
+def random_slots(n: int, num_blocks: int, block_size: int, device: str, pad_every: int = 0):
+    """``n`` distinct cache slots at random; every ``pad_every``-th is -1 (a padding token)."""
+    slots = torch.randperm(num_blocks * block_size)[:n]
+    if pad_every:
+        slots[::pad_every] = -1
+    return slots.to(device)
+
+
 @dataclass
 class Batch:
     query: torch.Tensor
@@ -109,6 +123,38 @@ def make_batch(
         max_seq_len=max(seq_lens),
         num_blocks=num_blocks,
     )
+
+
+def write_random_kv(b: Batch, seq_lens: list[int], kv_dtype: str, nkv: int, d: int, bs: int,
+                    device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Write unit-variance K/V of every position of ``b``'s sequences through the write kernel
+    (dynamic-scale dtypes); returns (cache, bf16 K slots, bf16 V slots) for an exact reference."""
+    pages = get_page_bytes(kv_dtype, bs, nkv, d)
+    cache = torch.zeros(b.num_blocks, pages, dtype=torch.int8, device=device)
+    k_slots = torch.zeros(b.num_blocks, bs, nkv, d, dtype=torch.bfloat16, device=device)
+    v_slots = torch.zeros_like(k_slots)
+    for s, n in enumerate(seq_lens):
+        pos = torch.arange(n, device=device)
+        slots = b.block_table[s, pos // bs].long() * bs + pos % bs
+        key = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
+        value = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
+        write_kv_cache(key, value, cache, slots, kv_dtype=kv_dtype, block_size=bs)
+        k_slots.view(-1, nkv, d)[slots] = key
+        v_slots.view(-1, nkv, d)[slots] = value
+    return cache, k_slots, v_slots
+
+
+# The GPU variants of the attention tests (int8, int8_static / E4M3, int4) at real sizes:
+# (name, q_lens, seq_lens, q_heads, kv_heads, head_size, block_size, extra kwargs)
+GPU_CASES = [
+    ("decode_b8_4k", [1] * 8, [4096, 4000, 3000, 4096, 17, 1, 2048, 4095], 32, 8, 128, 16, {}),
+    ("decode_d256", [1] * 4, [2048, 100, 3000, 5], 16, 2, 256, 16, {}),
+    ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, 16, {}),
+    ("prefill_2k_on_8k", [2048], [8192], 32, 8, 128, 16, {}),
+    ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, 32, {}),
+    ("window_softcap", [1, 200, 1], [3000, 800, 50], 16, 4, 128, 16,
+     {"sliding_window": 512, "soft_cap": 30.0}),
+]  # fmt: skip
 
 
 def run_attention(

@@ -6,9 +6,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvbatch import assert_close_bf16, make_batch, make_cache, reference, run_attention
+from kvbatch import GPU_CASES as KV_GPU_CASES
+from kvbatch import (
+    assert_close_bf16,
+    make_batch,
+    make_cache,
+    reference,
+    run_attention,
+    write_random_kv,
+)
 
-from int8kv_kernels import PageLayout, make_workspace, write_kv_cache
+from int8kv_kernels import make_workspace
 from int8kv_kernels.reference import attention_ref
 
 # (name, q_lens, seq_lens, nq, nkv, head_size, block_size, extra kwargs)
@@ -128,18 +136,7 @@ def test_attention_random_batches(data, group, nkv, bs, window, kv_dtype):
 def _quant_error(q_lens, seq_lens, nq, nkv, d, bs, device):
     """Max abs error of INT8 attention vs the same attention on the unquantized bf16 K/V."""
     b = make_batch(q_lens, seq_lens, nq, d, bs, device)
-    lay = PageLayout("int8", bs, nkv, d)
-    cache = torch.zeros(b.num_blocks, lay.page_bytes, dtype=torch.int8, device=device)
-    k_slots = torch.zeros(b.num_blocks, bs, nkv, d, dtype=torch.bfloat16, device=device)
-    v_slots = torch.zeros_like(k_slots)
-    for s, n in enumerate(seq_lens):
-        pos = torch.arange(n, device=device)
-        slots = b.block_table[s, pos // bs].long() * bs + pos % bs
-        key = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
-        value = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
-        write_kv_cache(key, value, cache, slots, kv_dtype="int8", block_size=bs)
-        k_slots.view(-1, nkv, d)[slots] = key
-        v_slots.view(-1, nkv, d)[slots] = value
+    cache, k_slots, v_slots = write_random_kv(b, seq_lens, "int8", nkv, d, bs, device)
     out = run_attention(b, cache, kv_dtype="int8", block_size=bs, nkv=nkv)
     exact = attention_ref(b.query, k_slots, v_slots, query_start_loc=b.query_start_loc,
                           seq_lens=b.seq_lens, block_table=b.block_table, softmax_scale=d**-0.5)  # fmt: skip
@@ -173,22 +170,9 @@ def test_quantization_error_bound(d, device):
 # ---- GPU: the same checks at real sizes ----------------------------------------------------------
 
 GPU_CASES = [
-    ("decode_b8_4k", [1] * 8, [4096, 4000, 3000, 4096, 17, 1, 2048, 4095], 32, 8, 128, 16, {}),
+    *KV_GPU_CASES[:1],
     ("decode_b2_32k", [1, 1], [32768, 20000], 28, 4, 128, 16, {}),
-    ("decode_d256", [1] * 4, [2048, 100, 3000, 5], 16, 2, 256, 16, {}),
-    ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, 16, {}),
-    ("prefill_2k_on_8k", [2048], [8192], 32, 8, 128, 16, {}),
-    ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, 32, {}),
-    (
-        "window_softcap",
-        [1, 200, 1],
-        [3000, 800, 50],
-        16,
-        4,
-        128,
-        16,
-        {"sliding_window": 512, "soft_cap": 30.0},
-    ),
+    *KV_GPU_CASES[1:],
     ("prefill_d256", [700], [1500], 8, 8, 256, 16, {}),
 ]
 

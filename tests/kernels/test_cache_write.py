@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvbatch import random_slots
 
 from int8kv_kernels import PageLayout, write_kv_cache
 from int8kv_kernels.reference import dequantize_cache, quantize_int8, write_kv_cache_ref
@@ -24,13 +25,6 @@ def _write_both(
     return cache, ref
 
 
-def _slots(n, num_blocks, block_size, device, pad_every=0):
-    slots = torch.randperm(num_blocks * block_size)[:n]
-    if pad_every:
-        slots[::pad_every] = -1
-    return slots.to(device)
-
-
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32)])
@@ -44,7 +38,7 @@ def test_write_matches_reference_bitwise(kv_dtype, dtype, nkv, head_size, block_
     if kv_dtype == "int8_static":
         ks = torch.rand(nkv, device=device) * 0.05 + 0.01
         vs = torch.rand(nkv, device=device) * 0.05 + 0.01
-    slots = _slots(n, nb, block_size, device, pad_every=5)
+    slots = random_slots(n, nb, block_size, device, pad_every=5)
     cache, ref = _write_both(key, value, nb, block_size, slots, kv_dtype, device, ks, vs)
     assert torch.equal(cache, ref)
 
@@ -109,7 +103,7 @@ def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device):
     ks = vs = None
     if kv_dtype == "int8_static":
         ks, vs = torch.full((nkv,), 0.02, device=device), torch.full((nkv,), 0.03, device=device)
-    slots = _slots(n, 2, bs, device).int()
+    slots = random_slots(n, 2, bs, device).int()
     cache, ref = _write_both(key, value, 2, bs, slots, kv_dtype, device, ks, vs)
     assert torch.equal(cache, ref)
 
@@ -141,7 +135,7 @@ def test_write_random_magnitudes(n, nkv, scale_exp, pad, fp16):
         mag = min(mag, 1000.0)
     key = (torch.randn(n, nkv, 64) * mag).to(dtype)
     value = (torch.randn(n, nkv, 64) * mag).to(dtype)
-    slots = _slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
+    slots = random_slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
     cache, ref = _write_both(key, value, 2, 16, slots, "int8", "cpu")
     assert torch.equal(cache, ref)
 
@@ -157,6 +151,6 @@ def test_write_real_size_gpu(kv_dtype):
     if kv_dtype == "int8_static":
         ks = torch.rand(nkv, device="cuda") * 0.05 + 0.01
         vs = torch.rand(nkv, device="cuda") * 0.05 + 0.01
-    slots = _slots(n, nb, bs, "cuda", pad_every=7)
+    slots = random_slots(n, nb, bs, "cuda", pad_every=7)
     cache, ref = _write_both(key, value, nb, bs, slots, kv_dtype, "cuda", ks, vs)
     assert torch.equal(cache, ref)

@@ -7,7 +7,14 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from kvbatch import assert_close_bf16, make_batch, make_cache, reference, run_attention
+from kvbatch import (
+    GPU_CASES,
+    assert_close_bf16,
+    make_batch,
+    make_cache,
+    reference,
+    run_attention,
+)
 
 from int8kv_kernels import PageLayout, write_kv_cache
 from int8kv_kernels.e4m3 import (
@@ -312,16 +319,6 @@ def test_e4m3_error_bound(d, device):
 
 
 # ---- GPU: the same checks at real sizes --------------------------------------------------------
-
-_WINDOW_SOFTCAP = {"sliding_window": 512, "soft_cap": 30.0}
-GPU_CASES = [
-    ("decode_b8_4k", [1] * 8, [4096, 4000, 3000, 4096, 17, 1, 2048, 4095], 32, 8, 128, 16, {}),
-    ("decode_d256", [1] * 4, [2048, 100, 3000, 5], 16, 2, 256, 16, {}),
-    ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, 16, {}),
-    ("prefill_2k_on_8k", [2048], [8192], 32, 8, 128, 16, {}),
-    ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, 32, {}),
-    ("window_softcap", [1, 200, 1], [3000, 800, 50], 16, 4, 128, 16, _WINDOW_SOFTCAP),
-]
 
 
 @pytest.mark.gpu

@@ -6,7 +6,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvbatch import assert_close_bf16, make_batch, make_cache, reference, run_attention
+from kvbatch import GPU_CASES as KV_GPU_CASES
+from kvbatch import (
+    assert_close_bf16,
+    make_batch,
+    make_cache,
+    reference,
+    run_attention,
+    write_random_kv,
+)
 
 from int8kv_kernels import Int4PageLayout, make_workspace, write_kv_cache
 from int8kv_kernels.hadamard import rotate
@@ -132,27 +140,10 @@ def test_int4_attention_random_batches(data, group, nkv, bs, d, window):
 # ---- quantization error ------------------------------------------------------------------------
 
 
-def _write_random(b, seq_lens, nkv, d, bs, device, outlier=1.0):
-    """Write unit-variance K/V through the kernel; returns (int4 cache, bf16 K slots, V slots)."""
-    lay = Int4PageLayout(bs, nkv, d)
-    cache = torch.zeros(b.num_blocks, lay.page_bytes, dtype=torch.int8, device=device)
-    k_slots = torch.zeros(b.num_blocks, bs, nkv, d, dtype=torch.bfloat16, device=device)
-    v_slots = torch.zeros_like(k_slots)
-    for s, n in enumerate(seq_lens):
-        pos = torch.arange(n, device=device)
-        slots = b.block_table[s, pos // bs].long() * bs + pos % bs
-        key = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
-        value = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
-        write_kv_cache(key, value, cache, slots, kv_dtype="int4", block_size=bs)
-        k_slots.view(-1, nkv, d)[slots] = key
-        v_slots.view(-1, nkv, d)[slots] = value
-    return cache, k_slots, v_slots
-
-
 def _quant_error(q_lens, seq_lens, nq, nkv, d, bs, device):
     """(rms, max) abs error of int4 attention vs the same attention on the bf16 K/V."""
     b = make_batch(q_lens, seq_lens, nq, d, bs, device)
-    cache, k_slots, v_slots = _write_random(b, seq_lens, nkv, d, bs, device)
+    cache, k_slots, v_slots = write_random_kv(b, seq_lens, "int4", nkv, d, bs, device)
     out = run_attention(b, cache, **ARGS, block_size=bs, nkv=nkv)
     exact = attention_ref(b.query, k_slots, v_slots, query_start_loc=b.query_start_loc,
                           seq_lens=b.seq_lens, block_table=b.block_table, softmax_scale=d**-0.5)  # fmt: skip
@@ -220,16 +211,7 @@ def test_rotation_reduces_error_with_an_outlier_channel():
 
 # ---- GPU: the same checks at real sizes ----------------------------------------------------------
 
-GPU_CASES = [
-    ("decode_b8_4k", [1] * 8, [4096, 4000, 3000, 4096, 17, 1, 2048, 4095], 32, 8, 128, 16, {}),
-    ("decode_d256", [1] * 4, [2048, 100, 3000, 5], 16, 2, 256, 16, {}),
-    ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, 16, {}),
-    ("prefill_2k_on_8k", [2048], [8192], 32, 8, 128, 16, {}),
-    ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, 32, {}),
-    ("window_softcap", [1, 200, 1], [3000, 800, 50], 16, 4, 128, 16,
-     {"sliding_window": 512, "soft_cap": 30.0}),
-    ("prefill_d256", [700], [1500], 8, 8, 256, 16, {}),
-]  # fmt: skip
+GPU_CASES = [*KV_GPU_CASES, ("prefill_d256", [700], [1500], 8, 8, 256, 16, {})]
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvbatch import random_slots
 
 from int8kv_kernels import Int4PageLayout, get_page_bytes, write_kv_cache
 from int8kv_kernels.catalogue import get_dtype
@@ -119,13 +120,6 @@ def _write_both(key, value, num_blocks, block_size, slots, device):
     return cache, ref
 
 
-def _slots(n, num_blocks, block_size, device, pad_every=0):
-    slots = torch.randperm(num_blocks * block_size)[:n]
-    if pad_every:
-        slots[::pad_every] = -1
-    return slots.to(device)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32), (1, 256, 16), (4, 256, 32)]
@@ -139,7 +133,7 @@ def test_write_int4_matches_reference_bitwise(dtype, nkv, head_size, block_size,
     value[2, -1] = 0
     value[2, -1, 0] = 2.5  # a * e_0 rotates to the constant a / sqrt(D): constant groups
     key[3, 0, :4] = 1e4  # large values in one head
-    slots = _slots(n, nb, block_size, device, pad_every=4)
+    slots = random_slots(n, nb, block_size, device, pad_every=4)
     cache, ref = _write_both(key, value, nb, block_size, slots, device)
     assert torch.equal(cache, ref)
     _, _, ksz, vsz = _views(cache, Int4PageLayout(block_size, nkv, head_size))
@@ -214,7 +208,7 @@ def test_int4_non_contiguous_inputs_and_int32_slots(device):
     qkv = torch.randn(n, 3 * nkv, d, device=device, dtype=torch.bfloat16)
     key, value = qkv[:, nkv : 2 * nkv], qkv[:, 2 * nkv :]
     assert not key.is_contiguous()
-    slots = _slots(n, 2, bs, device).int()
+    slots = random_slots(n, 2, bs, device).int()
     cache, ref = _write_both(key, value, 2, bs, slots, device)
     assert torch.equal(cache, ref)
 
@@ -247,7 +241,7 @@ def test_write_int4_random_magnitudes(n, nkv, d, scale_exp, pad, fp16):
         mag = min(mag, 1000.0)
     key = (torch.randn(n, nkv, d) * mag).to(dtype)
     value = (torch.randn(n, nkv, d) * mag).to(dtype)
-    slots = _slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
+    slots = random_slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
     cache, ref = _write_both(key, value, 2, 16, slots, "cpu")
     assert torch.equal(cache, ref)
 
@@ -258,6 +252,6 @@ def test_write_int4_real_size_gpu():
     key = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16) * 4
     value = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16)
     key[:3] = 0
-    slots = _slots(n, nb, bs, "cuda", pad_every=7)
+    slots = random_slots(n, nb, bs, "cuda", pad_every=7)
     cache, ref = _write_both(key, value, nb, bs, slots, "cuda")
     assert torch.equal(cache, ref)
