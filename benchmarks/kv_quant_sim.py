@@ -198,8 +198,8 @@ def main() -> None:
     windows = [ids[i * args.window : (i + 1) * args.window].to(args.device) for i in range(n)]
     d = model.config.head_dim
 
+    tokens = sum(w.numel() - 1 for w in windows)  # scored: every token but each window's first
     per_window: dict[str, list[float]] = {}
-    tokens = 0
     start = time.time()
     for v in variants:
         current[0] = v
@@ -207,7 +207,6 @@ def main() -> None:
         for w in tqdm(windows, desc=v.name, file=sys.stderr):
             total, count = window_nll(model, w)
             nll.append(total / count)
-            tokens = count * n
         per_window[v.name] = nll
     base = per_window[variants[0].name]
     rows = []
