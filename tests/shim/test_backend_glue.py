@@ -21,3 +21,12 @@ def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> Non
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert f"glue ok ({' '.join(args)}," in run.stdout
+    # FlashAttention-2 raising on a batch: one warning through vLLM's logger, saying what happened
+    # and how to skip the attempt; nothing of the kind when it works
+    warning = "FlashAttention-2 failed on a prefill (RuntimeError: FlashAttention only supports"
+    log = run.stdout + run.stderr
+    if "broken" in args:
+        assert log.count(warning) == 1, log[-4000:]
+        assert "set INT8KV_PREFILL=triton to skip the attempt" in log
+    else:
+        assert warning not in log
