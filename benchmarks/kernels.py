@@ -4,7 +4,8 @@
 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
 Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
-int8_per_token_head cache), and ours: ``int8``, ``int8_static``. vLLM is imported only for its
+int8_per_token_head cache), and ours: ``int8``, ``int8_static``, ``int4``; for prefill also
+``int8_fa2`` / ``int8_static_fa2``, the context gather + FlashAttention-2 the shim runs there. vLLM is imported only for its
 three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
 
 Timing: each op is captured in a CUDA graph (as vLLM runs decode) and the replay is timed with
@@ -47,6 +48,14 @@ BLOCK = 16
 L2_BYTES = 60 << 20
 SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
 IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static", "int4"]
+# Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
+# (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
+# FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
+VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
+
+
+def kv_dtype(impl: str) -> str:
+    return VIA_FA2.get(impl, impl)
 
 
 def graph_ms(fn: Callable[[], None], reps: int = 1) -> float:
@@ -77,7 +86,7 @@ def kv_bytes_per_token(impl: str, nkv: int, d: int) -> int:
         return nkv * 2 * d * 2
     if impl == "upstream_int8_pth":
         return nkv * 2 * (d + 4)
-    return K.get_page_bytes(impl, BLOCK, nkv, d) // BLOCK
+    return K.get_page_bytes(kv_dtype(impl), BLOCK, nkv, d) // BLOCK
 
 
 class Cache:
@@ -103,7 +112,7 @@ class Cache:
             self.raw[:, lay.k_sz :].view(torch.float16).uniform_(0.005, 0.02)  # scales, zeros
             self.sk = self.sv = None  # no static scales
         else:
-            lay = K.PageLayout(impl, BLOCK, nkv, d)
+            lay = K.PageLayout(kv_dtype(impl), BLOCK, nkv, d)
             self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
                                      device=DEV)  # fmt: skip
             if lay.has_scales:
@@ -143,6 +152,27 @@ def attention_fn(impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int,
             kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD if quant else KVQuantMode.NONE,
             k_scale_cache=cache.ks if quant else None, v_scale_cache=cache.vs if quant else None,
         )  # fmt: skip
+    if impl in VIA_FA2:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        new_k = torch.randn(q.shape[0], cache.nkv, d, device=DEV, dtype=q.dtype)
+        new_v = torch.randn_like(new_k)
+        cu_k = torch.zeros(seq_lens.shape[0] + 1, device=DEV, dtype=torch.int32)
+        cu_k[1:] = seq_lens.cumsum(0)
+        total = int(cu_k[-1])
+
+        def via_fa2() -> None:
+            k, v = K.gather_kv_context(
+                cache.raw, new_k, new_v, kv_dtype=kv_dtype(impl), block_size=BLOCK,
+                block_table=bt, cu_seqlens_q=qsl, cu_seqlens_k=cu_k, max_seqlen_k=max_s,
+                num_k_tokens=total, k_scale=cache.sk, v_scale=cache.sv,
+            )  # fmt: skip
+            flash_attn_varlen_func(
+                q, k, v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q, cu_seqlens_k=cu_k,
+                max_seqlen_k=max_s, softmax_scale=scale, causal=True, fa_version=2,
+            )  # fmt: skip
+
+        return via_fa2
     ws = K.make_workspace(q.shape[0], q.shape[1], d, device=DEV)
     return lambda: K.paged_attention(
         q, cache.raw, out, kv_dtype=impl, block_size=BLOCK, num_kv_heads=cache.nkv,
@@ -276,8 +306,10 @@ def main() -> None:
             for ctx in ctxs:
                 for impl in args.impls:
                     attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
-        for impl in args.impls:  # prefill: 2K new tokens on an 8K context, batch 1
+        prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
+        for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
             attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
+        for impl in args.impls:
             attempt(impl, bench_write, nq, nkv, d)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

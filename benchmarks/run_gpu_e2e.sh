@@ -4,7 +4,8 @@
 #   bash benchmarks/run_gpu_e2e.sh stage                 # bundle + package only (check it imports)
 #   bash benchmarks/run_gpu_e2e.sh kernels [args]        # gpu-marked kernel tests, then
 #        benchmarks/kernels.py [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
-#   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked (~8-10 min)
+#   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked: over one
+#        10-minute call on an H200; split it: -k "not preempt" (~8 min) then -k preempt (~4 min)
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
 #   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
 #   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
@@ -14,7 +15,7 @@
 #
 #   bash benchmarks/run_gpu_e2e.sh soak [args] [-- vllm serve args]   # benchmarks/soak.py (~4-6 min)
 #   bash benchmarks/run_gpu_e2e.sh longctx [args]        # benchmarks/long_context.py (~5-8 min)
-#   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5-8 min)
+#   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5 min)
 #
 #   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
 #        returns at most 8 files: end every call with this)

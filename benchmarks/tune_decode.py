@@ -40,6 +40,22 @@ SPLIT_FACTORS = (1, 2, 4)
 SHAPES = [(32, 8192), (8, 8192), (128, 1024), (8, 1024), (1, 32768), (64, 32768)]
 
 
+def _fixed_config(tile_n: int, warps: int, stages: int, chunks: int):
+    """A stand-in for ``attention._choose_config`` that always returns this decode config.
+
+    Takes whatever arguments _choose_config takes (only the GQA group, the first, matters here):
+    a fixed signature broke silently once _choose_config gained an argument (every config then
+    failed to compile, with the new argument taken as the tile size).
+    """
+
+    def choose(group: int, *_args, **_kwargs) -> A._Config:
+        return A._Config(
+            max(16, triton.next_power_of_2(group)), tile_n, warps, stages, True, chunks
+        )
+
+    return choose
+
+
 def main() -> None:
     torch.manual_seed(0)
     bw = copy_bw()
@@ -63,9 +79,7 @@ def main() -> None:
             scales = torch.full((nkv,), 0.01, device="cuda")
             for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:3] + CONFIGS[-3:]:
                 for ns in sorted({min(32, heur * f) for f in SPLIT_FACTORS}):
-                    A._choose_config = lambda g, hd, mq, tn=tn, w=w, st=st, ch=ch: A._Config(
-                        max(16, triton.next_power_of_2(g)), tn, w, st, True, ch
-                    )
+                    A._choose_config = _fixed_config(tn, w, st, ch)
 
                     def run(ns=ns):
                         for c in caches:

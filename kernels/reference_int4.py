@@ -104,8 +104,11 @@ def write_kv_cache_int4_ref(
     keep = slot_mapping >= 0  # negative slots are padding tokens
     slots = slot_mapping[keep].long()
     blk, off = slots // block_size, slots % block_size
-    for x, data, sz in ((key[keep], kd, ksz), (value[keep], vd, vsz)):
-        codes, scale, zero = quantize_int4(rotate(x), layout.group_size)
+    for x, data, sz in ((key, kd, ksz), (value, vd, vsz)):
+        # Rotate all n tokens, as the kernel's wrapper does, and drop padding after: cuBLAS picks
+        # its fp32 GEMM algorithm (reduction order) by shape, so rotating only the kept rows can
+        # differ in the last bit on a GPU and flip a code at a rounding boundary.
+        codes, scale, zero = quantize_int4(rotate(x)[keep], layout.group_size)
         # Advanced indices on dims 0 and 2 around a slice: the indexed view is [tokens, H, ...].
         data[blk, :, off] = pack_int4(codes)
         sz[blk, :, off] = torch.stack([scale, zero], dim=-1)

@@ -21,8 +21,10 @@ rank reading the other rank's heads or a wrong scale gives real mismatches at th
 
 ``int8_static``: one calibration file (``int8kv calibrate`` at TP=1, holding both KV heads) serves
 TP=1 and TP=2 (each rank takes its own head's scales); compared the same way.
-``INT8KV_E2E_TP_DTYPES`` (default ``int8,int8_static``) picks the dtypes; ``auto`` adds the BF16
-control (how much TP=2 alone moves greedy outputs on this model).
+``INT8KV_E2E_TP_DTYPES`` (default ``auto,int8,int8_static``) picks the dtypes. ``auto`` is the BF16
+control, how much TP=2 alone moves greedy outputs on this model: with it listed, each quantized
+dtype must also stay within ``SLACK`` of it (measured on 2 H200s, 72 prompts: BF16 50/72
+identical, ``int8`` 46/72, every divergence a near tie with a logprob gap of at most 0.016 nats).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import MAX_MODEL_LEN, compare_greedy  # noqa: E402
+from e2e_support import MAX_MODEL_LEN, SLACK, Comparison, compare_greedy  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,7 +48,7 @@ pytestmark = [
 
 TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))
 TP_DTYPES = [
-    d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "int8,int8_static").split(",")
+    d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static").split(",")
 ]
 GEN_TOKENS = 32
 COMMON = {
@@ -122,14 +124,26 @@ def _run_tp(
     return engine(f"tp_tiny_{dtype}_tp{tp}", kw, [_prompts_phase(prompts)], shim)
 
 
-@pytest.mark.parametrize("dtype", TP_DTYPES)
-def test_tp2_matches_tp1(
-    request, engine, tiny_model_dir, prompts, dtype: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _tp2_vs_tp1(request, engine, tiny_model_dir, prompts, dtype: str, monkeypatch) -> Comparison:
     scales = request.getfixturevalue("tiny_scales") if dtype == "int8_static" else None
     tp1 = _run_tp(engine, tiny_model_dir, prompts, dtype, 1, monkeypatch, scales)
     tp2 = _run_tp(engine, tiny_model_dir, prompts, dtype, 2, monkeypatch, scales)
     cmp = compare_greedy(tp1["phases"]["ref"], tp2["phases"]["ref"], n=GEN_TOKENS)
     print(f"tiny {dtype} TP=2 vs TP=1: {cmp.summary()}")
     print(f"engines: TP=1 {tp1['engine']}, TP=2 {tp2['engine']}")
+    return cmp
+
+
+@pytest.mark.parametrize("dtype", TP_DTYPES)
+def test_tp2_matches_tp1(
+    request, engine, tiny_model_dir, prompts, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cmp = _tp2_vs_tp1(request, engine, tiny_model_dir, prompts, dtype, monkeypatch)
     assert not cmp.mismatch and cmp.identical_fraction >= TINY_MIN, cmp.summary()
+    if dtype != "auto" and "auto" in TP_DTYPES:
+        # As close to TP=1 as BF16's own TP=2 is (engines run once: the auto case's are reused).
+        control = _tp2_vs_tp1(request, engine, tiny_model_dir, prompts, "auto", monkeypatch)
+        assert cmp.identical_fraction >= control.identical_fraction - SLACK, (
+            f"{dtype}: {cmp.identical}/{cmp.total} identical, BF16 control "
+            f"{control.identical}/{control.total} (slack {SLACK})"
+        )

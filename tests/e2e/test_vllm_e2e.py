@@ -39,13 +39,18 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import GEN_TOKENS, MAX_MODEL_LEN, Comparison, compare_greedy  # noqa: E402
+from e2e_support import (  # noqa: E402
+    GEN_TOKENS,
+    MAX_MODEL_LEN,
+    SLACK,
+    Comparison,
+    compare_greedy,
+)
 
 pytestmark = pytest.mark.gpu
 
 # issue 4's bar (int8 vs BF16 identical for >= 90% of prompts): off unless set, see the docstring
 CROSS_MIN = float(os.environ.get("INT8KV_E2E_CROSS_MIN", "0"))
-SLACK = float(os.environ.get("INT8KV_E2E_SLACK", "0.15"))
 TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))  # see the tiny model's test
 # upstream's int8 cache: the control of the int8-vs-BF16 comparison
 UPSTREAM = "int8_per_token_head"
@@ -69,6 +74,10 @@ PREEMPT_BLOCKS = int(os.environ.get("INT8KV_E2E_PREEMPT_BLOCKS", "200"))
 # fit at once. With only 32 tokens vLLM measured 0 preemptions (H200): admission stops early
 # enough that 2 more blocks per sequence were always free.
 PREEMPT_TOKENS = int(os.environ.get("INT8KV_E2E_PREEMPT_TOKENS", "256"))
+# ... over the first PREEMPT_PROMPTS prompts only (one round of 24): that cache runs one to three
+# sequences at a time, so all 72 took 151 s per engine on the H200 (29 preemptions with int8), and
+# with the BF16 control the test outgrew a 10-minute GPU call.
+PREEMPT_PROMPTS = int(os.environ.get("INT8KV_E2E_PREEMPT_PROMPTS", "24"))
 # The dtypes under test (default int8, issue 4's subject; int8_static needs INT8KV_SCALES, int4
 # can be listed too). The BF16 and upstream controls run whatever is listed.
 DTYPES = [d.strip() for d in os.environ.get("INT8KV_E2E_DTYPES", "int8").split(",") if d.strip()]
@@ -176,7 +185,7 @@ def _smol_preempt(engine, smollm2_dir, prompts, dtype: str) -> dict[str, Any]:
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(smollm2_dir), "enforce_eager": True}
     kw |= {"enable_prefix_caching": False, "num_gpu_blocks_override": PREEMPT_BLOCKS}
-    phases = [_phase("ref", prompts, True, max_tokens=PREEMPT_TOKENS)]
+    phases = [_phase("ref", prompts[:PREEMPT_PROMPTS], True, max_tokens=PREEMPT_TOKENS)]
     return engine(f"smol_{dtype}_preempt", kw, phases, shim)
 
 
@@ -238,6 +247,7 @@ def test_preemption_matches_unpreempted(engine, smollm2_dir, prompts, dtype) -> 
         print(f"{kv} preemption run: {run['engine']}, {pre} preemptions")
         assert pre is not None, "no scheduler stats (disable_log_stats must be False)"
         assert pre > 0, f"{kv}: no preemption with {run['engine']['kv_cache_tokens']} KV tokens"
+        eager = {key: eager[key][:PREEMPT_PROMPTS] for key in ("token_ids", "logprobs")}
         return compare_greedy(eager, run["phases"]["ref"])  # over the first GEN_TOKENS
 
     _assert_like_control(
