@@ -27,32 +27,37 @@ def _rint(x):
     return (x + _RINT_MAGIC) - _RINT_MAGIC
 
 
+# Tokens of the batch per program (one kv-head each). V is key-major in the page ([H][D][B]), so
+# one token's V is D single bytes B apart; storing a tile of consecutive tokens with the token
+# fastest across threads puts a warp's 32 byte stores into one or two 32-byte sectors when their
+# slots are consecutive (a prefill), instead of one sector per two bytes. 16 tokens x 1 kv-head is
+# as many bytes per program as 1 token x 8 kv-heads was, and 128 programs for 256 tokens x 8 heads.
+# sm80 st.global/program, H=8 D=128 B=16 bf16: was 8 b8+1 v2.b32+2 b16, now 16 b8+1 v4.b32+2 b16
+_TILE_T = 16
+
+
 @triton.jit
 def _quantize_store(
-    x_ptr,
-    stride_xh,
+    x_ptr,  # [TILE_T] row pointers: this kv-head of each token of the tile
     cache_ptr,
     cache16_ptr,
-    page_off,  # byte offset of this token's page (int64)
+    page_off,  # [TILE_T] byte offset of each token's page (int64)
+    slot_in_block,  # [TILE_T]
+    valid,  # [TILE_T] token inside the batch and not padding
+    head,
     data_off: tl.constexpr,
     scale_off: tl.constexpr,
-    slot_in_block,
     static_scale_ptr,
-    NUM_KV_HEADS: tl.constexpr,
-    H_PAD: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_T: tl.constexpr,
     DYNAMIC: tl.constexpr,
     E4M3: tl.constexpr,  # store E4M3FN codes instead of int8 integers (static scales only)
     KEY_MAJOR: tl.constexpr = False,  # V: element d of slot t at (h*D + d)*B + t (page_layout.py)
 ):
-    offs_h = tl.arange(0, H_PAD)
     offs_d = tl.arange(0, HEAD_SIZE)
-    mask_h = offs_h < NUM_KV_HEADS
-    x = tl.load(
-        x_ptr + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask_h[:, None], other=0.0
-    ).to(tl.float32)
-    row = offs_h * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
+    x = tl.load(x_ptr[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    row = head * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
     # NaN/Inf handling is spelled out with comparisons (false for NaN on every target) because
     # tl.maximum / tl.max treat NaN differently on the GPU (ignored) and in the interpreter
     # (propagated). README "Limitations" documents the outcome; reference.py is its specification.
@@ -68,27 +73,41 @@ def _quantize_store(
         scale = tl.div_rn(absmax, _QMAX)
         scale = tl.minimum(tl.maximum(scale, _SCALE_MIN), _SCALE_MAX).to(tl.float16)
         stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
-        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, stored, mask=mask_h)
-        scale = scale.to(tl.float32)  # divide by the stored scale: dequant == q * stored scale
+        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, stored, mask=valid)
+        # divide by the stored scale: dequant == q * stored scale
+        y = tl.div_rn(x, scale.to(tl.float32)[:, None])
     else:
-        scale = tl.load(static_scale_ptr + offs_h, mask=mask_h, other=1.0).to(tl.float32)
+        scale = tl.load(static_scale_ptr + head).to(tl.float32)
         if not E4M3:
             # No per-token scale to flag with: NaN stores 0, +-Inf saturates at +-127 (the clamp
             # below). E4M3 codes saturate NaN and +-Inf at +-448 themselves (e4m3.py).
             x = tl.where(x == x, x, 0.0)
-    y = tl.div_rn(x, scale[:, None])
+        y = tl.div_rn(x, scale)
     if E4M3:
         q = e4m3_encode(y)  # saturates to +-448 itself
     else:
         q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
+    page = cache_ptr + page_off + data_off
     if KEY_MAJOR:
-        addr = (offs_h[:, None] * HEAD_SIZE + offs_d[None, :]) * BLOCK_SIZE + slot_in_block
+        # Flattened [D, TILE_T], token fastest: a 1-D store has one order, so neighbouring threads
+        # take neighbouring tokens whatever Triton's tie-break between the dimensions of a 2-D
+        # store whose addresses it cannot prove contiguous (it changed between releases). The
+        # transpose goes through shared memory; each thread then stores single bytes.
+        addr = (head * HEAD_SIZE + offs_d[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
+        flat: tl.constexpr = HEAD_SIZE * TILE_T
+        mask = tl.broadcast_to(valid[None, :], (HEAD_SIZE, TILE_T))
+        tl.store(
+            tl.reshape(page[None, :] + addr, flat),
+            tl.reshape(tl.trans(q), flat),
+            mask=tl.reshape(mask, flat),
+        )
     else:
+        # K rows are D contiguous bytes: vectorized stores along D.
         addr = row[:, None] * HEAD_SIZE + offs_d[None, :]
-    tl.store(cache_ptr + page_off + data_off + addr, q, mask=mask_h[:, None])
+        tl.store(page[:, None] + addr, q, mask=valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_kernel(
     key_ptr,
     value_ptr,
@@ -97,15 +116,15 @@ def _write_kv_kernel(
     slot_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    num_tokens,
     stride_kt,
     stride_kh,
     stride_vt,
     stride_vh,
     stride_block,  # bytes between pages (>= page_bytes when vLLM pads pages)
-    NUM_KV_HEADS: tl.constexpr,
-    H_PAD: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_T: tl.constexpr,
     K_DATA: tl.constexpr,
     V_DATA: tl.constexpr,
     K_SCALE: tl.constexpr,
@@ -113,22 +132,23 @@ def _write_kv_kernel(
     DYNAMIC: tl.constexpr,
     V_E4M3: tl.constexpr,
 ):
-    # One program per token, all kv-heads of K and V: one launch row per token keeps the grid
-    # independent of the data (CUDA-graph safe) and the loads wide.
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:  # padding token
-        return
-    block = slot // BLOCK_SIZE
+    # One program per (tile of TILE_T consecutive tokens of the batch, kv-head): the grid depends
+    # on the shapes only (CUDA-graph safe). The tile's tokens may sit on any pages, in any order.
+    head = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
+    in_batch = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=in_batch, other=-1).to(tl.int64)
+    valid = in_batch & (slot >= 0)  # negative slot: padding token
     off = slot % BLOCK_SIZE
-    page_off = block * stride_block
+    page_off = (slot // BLOCK_SIZE) * stride_block
     _quantize_store(
-        key_ptr + t * stride_kt, stride_kh, cache_ptr, cache16_ptr, page_off, K_DATA, K_SCALE,
-        off, k_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, False,
+        key_ptr + t * stride_kt + head * stride_kh, cache_ptr, cache16_ptr, page_off, off, valid,
+        head, K_DATA, K_SCALE, k_scale_ptr, HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, False,
     )  # fmt: skip
     _quantize_store(
-        value_ptr + t * stride_vt, stride_vh, cache_ptr, cache16_ptr, page_off, V_DATA, V_SCALE,
-        off, v_scale_ptr, NUM_KV_HEADS, H_PAD, HEAD_SIZE, BLOCK_SIZE, DYNAMIC, V_E4M3, True,
+        value_ptr + t * stride_vt + head * stride_vh, cache_ptr, cache16_ptr, page_off, off, valid,
+        head, V_DATA, V_SCALE, v_scale_ptr, HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, V_E4M3,
+        True,
     )  # fmt: skip
 
 
@@ -180,7 +200,7 @@ def write_kv_cache(
         return
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
-    _write_kv_kernel[(num_tokens,)](
+    _write_kv_kernel[(triton.cdiv(num_tokens, _TILE_T), num_kv_heads)](
         key,
         value,
         kv_cache,
@@ -188,15 +208,15 @@ def write_kv_cache(
         slot_mapping,
         k_scale if k_scale is not None else dummy,
         v_scale if v_scale is not None else dummy,
+        num_tokens,
         key.stride(0),
         key.stride(1),
         value.stride(0),
         value.stride(1),
         kv_cache.stride(0),
-        NUM_KV_HEADS=num_kv_heads,
-        H_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
+        TILE_T=_TILE_T,
         K_DATA=layout.k_data,
         V_DATA=layout.v_data,
         K_SCALE=layout.k_scale,

@@ -34,8 +34,9 @@ Why this shape:
   memory with keys contiguous and the matrix-multiply operand is read four keys per 32-bit word.
   Stored D-contiguous like K, the same operand compiled to one byte-wide shared-memory load per
   element (int8 has no transposing ``ldmatrix``), the largest instruction cost of the loop
-  (``tests/kernels/compile_sm80.py`` checks it stays gone). The write stores a token's V as D
-  single bytes instead of one row, a small cost next to the reads;
+  (``tests/kernels/compile_sm80.py`` checks it stays gone). A token's V is then D single bytes B
+  apart, so the write stores a tile of consecutive tokens at a time, token fastest across threads:
+  the bytes of consecutive slots share 32-byte sectors (cache_write.py);
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
   same storage (byte offsets / 2), so they cost one small coalesced load per tile.
 

@@ -20,7 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
-from int8kv_kernels.cache_write import _write_kv_kernel  # noqa: E402
+from int8kv_kernels.cache_write import _TILE_T, _write_kv_kernel  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
@@ -79,6 +79,21 @@ def check_v_operand(k) -> None:
     assert n == 0, f"{n} byte-wide shared-memory loads: the V tile is no longer key-contiguous"
 
 
+def check_write_v_store(k, head_size: int) -> None:
+    """The write stores V with neighbouring tokens of its tile on neighbouring threads.
+
+    A token's V is D single bytes B apart in the key-major page; only consecutive tokens across a
+    warp put the byte stores of consecutive slots into shared 32-byte sectors (cache_write.py).
+    Stored as a 2-D [D, tokens] tile instead, Triton 3.6 laid the threads out along D."""
+    ttgir = k.asm["ttgir"]
+    flat = f"tensor<{head_size * _TILE_T}x!tt.ptr<i8>, #"
+    stores = [ln for ln in ttgir.splitlines() if "tt.store" in ln and flat in ln]
+    assert len(stores) == 1, f"{len(stores)} flat [D * tokens] V stores in the write"
+    enc = stores[0].split(flat)[1].split(">")[0]
+    layout = next(ln for ln in ttgir.splitlines() if ln.startswith(f"#{enc} = "))
+    assert "sizePerThread = [1]," in layout and "threadsPerWarp = [32]," in layout, layout
+
+
 def check_int4_pipelined(k) -> None:
     """As check_pipelined, for int4: the packed K/V bytes and the (scale, zero) words (read a page
     at a time as 32-bit words, _load_sz_tile) are asynchronous copies."""
@@ -97,17 +112,18 @@ def main() -> int:
         for dt in ("bf16", "fp16"):
             for nkv, d in ((8, 128), (3, 64), (2, 256)):
                 lay = PageLayout(kv_dtype, 16, nkv, d)
-                compile_one(
+                k = compile_one(
                     _write_kv_kernel,
                     {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*i8",
                      "cache16_ptr": "*fp16", "slot_ptr": "*i64", "k_scale_ptr": "*fp32",
                      "v_scale_ptr": "*fp32"},
-                    dict(NUM_KV_HEADS=nkv, H_PAD=triton.next_power_of_2(nkv), HEAD_SIZE=d,
-                         BLOCK_SIZE=16, K_DATA=lay.k_data, V_DATA=lay.v_data, K_SCALE=lay.k_scale,
-                         V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3"),
+                    dict(HEAD_SIZE=d, BLOCK_SIZE=16, TILE_T=_TILE_T, K_DATA=lay.k_data,
+                         V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
+                         DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3"),
                     num_warps=4,
                 )  # fmt: skip
                 n += 1
+                check_write_v_store(k, d)
                 print("ok write", kv_dtype, v_fmt, dt, nkv, d, flush=True)
     ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
             "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",

@@ -7,21 +7,23 @@ from hypothesis import strategies as st
 from kvbatch import random_slots
 
 from int8kv_kernels import PageLayout, write_kv_cache
+from int8kv_kernels.cache_write import _TILE_T
 from int8kv_kernels.reference import dequantize_cache, quantize_int8, write_kv_cache_ref
 
 
 def _write_both(
-    key, value, num_blocks, block_size, slots, kv_dtype, device, k_scale=None, v_scale=None
-):
+    key, value, num_blocks, block_size, slots, kv_dtype, device, k_scale=None, v_scale=None,
+    v_format="int8",
+):  # fmt: skip
     nkv, d = key.shape[1], key.shape[2]
     lay = PageLayout(kv_dtype, block_size, nkv, d)
     # Random bytes everywhere: slots the kernel must not touch have to keep them.
     cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
     ref = cache.clone()
-    write_kv_cache(key, value, cache, slots, kv_dtype=kv_dtype, block_size=block_size,
-                   k_scale=k_scale, v_scale=v_scale)  # fmt: skip
-    write_kv_cache_ref(key, value, ref, slots, kv_dtype=kv_dtype, block_size=block_size,
-                       k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    kw = dict(kv_dtype=kv_dtype, block_size=block_size, k_scale=k_scale, v_scale=v_scale,
+              v_format=v_format)  # fmt: skip
+    write_kv_cache(key, value, cache, slots, **kw)
+    write_kv_cache_ref(key, value, ref, slots, **kw)
     return cache, ref
 
 
@@ -66,6 +68,31 @@ def test_zero_and_huge_values_stay_finite(dtype, device):
     v_data = cache[0, nkv * bs * d : 2 * nkv * bs * d].view(nkv, d, bs)[:, :, :4]  # key-major
     assert min(int(k_data.min()), int(v_data.min())) >= -127  # symmetric: -128 is never written
     assert (k[1, 0] > 0).all()  # saturated huge values keep their sign
+
+
+@pytest.mark.parametrize("kv_dtype,v_format", [("int8", "int8"), ("int8_static", "int8"),
+                                               ("int8_static", "e4m3")])  # fmt: skip
+def test_token_tiles_across_pages_padding_and_scattered_slots(kv_dtype, v_format, device):
+    # The kernel quantizes and stores tiles of consecutive tokens of the batch together. Tile 0: a
+    # run crossing from page 0 into page 1, padding, descending and scattered slots, a run inside
+    # page 2; tile 1: one whole page; tile 2 (partial): a run, padding, scattered slots.
+    assert _TILE_T == 16, "the slots below are laid out in tiles of 16 tokens"
+    nkv, d, bs, nb = 2, 64, 16, 6
+    slots = ([13, 14, 15, 16, 17, 18, -1, -1, 90, 84, 70, 71, 40, 41, 42, 43]
+             + list(range(48, 64)) + [0, 1, 2, 3, -1, 95, 20, 21])  # fmt: skip
+    slots = torch.tensor(slots, device=device)
+    n = len(slots)
+    key = (torch.randn(n, nkv, d, device=device) * 3).to(torch.bfloat16)
+    value = torch.randn(n, nkv, d, device=device).to(torch.bfloat16)
+    # A non-finite element changes its own (token, head) only, not its tile.
+    key[2, 1, 5] = float("inf")
+    value[9, 0, 7] = float("nan")
+    ks = vs = None
+    if kv_dtype == "int8_static":
+        ks = torch.rand(nkv, device=device) * 0.05 + 0.01
+        vs = torch.rand(nkv, device=device) * 0.01 + (3.0 / 448 if v_format == "e4m3" else 0.02)
+    cache, ref = _write_both(key, value, nb, bs, slots, kv_dtype, device, ks, vs, v_format)
+    assert torch.equal(cache, ref)
 
 
 def test_padding_slots_leave_cache_untouched(device):
