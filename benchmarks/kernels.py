@@ -203,11 +203,17 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len) -> dict:
                 ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
 
 
-def bench_write(impl, nq, nkv, d, tokens=256) -> dict:
+def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
+    """Cache write of ``tokens`` new tokens: random slots (a decode step, one token per sequence)
+    or runs of consecutive slots filling whole pages (a prefill chunk)."""
     num_blocks = 4096
     key = torch.randn(tokens, nkv, d, device=DEV, dtype=torch.bfloat16)
     value = torch.randn_like(key)
-    slots = torch.randperm(num_blocks * BLOCK, device=DEV)[:tokens]
+    if consecutive:
+        pages = torch.randperm(num_blocks, device=DEV)[: -(-tokens // BLOCK)]
+        slots = (pages[:, None] * BLOCK + torch.arange(BLOCK, device=DEV)).flatten()[:tokens]
+    else:
+        slots = torch.randperm(num_blocks * BLOCK, device=DEV)[:tokens]
     c = Cache(impl, num_blocks, nkv, d)
     if impl in ("bf16_fa2", "bf16"):
         from vllm import _custom_ops as ops
@@ -226,7 +232,8 @@ def bench_write(impl, nq, nkv, d, tokens=256) -> dict:
     ms = graph_ms(fn, reps=20)
     moved = 2 * key.numel() * 2 + tokens * kv_bytes_per_token(impl, nkv, d)
     return dict(kernel="write", impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=tokens,
-                ctx=0, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
+                ctx=0, ms=ms, gbs=moved / ms / 1e6,
+                slots="consecutive" if consecutive else "random")  # fmt: skip
 
 
 def plot(result: dict, path: str) -> None:
@@ -311,6 +318,7 @@ def main() -> None:
             attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
         for impl in args.impls:
             attempt(impl, bench_write, nq, nkv, d)
+            attempt(impl, bench_write, nq, nkv, d, 16384, True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

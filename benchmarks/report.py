@@ -62,6 +62,8 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
         nq, nkv, d, batch, ctx = shape
         bw = f"{100 * ours['gbs'] / peak:.0f}%" if kernel == "decode" else "-"
         static, int4 = impl.replace("int8", "int8_static"), impl.replace("int8", "int4")
+        if kernel == "write" and ours.get("slots") == "consecutive":
+            kernel = "write, consecutive slots"
         lines.append(
             f"| {label[impl] or kernel} | {nq}/{nkv}, {d} | {batch} | {ctx if ctx else '-'} | "
             f"{ours['ms'] * 1e3:.1f} | {bw} | {ratio('bf16_fa2')} | {ratio('bf16')} | "
