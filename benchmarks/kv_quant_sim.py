@@ -14,6 +14,15 @@ back after (the factors would fold into q for K and into the output for V). A ca
 implementation could only do worse, so if the oracle does not lower ΔPPL measurably, the real
 thing is not worth building.
 
+KIVI-style rows (``int4_k_per_channel_b<B>``; Liu et al. 2024, "KIVI") quantize K per *channel*
+rather than per token: one fp16 (scale, zero) per (page of B consecutive tokens, kv-head, channel)
+over those B tokens' values of the channel, asymmetric 4-bit; V stays as in ``int4``. Statistics
+are those of each full page of the sequence (the last, partial page over the tokens it has), so a
+token is quantized with statistics of tokens after it in its page: a real cache would keep the most
+recent, partial page in higher precision (KIVI's full-precision residual) and quantize it once
+full. That residual is at most B BF16 tokens per sequence, negligible per token at long context,
+and is not counted in the bytes.
+
     python benchmarks/kv_quant_sim.py --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
 
 Writes ``benchmarks/results/kv_quant_sim.json``:
@@ -53,8 +62,11 @@ class Variant:
     # channel) mean over the window before quantizing (an oracle; softmax is invariant to a
     # vector subtracted from every key, so nothing is added back), "clip" shrinks each group's
     # range to CLIP of its min..max around its middle, "sym" stores symmetric codes (one fp16
-    # scale, no zero point) in groups of half the size: the same bytes as asymmetric ``group``.
+    # scale, no zero point) in groups of half the size: the same bytes as asymmetric ``group``,
+    # "channel" quantizes per channel over pages of ``k_page`` tokens (KIVI-style, see above).
     k_mode: str = ""
+    k_page: int = 0
+    k_rotate: bool | None = None  # K's rotation when it differs from V's (``rotate``)
     group: int = 64
     rotate: bool = True
     var_norm: bool = False
@@ -62,11 +74,21 @@ class Variant:
 
     def for_k(self) -> Variant:
         """The variant K is stored with."""
-        return self if self.k_bits is None else replace(self, bits=self.k_bits, k_bits=None)
+        return replace(
+            self,
+            bits=self.bits if self.k_bits is None else self.k_bits,
+            rotate=self.rotate if self.k_rotate is None else self.k_rotate,
+            k_bits=None,
+            k_rotate=None,
+        )
 
     def bytes_per_token_head(self, d: int) -> float:
         """Bytes of one (token, kv-head) K + V pair in the page (scales included)."""
-        return _bytes(self.for_k().bits, self.group, d) + _bytes(self.bits, self.group, d)
+        if self.k_mode == "channel":  # nibbles + fp16 (scale, zero) per channel per page of tokens
+            k = d / 2 + 4.0 * d / self.k_page
+        else:
+            k = _bytes(self.for_k().bits, self.group, d)
+        return k + _bytes(self.bits, self.group, d)
 
 
 def _bytes(bits: int, group: int, d: int) -> float:
@@ -90,6 +112,11 @@ VARIANTS = [
     Variant("int4_k_mean_oracle", 4, k_mode="mean"),
     Variant("int4_k_clip", 4, k_mode="clip"),
     Variant("int4_k_sym_half_groups", 4, k_mode="sym"),
+    *(
+        Variant(f"int4_k_per_channel_b{b}{suffix}", 4, k_mode="channel", k_page=b, k_rotate=rot)
+        for b in (16, 32, 64)
+        for suffix, rot in (("", True), ("_no_rotation", False))
+    ),
 ]
 CLIP = 0.85
 
@@ -115,6 +142,8 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
         group = min(v.group, d)
         if k_mode == "sym":
             r = _symmetric_int4(r, group // 2)
+        elif k_mode == "channel":
+            r = _per_channel_int4(r, v.k_page)
         else:
             if k_mode == "clip":
                 r = _clip_groups(r, group)
@@ -134,6 +163,25 @@ def _clip_groups(r: torch.Tensor, group: int) -> torch.Tensor:
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
     mid, half = (hi + lo) / 2, (hi - lo) / 2 * CLIP
     return torch.minimum(torch.maximum(g, mid - half), mid + half).flatten(-2)
+
+
+def _per_channel_int4(r: torch.Tensor, page: int) -> torch.Tensor:
+    """Asymmetric 4-bit per (page of ``page`` consecutive tokens, channel), dequantized.
+
+    r [..., tokens, D]: the reference's groups run along the last dim, so each page is transposed
+    to [..., D, page] and quantized with one group per channel; a last, partial page is one group
+    of the tokens it has.
+    """
+    t = r.shape[-2]
+    full = t - t % page
+    parts = []
+    for chunk, size in ((r[..., :full, :], page), (r[..., full:, :], t - full)):
+        if chunk.shape[-2] == 0:
+            continue
+        pages = chunk.unflatten(-2, (chunk.shape[-2] // size, size)).transpose(-1, -2)
+        codes, scale, zero = quantize_int4(pages.contiguous(), size)
+        parts.append(dequantize_int4(codes, scale, zero).transpose(-1, -2).flatten(-3, -2))
+    return torch.cat(parts, dim=-2)
 
 
 def _symmetric_int4(r: torch.Tensor, group: int) -> torch.Tensor:
