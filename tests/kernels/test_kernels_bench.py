@@ -1,0 +1,64 @@
+"""benchmarks/kernels.py's ``int8_fa2`` prefill impl (context gather + FlashAttention-2) on CPU, with
+FlashAttention-2 replaced by the shim's torch stand-in: the benchmark must time the same calls,
+with the same arguments, as the backend makes, or its row measures something else."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from int8kv_kernels.reference import gather_kv_context_ref
+from int8kv_shim.flash_prefill import attention_ref
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("kernels_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "DEV", "cpu")
+    return module
+
+
+@pytest.mark.parametrize("impl", ["int8_fa2", "int8_static_fa2"])
+def test_fa2_prefill_impl_attends_over_gathered_context_and_new_tokens(bench, impl, monkeypatch):
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, *, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
+                               max_seqlen_k, softmax_scale, causal, fa_version):  # fmt: skip
+        assert causal and fa_version == 2
+        calls.append((k.clone(), v.clone(), cu_seqlens_k.clone()))
+        attention_ref(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, None, None)  # fmt: skip
+
+    stub = types.ModuleType("vllm.vllm_flash_attn")
+    stub.flash_attn_varlen_func = flash_attn_varlen_func
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", stub)
+
+    torch.manual_seed(0)
+    nq, nkv, d, ctx, q_len = 4, 2, 64, 48, 16
+    cache = bench.Cache(impl, 4, nkv, d)
+    bt = torch.tensor([[2, 0, 3]], dtype=torch.int32)
+    q = torch.randn(q_len, nq, d, dtype=torch.bfloat16)
+    out = torch.zeros_like(q)
+    qsl = torch.tensor([0, q_len], dtype=torch.int32)
+    seq_lens = torch.tensor([ctx], dtype=torch.int32)
+    bench.attention_fn(impl, cache, q, out, qsl, seq_lens, bt, q_len, ctx)()
+
+    (k, v, cu_k), = calls  # fmt: skip
+    assert cu_k.tolist() == [0, ctx] and k.shape == (ctx, nkv, d)
+    # the first ctx - q_len keys come from the pages, dequantized as the reference does
+    new = k[ctx - q_len :], v[ctx - q_len :]
+    k_ref, v_ref = gather_kv_context_ref(
+        cache.raw, *new, kv_dtype=bench.kv_dtype(impl), block_size=bench.BLOCK, block_table=bt,
+        cu_seqlens_q=qsl, cu_seqlens_k=cu_k, k_scale=cache.sk, v_scale=cache.sv,
+    )  # fmt: skip
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    assert out.abs().sum() > 0 and out.isfinite().all()
