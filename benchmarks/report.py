@@ -208,6 +208,25 @@ def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     return "\n".join(lines)
 
 
+def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str:
+    """Share of the SMs' instruction issue the decode loop needs at each GPU's peak bandwidth."""
+    result = json.loads(path.read_text())
+    rows = result["rows"]
+    gpus = list(result["gpus"])
+    lines = [
+        f"`{result['command']}` (sm80 PTX of the decode loop, {rows[0]['q_heads']}/"
+        f"{rows[0]['kv_heads']} heads, D={rows[0]['head_dim']}; GPU figures from spec sheets).",
+        "",
+        "| dtype | warp-instructions per KiB of K/V | " + " | ".join(gpus) + " |",
+        "|---|---|" + "---|" * len(gpus),
+    ]
+    for r in rows:
+        share = r["issue_share_at_peak_bandwidth"]
+        cells = " | ".join(f"{100 * share[g]:.0f}%" for g in gpus)
+        lines.append(f"| `{r['kv_dtype']}` | {r['warp_instructions_per_kib']:.0f} | {cells} |")
+    return "\n".join(lines)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -218,6 +237,7 @@ TABLES = {
     "throughput": throughput_table,
     "reliability": reliability_table,
     "kv_quant_sim": kv_quant_sim_table,
+    "issue_budget": issue_budget_table,
 }
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def _report():
 
 
 @pytest.mark.parametrize(
-    "table", ["kernels", "accuracy", "throughput", "reliability", "kv_quant_sim"]
+    "table", ["kernels", "accuracy", "throughput", "reliability", "kv_quant_sim", "issue_budget"]
 )
 def test_readme_quotes_result_file(table: str) -> None:
     generated = _report().TABLES[table]()

@@ -1,0 +1,139 @@
+"""Instruction budget of the INT8 decode loop: is the kernel bound by memory or by instruction issue?
+
+Compiles the decode specialisation of ``_attn_fwd`` for sm80 (no GPU needed, like
+tests/kernels/compile_sm80.py), counts the PTX instructions of its main loop per thread per K/V
+tile, and turns them into warp-instructions per KiB of K/V streamed. At a GPU's full memory
+bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
+against an issue capacity of ``SMs * 4 schedulers * clock`` (one warp-instruction per scheduler
+per clock, the sm80/sm86/sm90 rate). A share near or above ~50% means instruction issue, not
+memory, limits how close the kernel can get to the bandwidth: the latency of every instruction
+then has to be hidden too.
+
+PTX is not SASS (ptxas may fuse or split a little), and the GPU figures are vendor specs (boost
+clock, peak bandwidth), so this is an estimate of where the bound lies, not a measurement.
+
+    python benchmarks/decode_issue_budget.py [--out benchmarks/results/decode_issue_budget.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "kernels"))
+
+from compile_sm80 import compile_one  # noqa: E402
+
+from int8kv_kernels import PageLayout  # noqa: E402
+from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
+
+# name: (SMs, boost clock GHz, peak memory bandwidth GB/s), from the vendors' spec sheets.
+GPUS = {
+    "H200 (sm90)": (132, 1.98, 4800),
+    "A100 80GB SXM (sm80)": (108, 1.41, 2039),
+    "A6000 (sm86)": (84, 1.80, 768),
+    "A40 (sm86)": (84, 1.74, 696),
+    "RTX 3090 (sm86)": (82, 1.70, 936),
+    "A10 (sm86)": (72, 1.70, 600),
+}
+PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
+        "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+        "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
+        "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
+
+
+def main_loop_ops(ptx: str) -> collections.Counter:
+    """Opcode counts of the longest backward-branch loop in ``ptx`` (the K/V tile loop)."""
+    lines = ptx.splitlines()
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\$L__BB\d+_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = i
+    loop = None
+    for i, line in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if m and labels.get(m.group(1), i) < i:
+            if loop is None or i - labels[m.group(1)] > loop[1] - loop[0]:
+                loop = (labels[m.group(1)], i)
+    ops: collections.Counter = collections.Counter()
+    for line in lines[loop[0] : loop[1] + 1]:
+        tok = line.strip().split()
+        if not tok or tok[0].startswith(("$", "//", "{", "}", ".")):
+            continue
+        op = (tok[1] if tok[0].startswith("@") else tok[0]).rstrip(";")
+        ops[op] += 1
+    return ops
+
+
+def family(op: str) -> str:
+    """Buckets of the loop's work: what each instruction is there for."""
+    if op.startswith(("prmt", "xor", "sub.f16x2", "cvt")):
+        return "int8 -> fp16 conversion and casts"
+    if op.startswith(("mma", "ldmatrix")):
+        return "tensor-core MMA and operand loads"
+    if op.startswith(("cp.async", "ld.global", "ld.shared", "st.shared")):
+        return "memory copies and shared-memory traffic"
+    if op.startswith(("bar", "shfl")):
+        return "barriers and warp shuffles"
+    if op.startswith("mov"):
+        return "register moves"
+    return "other (softmax, addressing, control)"
+
+
+def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
+    lay = PageLayout(kv_dtype, 16, nkv, d)
+    group = nq // nkv
+    cfg = _choose_config(group, d, 1)
+    k = compile_one(
+        _attn_fwd, PTRS,
+        dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+             HEAD_SIZE=d, BLOCK_SIZE=16, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
+             V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales,
+             USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False, V_E4M3=False),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    ops = main_loop_ops(k.asm["ptx"])
+    per_thread = sum(ops.values())
+    # K/V bytes one program streams per tile: its kv-head's share of each page, scales included
+    tile_bytes = cfg.tile_n * lay.page_bytes // (16 * nkv)
+    per_kib = per_thread * cfg.num_warps / tile_bytes * 1024
+    families: collections.Counter = collections.Counter()
+    for op, n in ops.items():
+        families[family(op)] += n
+    share = {
+        gpu: round(bw * 1e9 / 1024 * per_kib / (sms * 4 * ghz * 1e9), 3)
+        for gpu, (sms, ghz, bw) in GPUS.items()
+    }
+    return {
+        "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d,
+        "config": {"tile_n": cfg.tile_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+        "loop_instructions_per_thread": per_thread, "tile_bytes": tile_bytes,
+        "warp_instructions_per_kib": round(per_kib, 1),
+        "loop_share": {f: round(n / per_thread, 3) for f, n in families.most_common()},
+        "issue_share_at_peak_bandwidth": share,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--out", default=str(REPO / "benchmarks" / "results" / "decode_issue_budget.json")
+    )
+    args = ap.parse_args()
+    rows = [budget("int8"), budget("int8_static")]
+    result = {"command": "python benchmarks/decode_issue_budget.py", "gpus": GPUS, "rows": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for r in rows:
+        print(r["kv_dtype"], r["warp_instructions_per_kib"], r["issue_share_at_peak_bandwidth"])
+
+
+if __name__ == "__main__":
+    main()
