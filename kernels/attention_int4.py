@@ -15,10 +15,11 @@ so dequantization never multiplies a K/V element: codes (exact small integers) g
 ``tl.dot``, scales multiply score columns / P columns, zeros are an outer product of per-row query
 group sums and per-column zeros (scores) or a per-row running sum (output).
 
-Nibble halves: byte i of a row holds dims i (low nibble) and i + D/2 (high). A "piece" is GH =
-min(G, D/2) byte columns: loaded once as a [GH, TILE_N] byte tile and split with ``& 15`` /
-``>> 4`` into two code tiles, each inside one group, each a 2D ``tl.dot`` against the matching
-query piece. D = 128, G = 64: one piece, low nibbles group 0, high group 1; D = 256: two pieces
+Nibble halves: byte i of a token's K or V holds dims i (low nibble) and i + D/2 (high). A "piece"
+is GH = min(G, D/2) byte columns: loaded once as a byte tile ([GH, TILE_N] of K, [TILE_N, GH] of
+V) and split with ``& 15`` / ``>> 4`` into two code tiles, each inside one group, each a 2D
+``tl.dot`` against the matching query piece (K) or P (V). V is key-major in the page, so its tile
+is keys-contiguous in shared memory, what the PV operand reads in words (see ``_load_v_piece``). D = 128, G = 64: one piece, low nibbles group 0, high group 1; D = 256: two pieces
 (byte columns [0, 64) -> groups 0 and 2, [64, 128) -> groups 1 and 3); D = 64: one piece, both
 nibbles in group 0. (At most two pieces: group size >= D / 4.)
 
@@ -148,17 +149,44 @@ def _piece_scores(
 
 
 @triton.jit
-def _piece_pv(
-    cache_ptr, base, key_ok, p, alpha, acc_lo, acc_hi, az_lo, az_hi, sc_lo, z_lo, sc_hi, z_hi,
-    J: tl.constexpr, GH: tl.constexpr, V_DATA: tl.constexpr, DOT_F32: tl.constexpr,
+def _load_v_piece(
+    cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block, d0,
+    GH: tl.constexpr, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    V_DATA: tl.constexpr,
 ):  # fmt: skip
-    """Online-softmax update of the output dims of byte columns [J*GH, (J+1)*GH) (as in
-    ``_piece_scores``): acc += (p * scale) @ codes, az += p @ zero (added to every dim at the end)."""
-    vb = tl.load(
-        cache_ptr + V_DATA + base[:, None] + J * GH + tl.arange(0, GH)[None, :],
+    """Packed V bytes [TILE_N, GH] of byte columns [d0, d0 + GH) of the tile's keys.
+
+    V is key-major (byte i of slot t at (h*D/2 + i)*B + t, page_layout.py), so the tile reaches
+    shared memory with keys contiguous and the PV operand is read four keys per 32-bit word. Whole
+    pages are read a page at a time (B contiguous bytes per byte column, as attention.py's
+    ``_load_v_tile``), otherwise per key from ``page``."""
+    offs_i = d0 + tl.arange(0, GH)
+    head_off = kvh * HALF * BLOCK_SIZE
+    if TILE_N % BLOCK_SIZE == 0:
+        pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
+        offs_b = tl.arange(0, BLOCK_SIZE)
+        addr = (
+            pages[:, None, None] * stride_block + head_off
+            + offs_i[None, None, :] * BLOCK_SIZE + offs_b[None, :, None]
+        )  # fmt: skip
+        vb = tl.load(cache_ptr + V_DATA + addr, mask=page_ok[:, None, None], other=0)
+        # keys past key_hi inside a valid page are stale codes, finite: their p is 0
+        return tl.reshape(vb, [TILE_N, GH])
+    col = page * stride_block + head_off + key % BLOCK_SIZE
+    return tl.load(
+        cache_ptr + V_DATA + col[:, None] + offs_i[None, :] * BLOCK_SIZE,
         mask=key_ok[:, None],
         other=0,
-    )  # [TILE_N, GH]
+    )
+
+
+@triton.jit
+def _piece_pv(
+    vb, p, alpha, acc_lo, acc_hi, az_lo, az_hi, sc_lo, z_lo, sc_hi, z_hi, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of the output dims of V byte tile ``vb`` [TILE_N, GH] (byte columns
+    [J*GH, (J+1)*GH), as in ``_piece_scores``): acc += (p * scale) @ codes, az += p @ zero (added
+    to every dim at the end)."""
     v_lo, v_hi = _codes_to_dot(vb, DOT_F32)
     acc_lo = acc_lo * alpha[:, None] + tl.dot((p * sc_lo[None, :]).to(v_lo.dtype), v_lo)
     acc_hi = acc_hi * alpha[:, None] + tl.dot((p * sc_hi[None, :]).to(v_hi.dtype), v_hi)
@@ -302,7 +330,7 @@ def _attn_int4_fwd(
         key_ok = key < key_hi
         page = _load_pages(bt_row, key, key_hi, BLOCK_SIZE)
         row = kvh * BLOCK_SIZE + key % BLOCK_SIZE  # (head, slot) row inside a page region
-        base = page * stride_block + row * HALF  # byte offset of each key's data row
+        base = page * stride_block + row * HALF  # byte offset of each key's K row
         sz_row = page * (stride_block // 2) + row * (NG * 2)  # fp16 index of its group 0 scale
         if PAGED:
             ksc, kz = _load_sz_tile(cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block,
@@ -331,17 +359,21 @@ def _attn_int4_fwd(
             s * score_scale, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
         )
 
+        vb = _load_v_piece(cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
+                           0, GH, HALF, BLOCK_SIZE, TILE_N, V_DATA)  # fmt: skip
         acc_lo0, acc_hi0, az_lo0, az_hi0 = _piece_pv(
-            cache_ptr, base, key_ok, p, alpha, acc_lo0, acc_hi0, az_lo0, az_hi0,
+            vb, p, alpha, acc_lo0, acc_hi0, az_lo0, az_hi0,
             *_piece_sz(cache16_ptr, sz_row, key_ok, vsc, vz, 0, HALF, GH, QGROUP, NG, V_SZ, PAGED),
-            0, GH, V_DATA, DOT_F32,
+            DOT_F32,
         )  # fmt: skip
         if TWO:
+            vb = _load_v_piece(cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh,
+                               stride_block, GH, GH, HALF, BLOCK_SIZE, TILE_N, V_DATA)  # fmt: skip
             acc_lo1, acc_hi1, az_lo1, az_hi1 = _piece_pv(
-                cache_ptr, base, key_ok, p, alpha, acc_lo1, acc_hi1, az_lo1, az_hi1,
+                vb, p, alpha, acc_lo1, acc_hi1, az_lo1, az_hi1,
                 *_piece_sz(cache16_ptr, sz_row, key_ok, vsc, vz, 1, HALF, GH, QGROUP, NG, V_SZ,
                            PAGED),
-                1, GH, V_DATA, DOT_F32,
+                DOT_F32,
             )  # fmt: skip
 
     if SPLIT:

@@ -40,35 +40,35 @@ def _codes(x, mn, mx):
 
 @triton.jit
 def _quantize_store_int4(
-    x_ptr,  # rotated fp32 rows of this token: [NUM_KV_HEADS, HEAD_SIZE], contiguous
+    x_row,  # [TILE_T] pointers to this kv-head's rotated fp32 row (HEAD_SIZE contiguous) per token
     cache_ptr,  # uint8 view of the cache
     cache16_ptr,  # fp16 view of the same storage
-    page_off,  # byte offset of this token's page (int64)
+    page_off,  # [TILE_T] byte offset of each token's page (int64)
+    slot_in_block,  # [TILE_T]
+    valid,  # [TILE_T] token inside the batch and not padding
+    head,
     DATA_OFF: tl.constexpr,
     SZ_OFF: tl.constexpr,
-    slot_in_block,
-    NUM_KV_HEADS: tl.constexpr,
-    H_PAD: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     GH: tl.constexpr,  # elements of one group inside one nibble half: min(GROUP, HEAD_SIZE // 2)
     NGH: tl.constexpr,  # group pieces per nibble half: (HEAD_SIZE // 2) // GH
     BLOCK_SIZE: tl.constexpr,
+    TILE_T: tl.constexpr,
+    KEY_MAJOR: tl.constexpr,  # V: byte i of slot t at (h*D/2 + i)*B + t (page_layout.py)
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
     NG: tl.constexpr = HEAD_SIZE // GROUP
-    offs_h = tl.arange(0, H_PAD)
     offs_j = tl.arange(0, NGH)
     d = offs_j[None, :, None] * GH + tl.arange(0, GH)[None, None, :]  # [1, NGH, GH], low half
-    mask_h = offs_h < NUM_KV_HEADS
-    ptr = x_ptr + offs_h[:, None, None] * HEAD_SIZE + d
-    x_lo = tl.load(ptr, mask=mask_h[:, None, None], other=0.0)  # dims [0, D/2): low nibbles
-    x_hi = tl.load(ptr + HALF, mask=mask_h[:, None, None], other=0.0)  # [D/2, D): high nibbles
+    ptr = x_row[:, None, None] + d
+    x_lo = tl.load(ptr, mask=valid[:, None, None], other=0.0)  # dims [0, D/2): low nibbles
+    x_hi = tl.load(ptr + HALF, mask=valid[:, None, None], other=0.0)  # [D/2, D): high nibbles
     # A row with any NaN/Inf is flagged (scale = zero = NaN, codes 0), see reference_int4.py.
     # Comparisons, not tl.max, because NaN propagation differs between the GPU and the interpreter.
     fin_lo = tl.min(tl.min((tl.abs(x_lo) < float("inf")).to(tl.int32), axis=2), axis=1)
     fin_hi = tl.min(tl.min((tl.abs(x_hi) < float("inf")).to(tl.int32), axis=2), axis=1)
-    row_ok = (fin_lo + fin_hi) == 2  # [H_PAD]
+    row_ok = (fin_lo + fin_hi) == 2  # [TILE_T]
     x_lo = tl.where(row_ok[:, None, None], x_lo, 0.0)
     x_hi = tl.where(row_ok[:, None, None], x_hi, 0.0)
     mn_lo = tl.min(x_lo, axis=2)
@@ -83,61 +83,81 @@ def _quantize_store_int4(
     q_lo, sc_lo, z_lo = _codes(x_lo, mn_lo, mx_lo)
     q_hi, sc_hi, z_hi = _codes(x_hi, mn_hi, mx_hi)
 
-    row = offs_h * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
+    row = head * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
     packed = (q_lo | (q_hi << 4)).to(tl.uint8)
-    tl.store(
-        cache_ptr + page_off + DATA_OFF + row[:, None, None] * HALF + d,
-        packed,
-        mask=mask_h[:, None, None],
-    )
+    page = cache_ptr + page_off + DATA_OFF
+    if KEY_MAJOR:
+        # A token's V is D/2 single bytes B apart. Flattened [D/2, TILE_T], token fastest across
+        # threads (as the int8 write, cache_write.py): the bytes of consecutive slots (a prefill)
+        # share 32-byte sectors, where one token per program touched one sector per two bytes.
+        offs_i = tl.arange(0, HALF)  # the byte columns d of ``packed``, flattened
+        addr = (head * HALF + offs_i[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
+        flat: tl.constexpr = HALF * TILE_T
+        mask = tl.broadcast_to(valid[None, :], (HALF, TILE_T))
+        tl.store(
+            tl.reshape(page[None, :] + addr, flat),
+            tl.reshape(tl.trans(tl.reshape(packed, [TILE_T, HALF])), flat),
+            mask=tl.reshape(mask, flat),
+        )
+    else:
+        tl.store(page[:, None, None] + row[:, None, None] * HALF + d, packed,
+                 mask=valid[:, None, None])  # fmt: skip
     # fp16 (scale, zero) of group g at fp16 index ((row * NG) + g) * 2 of the region.
-    sz = cache16_ptr + page_off // 2 + SZ_OFF // 2 + row[:, None] * (NG * 2)
+    sz = cache16_ptr + page_off[:, None] // 2 + SZ_OFF // 2 + row[:, None] * (NG * 2)
     nan = float("nan")
+    ok = row_ok[:, None]
     g_lo = (offs_j * GH) // GROUP
-    tl.store(sz + g_lo[None, :] * 2, tl.where(row_ok[:, None], sc_lo, nan), mask=mask_h[:, None])
-    tl.store(sz + g_lo[None, :] * 2 + 1, tl.where(row_ok[:, None], z_lo, nan), mask=mask_h[:, None])
+    tl.store(sz + g_lo[None, :] * 2, tl.where(ok, sc_lo, nan), mask=valid[:, None])
+    tl.store(sz + g_lo[None, :] * 2 + 1, tl.where(ok, z_lo, nan), mask=valid[:, None])
     if GROUP <= HALF:  # the high half has groups of its own
         g_hi = (HALF + offs_j * GH) // GROUP
-        ok = row_ok[:, None]
-        tl.store(sz + g_hi[None, :] * 2, tl.where(ok, sc_hi, nan), mask=mask_h[:, None])
-        tl.store(sz + g_hi[None, :] * 2 + 1, tl.where(ok, z_hi, nan), mask=mask_h[:, None])
+        tl.store(sz + g_hi[None, :] * 2, tl.where(ok, sc_hi, nan), mask=valid[:, None])
+        tl.store(sz + g_hi[None, :] * 2 + 1, tl.where(ok, z_hi, nan), mask=valid[:, None])
 
 
-@triton.jit
+# Tokens of the batch per program (one kv-head each), as the int8 write: what lets the key-major
+# V store put consecutive slots on neighbouring threads.
+_TILE_T = 16
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_int4_kernel(
     k_rot_ptr,
     v_rot_ptr,
     cache_ptr,
     cache16_ptr,
     slot_ptr,
+    num_tokens,
     stride_block,  # bytes between pages (>= page_bytes when vLLM pads pages)
     NUM_KV_HEADS: tl.constexpr,
-    H_PAD: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     GH: tl.constexpr,
     NGH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_T: tl.constexpr,
     K_DATA: tl.constexpr,
     V_DATA: tl.constexpr,
     K_SZ: tl.constexpr,
     V_SZ: tl.constexpr,
 ):
-    # One program per token, all kv-heads of K and V (as the int8 write).
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:  # padding token
-        return
+    # One program per (tile of TILE_T consecutive tokens of the batch, kv-head): the grid depends
+    # on the shapes only (CUDA-graph safe). The tile's tokens may sit on any pages, in any order.
+    head = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
+    in_batch = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=in_batch, other=-1).to(tl.int64)
+    valid = in_batch & (slot >= 0)  # negative slot: padding token
     page_off = (slot // BLOCK_SIZE) * stride_block
     off = slot % BLOCK_SIZE
-    row_elems = NUM_KV_HEADS * HEAD_SIZE
+    x_off = (t * NUM_KV_HEADS + head) * HEAD_SIZE  # rows of the contiguous [n, H, D] rotations
     _quantize_store_int4(
-        k_rot_ptr + t * row_elems, cache_ptr, cache16_ptr, page_off, K_DATA, K_SZ, off,
-        NUM_KV_HEADS, H_PAD, HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE,
+        k_rot_ptr + x_off, cache_ptr, cache16_ptr, page_off, off, valid, head, K_DATA, K_SZ,
+        HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE, TILE_T, False,
     )  # fmt: skip
     _quantize_store_int4(
-        v_rot_ptr + t * row_elems, cache_ptr, cache16_ptr, page_off, V_DATA, V_SZ, off,
-        NUM_KV_HEADS, H_PAD, HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE,
+        v_rot_ptr + x_off, cache_ptr, cache16_ptr, page_off, off, valid, head, V_DATA, V_SZ,
+        HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE, TILE_T, True,
     )  # fmt: skip
 
 
@@ -145,8 +165,8 @@ def int4_write_constexprs(layout: Int4PageLayout) -> dict:
     """Compile-time arguments of ``_write_kv_int4_kernel`` for ``layout`` (also compile_sm80.py)."""
     return dict(
         NUM_KV_HEADS=layout.num_kv_heads,
-        H_PAD=triton.next_power_of_2(layout.num_kv_heads),
         GROUP=layout.group_size,
+        TILE_T=_TILE_T,
         **layout.kernel_constexprs(),
     )
 
@@ -182,12 +202,13 @@ def write_kv_cache_int4(
         return
     k_rot = rotate(key[:num_tokens])  # fp32, contiguous [n, H, D]
     v_rot = rotate(value[:num_tokens])
-    _write_kv_int4_kernel[(num_tokens,)](
+    _write_kv_int4_kernel[(triton.cdiv(num_tokens, _TILE_T), num_kv_heads)](
         k_rot,
         v_rot,
         kv_cache.view(torch.uint8),
         kv_cache.view(torch.float16),
         slot_mapping,
+        num_tokens,
         kv_cache.stride(0),
         **int4_write_constexprs(layout),
         num_warps=4,

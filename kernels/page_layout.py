@@ -45,7 +45,7 @@ G elements, NG = D / G groups per (token, head); G = 64 from the catalogue)::
 
     byte 0                                                                           page_bytes
     | K data            | V data            | K scale/zero          | V scale/zero          |
-    | u8 [H][B][D/2]    | u8 [H][B][D/2]    | fp16 [H][B][NG][2]    | fp16 [H][B][NG][2]    |
+    | u8 [H][B][D/2]    | u8 [H][D/2][B]    | fp16 [H][B][NG][2]    | fp16 [H][B][NG][2]    |
     ^ k_data = 0        ^ v_data = H*B*D/2  ^ k_sz = H*B*D          ^ v_sz = H*B*D + 4*H*B*NG
 
     one K data row (token t, head h) = D/2 bytes at k_data + (h*B + t)*D/2 -> 16-byte aligned
@@ -57,8 +57,20 @@ G elements, NG = D / G groups per (token, head); G = 64 from the catalogue)::
         D = 256, G = 64:  low nibbles = groups 0, 1,  high nibbles = groups 2, 3
         D =  64, G = 64:  low and high nibbles together = group 0
 
-    scale/zero of group g = fp16 pair at k_sz + 4*((h*B + t)*NG + g): (scale, zero), the element
-    dequantizes to code * scale + zero (in the rotated basis).
+    V packs the same byte (elements i and i + D/2 of one token) but is key-major, as int8's V:
+    byte i of (token t, head h) at v_data + (h*D/2 + i)*B + t, i.e. for each (head, i) the B
+    tokens of the page are one contiguous (16-byte aligned for B >= 16) run.
+
+    scale/zero of group g = fp16 pair at k_sz + 4*((h*B + t)*NG + g) (v_sz for V): (scale, zero),
+    the element dequantizes to code * scale + zero (in the rotated basis).
+
+``int4`` V is key-major for the reason int8's is: the PV product's operand then sits in shared
+memory with keys contiguous and is read in 32-bit words; stored like K it compiled to byte-wide
+shared-memory loads (64 per thread per decode tile, ``tests/kernels/compile_sm80.py`` checks they
+stay gone). Its bytes keep K's pairing along D, not two keys per byte, so P's columns stay in key
+order: a byte of two keys would split every tile's keys into two sets, one per nibble, and P (or
+the key order of the scores, masks and scales) would have to be rearranged to match, and a page's
+run per (head, element) would be B/2 bytes, 8-byte copies at B = 16.
 
 ``page_bytes`` equals ``catalogue.get_dtype(name).page_bytes(B, H, D)`` (checked at construction).
 """
@@ -161,7 +173,8 @@ class Int4PageLayout:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one (token, head) data row: two 4-bit codes per byte."""
+        """Bytes of one (token, head) vector, two 4-bit codes per byte: a contiguous row for K, one
+        byte every ``block_size`` for the key-major V."""
         return self.head_size // 2
 
     @property

@@ -14,8 +14,9 @@ Write, per (token, kv-head) vector x of K (or V), D = head_size, G = group size 
    this reference use. A constant group (hi == lo) has scale 0, codes 0 and dequantizes to zero16;
    ranges so small that scale16 underflows to 0 do the same. Values beyond fp16 range saturate
    (zero16 = -65504, codes clamp to 0..15): never NaN/Inf for finite inputs.
-4. pack: byte i of the D/2-byte row = code[i] | code[i + D/2] << 4; the fp16 (scale, zero) pairs
-   follow per group (page_layout.py, ``Int4PageLayout``).
+4. pack: byte i of the token's D/2 bytes = code[i] | code[i + D/2] << 4. K stores them as one
+   row per (head, slot); V is key-major: byte i of slot t of head h at v_data + (h*D/2 + i)*B + t.
+   The fp16 (scale, zero) pairs follow per (head, slot, group) (page_layout.py, ``Int4PageLayout``).
 
 Attention dequantizes K and V in the rotated basis and rotates them back (K = K_rot @ H), then is
 plain attention (``reference.attention_ref``); the kernels instead rotate q and un-rotate the
@@ -75,12 +76,15 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _views(kv_cache: torch.Tensor, layout: Int4PageLayout):
-    """Views of every page's regions: data uint8 [nb, H, B, D/2], scale/zero fp16 [nb, H, B, NG, 2]."""
+    """Views of every page's regions: data uint8 [nb, H, B, D/2], scale/zero fp16 [nb, H, B, NG, 2].
+
+    K and V data are indexed alike, (page, head, slot, byte); V's view is the transpose of its
+    key-major storage [nb, H, D/2, B], so writes through it land where page_layout.py says."""
     nb = kv_cache.shape[0]
     h, b = layout.num_kv_heads, layout.block_size
     u8 = kv_cache.view(torch.uint8)
     kd = u8[:, layout.k_data : layout.v_data].view(nb, h, b, layout.row_bytes)
-    vd = u8[:, layout.v_data : layout.k_sz].view(nb, h, b, layout.row_bytes)
+    vd = u8[:, layout.v_data : layout.k_sz].view(nb, h, layout.row_bytes, b).transpose(2, 3)
     ng = layout.num_groups
     ksz = kv_cache[:, layout.k_sz : layout.v_sz].view(torch.float16).view(nb, h, b, ng, 2)
     vsz = kv_cache[:, layout.v_sz : layout.page_bytes].view(torch.float16).view(nb, h, b, ng, 2)

@@ -21,6 +21,7 @@ from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
 from int8kv_kernels.cache_write import _TILE_T, _write_kv_kernel  # noqa: E402
+from int8kv_kernels.cache_write_int4 import _TILE_T as _TILE_T_INT4  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
@@ -79,14 +80,15 @@ def check_v_operand(k) -> None:
     assert n == 0, f"{n} byte-wide shared-memory loads: the V tile is no longer key-contiguous"
 
 
-def check_write_v_store(k, head_size: int) -> None:
+def check_write_v_store(k, v_bytes: int, tile_t: int) -> None:
     """The write stores V with neighbouring tokens of its tile on neighbouring threads.
 
-    A token's V is D single bytes B apart in the key-major page; only consecutive tokens across a
-    warp put the byte stores of consecutive slots into shared 32-byte sectors (cache_write.py).
-    Stored as a 2-D [D, tokens] tile instead, Triton 3.6 laid the threads out along D."""
+    A token's V is ``v_bytes`` single bytes B apart in the key-major page (D for int8, D/2 for
+    int4); only consecutive tokens across a warp put the byte stores of consecutive slots into
+    shared 32-byte sectors (cache_write.py). Stored as a 2-D [bytes, tokens] tile instead, Triton
+    3.6 laid the threads out along the bytes."""
     ttgir = k.asm["ttgir"]
-    flat = f"tensor<{head_size * _TILE_T}x!tt.ptr<i8>, #"
+    flat = f"tensor<{v_bytes * tile_t}x!tt.ptr<i8>, #"
     stores = [ln for ln in ttgir.splitlines() if "tt.store" in ln and flat in ln]
     assert len(stores) == 1, f"{len(stores)} flat [D * tokens] V stores in the write"
     enc = stores[0].split(flat)[1].split(">")[0]
@@ -103,6 +105,14 @@ def check_int4_pipelined(k) -> None:
     # [pages, pairs] words; 1-D i32 copies are the block-table gathers
     words = [t for t in targets if re.search(r"<\d+x\d+xi32", t)]
     assert len(words) >= 2, "int4 scale/zero loads are not asynchronous copies"
+
+
+def check_int4_v_operand(k) -> None:
+    """As check_v_operand, for int4: its V is key-major too (page_layout.py), so no byte-wide
+    shared-memory load of any kind is left (K's operand was always read in words). Stored like K,
+    V compiled to 64 ``ld.shared.b8`` per thread per decode tile (D = 128), 128 per prefill tile."""
+    loads = re.findall(r"ld\.shared(?:\.v\d)?\.[bsu]8\b", k.asm["ptx"])
+    assert not loads, f"{len(loads)} byte-wide shared-memory loads: int4 V not read in words"
 
 
 def main() -> int:
@@ -123,7 +133,7 @@ def main() -> int:
                     num_warps=4,
                 )  # fmt: skip
                 n += 1
-                check_write_v_store(k, d)
+                check_write_v_store(k, d, _TILE_T)
                 print("ok write", kv_dtype, v_fmt, dt, nkv, d, flush=True)
     ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
             "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -191,7 +201,7 @@ def compile_int4() -> int:
     # The write kernel reads the rotated fp32 K/V whatever the model dtype; slots int64 or int32.
     for slot_t, nkv, d in (("*i64", 8, 128), ("*i64", 3, 64), ("*i32", 2, 256), ("*i32", 1, 128)):
         lay = Int4PageLayout(16, nkv, d)
-        compile_one(
+        k = compile_one(
             _write_kv_int4_kernel,
             {"k_rot_ptr": "*fp32", "v_rot_ptr": "*fp32", "cache_ptr": "*u8",
              "cache16_ptr": "*fp16", "slot_ptr": slot_t},
@@ -199,6 +209,7 @@ def compile_int4() -> int:
             num_warps=4,
         )  # fmt: skip
         n += 1
+        check_write_v_store(k, d // 2, _TILE_T_INT4)
         print("ok write int4", slot_t, nkv, d, flush=True)
     ptrs = {"q_ptr": "*fp32", "out_ptr": "*fp32", "cache_ptr": "*u8", "cache16_ptr": "*fp16",
             "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -227,6 +238,7 @@ def compile_int4() -> int:
         )  # fmt: skip
         n += 1
         check_int4_pipelined(k)
+        check_int4_v_operand(k)
         print("ok attention int4", nq, nkv, d, bs, mq, window, softcap, split, flush=True)
         if cfg.split and split:
             compile_one(

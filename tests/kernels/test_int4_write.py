@@ -106,6 +106,26 @@ def test_reference_quantizer_properties():
     assert torch.equal(unpack_int4(p), c)
 
 
+def test_int4_v_is_key_major_in_the_page(device):
+    # Spelled out with page_layout.py's byte offsets, not _views: the write and the reference
+    # must both put byte i of slot t of head h of V at v_data + (h*D/2 + i)*B + t.
+    nkv, d, bs = 3, 64, 32
+    lay = Int4PageLayout(bs, nkv, d)
+    value = torch.randn(bs, nkv, d, device=device, dtype=torch.bfloat16)
+    key = torch.randn(bs, nkv, d, device=device, dtype=torch.bfloat16)
+    slots = torch.randperm(bs, device=device)  # slot of token n; a full page in shuffled order
+    cache, ref = _write_both(key, value, 1, bs, slots, device)
+    assert torch.equal(cache, ref)
+    codes, _, _ = quantize_int4(rotate(value), lay.group_size)  # [token, head, d]
+    page = cache[0].view(torch.uint8)
+    for t, h, i in ((0, 0, 0), (5, 1, 3), (31, 2, 31), (17, 2, 0)):
+        n = int((slots == t).nonzero())
+        want = int(codes[n, h, i]) | int(codes[n, h, i + d // 2]) << 4
+        assert int(page[lay.v_data + (h * d // 2 + i) * bs + t]) == want
+        k_want = pack_int4(quantize_int4(rotate(key[n, h]), lay.group_size)[0])[i]
+        assert int(page[lay.k_data + (h * bs + t) * d // 2 + i]) == int(k_want)
+
+
 # ---- write kernel == reference -----------------------------------------------------------------
 
 
