@@ -19,9 +19,10 @@ Nibble halves: byte i of a token's K or V holds dims i (low nibble) and i + D/2 
 is GH = min(G, D/2) byte columns: loaded once as a byte tile ([GH, TILE_N] of K, [TILE_N, GH] of
 V) and split with ``& 15`` / ``>> 4`` into two code tiles, each inside one group, each a 2D
 ``tl.dot`` against the matching query piece (K) or P (V). V is key-major in the page, so its tile
-is keys-contiguous in shared memory, what the PV operand reads in words (see ``_load_v_piece``). D = 128, G = 64: one piece, low nibbles group 0, high group 1; D = 256: two pieces
-(byte columns [0, 64) -> groups 0 and 2, [64, 128) -> groups 1 and 3); D = 64: one piece, both
-nibbles in group 0. (At most two pieces: group size >= D / 4.)
+is keys-contiguous in shared memory, what the PV operand reads in words (see ``_load_v_piece``).
+D = 128, G = 64: one piece, low nibbles group 0, high group 1; D = 256: two pieces (byte columns
+[0, 64) -> groups 0 and 2, [64, 128) -> groups 1 and 3); D = 64: one piece, both nibbles in
+group 0. (At most two pieces: group size >= D / 4.)
 
 The rotations are fp32 torch matmuls in the wrapper (q~ = qH before, out = out~ H after): two
 extra launches and two fp32 temporaries per call, see ``paged_attention_int4``.
