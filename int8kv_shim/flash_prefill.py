@@ -86,6 +86,15 @@ class Subset:
     max_key_len: int = 0
     num_key_tokens: int = 0
     context_tokens: int = 0  # sum of the contexts: > 0 means gather_kv_context builds the keys
+    # (first, end) when token_index is the contiguous run first..end-1 (the usual case: decodes
+    # first, then every prefill on FlashAttention): rows are then sliced, not gathered and scattered
+    token_range: tuple[int, int] | None = None
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """This subset's rows of a full-batch tensor: a view when they are contiguous."""
+        if self.token_range is not None:
+            return x[self.token_range[0] : self.token_range[1]]
+        return x.index_select(0, self.token_index)
 
 
 @dataclass
@@ -150,7 +159,9 @@ def make_subset(
     ends = lens_cpu.cumsum(0)
     # rows of the subset's tokens, sequence after sequence (tensor ops: a 16K-token prefill step
     # made a Python list of 16K ints here, ~1 ms of host time per step)
-    tokens = torch.arange(int(ends[-1])) + (first - (ends - lens_cpu)).repeat_interleave(lens_cpu)
+    offsets = first - (ends - lens_cpu)  # row of a sequence's token j = its offset + subset row
+    tokens = torch.arange(int(ends[-1])) + offsets.repeat_interleave(lens_cpu)
+    contiguous = bool((offsets == offsets[0]).all())
     lens = lens_cpu.tolist()
     seq_index = seqs_cpu.to(device, non_blocking=True)
     query_start_loc = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
@@ -161,6 +172,7 @@ def make_subset(
         max_query_len=max(lens),
         seq_lens=seq_lens.index_select(0, seq_index),
         block_table=block_table.index_select(0, seq_index),
+        token_range=(int(offsets[0]), int(offsets[0] + ends[-1])) if contiguous else None,
     )
     if num_computed_cpu is not None:
         contexts = [int(num_computed_cpu[i]) for i in seqs]
@@ -229,19 +241,23 @@ def forward_split(
     with context (``gather_kv_context`` bound to the layer's cache). Raises before any kernel ran
     when the arguments are refused, so the caller can redo every row on our kernels.
     """
+    # Contiguous rows are views (FlashAttention and our kernels take row strides), so the usual
+    # batch costs no gather of q/k/v and no scatter of the output.
     flash = split.flash
-    q, k, v = (x.index_select(0, flash.token_index) for x in (query, key, value))
+    q, k, v = (flash.rows(x) for x in (query, key, value))
     if flash.context_tokens:
         k, v = gather_context(k, v, flash)
-    out = torch.empty_like(q)
+    out = flash.rows(output) if flash.token_range is not None else torch.empty_like(q)
     flash_attention(q, k, v, out, flash.query_start_loc, flash.key_start_loc, flash.max_query_len,
                     flash.max_key_len, softmax_scale, sliding_window, soft_cap)  # fmt: skip
-    output.index_copy_(0, flash.token_index, out)
+    if flash.token_range is None:
+        output.index_copy_(0, flash.token_index, out)
     if (rest := split.rest) is not None:
-        q = query.index_select(0, rest.token_index)
-        out = torch.empty_like(q)
+        q = rest.rows(query)
+        out = rest.rows(output) if rest.token_range is not None else torch.empty_like(q)
         paged(q, out, rest)
-        output.index_copy_(0, rest.token_index, out)
+        if rest.token_range is None:
+            output.index_copy_(0, rest.token_index, out)
     return output
 
 

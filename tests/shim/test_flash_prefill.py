@@ -134,18 +134,18 @@ FLASH_SEQS, REST_SEQS = [1, 2, 4], [0, 3]
 NQ, NKV, D, BS = 4, 2, 64, 16
 
 
-def _mixed_batch(kv_dtype: str, v_format: str):
+def _mixed_batch(kv_dtype: str, v_format: str, mixed: list[tuple[int, int]] = MIXED):
     """Random bf16 K/V of every token written through write_kv_cache, a shuffled block table, the
     batch's query and its new tokens' K/V (what vLLM hands the impl)."""
     from int8kv_kernels import PageLayout, write_kv_cache
 
     torch.manual_seed(0)
-    q_lens = [q for q, _ in MIXED]
-    seq_lens = [q + c for q, c in MIXED]
+    q_lens = [q for q, _ in mixed]
+    seq_lens = [q + c for q, c in mixed]
     nblk = [-(-s // BS) for s in seq_lens]
     num_blocks = sum(nblk) + 2
     perm = torch.randperm(num_blocks).tolist()
-    table = torch.zeros(len(MIXED), max(nblk) + 1, dtype=torch.int32)
+    table = torch.zeros(len(mixed), max(nblk) + 1, dtype=torch.int32)
     for s, n in enumerate(nblk):
         table[s, :n] = torch.tensor([perm.pop() for _ in range(n)])
     layout = PageLayout(kv_dtype, BS, NKV, D)
@@ -169,25 +169,37 @@ def _mixed_batch(kv_dtype: str, v_format: str):
         new_v.append(v[-q_lens[s] :])
     qsl = _qsl(q_lens)
     query = torch.randn(int(qsl[-1]), NQ, D).bfloat16()
-    return dict(cache=cache, table=table, qsl=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+    return dict(mixed=mixed, cache=cache, table=table, qsl=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
                 query=query, key=torch.cat(new_k), value=torch.cat(new_v), scales=scales,
                 exact=(exact_k.view(num_blocks, BS, NKV, D), exact_v.view(num_blocks, BS, NKV, D)))  # fmt: skip
 
 
-def _run_split(b: dict, kv_dtype: str, done_shift: int = 0, flash_attention=None) -> torch.Tensor:
+def _run_split(
+    b: dict,
+    kv_dtype: str,
+    done_shift: int = 0,
+    flash_attention=None,
+    flash_seqs=FLASH_SEQS,
+    views: bool = True,
+) -> torch.Tensor:
     """forward_split over the batch (``done_shift`` skews the continuations' context lengths as a
     buggy split would); NaN-poisoned output, so an unwritten row fails every comparison."""
     from int8kv_kernels import gather_kv_context
 
-    done = torch.tensor([c + (done_shift if c and q > 1 else 0) for q, c in MIXED])
-    split = split_batch(b["qsl"], done, len(MIXED), b["seq_lens"], b["table"], MIXED_BUDGET, 2)
+    mixed = b["mixed"]
+    done = torch.tensor([c + (done_shift if c and q > 1 else 0) for q, c in mixed])
+    split = split_batch(b["qsl"], done, len(mixed), b["seq_lens"], b["table"], MIXED_BUDGET, 2)
     assert split is not None
     # batch-order greedy budget: which sequences went where is part of what is tested
-    q_lens = [q for q, _ in MIXED]
+    q_lens = [q for q, _ in mixed]
     flash_rows = [
-        t for s in FLASH_SEQS for t in range(int(b["qsl"][s]), int(b["qsl"][s]) + q_lens[s])
+        t for s in flash_seqs for t in range(int(b["qsl"][s]), int(b["qsl"][s]) + q_lens[s])
     ]
     assert split.flash.token_index.tolist() == flash_rows
+    if not views:  # the gather / scatter path, as for subsets whose rows are not contiguous
+        for subset in (split.flash, split.rest):
+            if subset is not None:
+                subset.token_range = None
     scales = b["scales"]
 
     def gather(k, v, s):
@@ -296,3 +308,19 @@ def test_mixed_batch_comparison_catches_context_and_alignment_bugs(bug: str) -> 
     for s in (2, 4):
         r = slice(int(b["qsl"][s]), int(b["qsl"][s + 1]))
         assert not _within(out[r], split_ref[r]), f"sequence {s}"
+
+
+# A decode and a continuation whose context exceeds the whole budget first, then the flash sequences: both subsets
+# are contiguous runs of rows, so forward_split slices instead of gathering and scattering.
+CONTIGUOUS = [(1, 30), (5, 41), (7, 0), (6, 21), (3, 16)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_contiguous_subsets_are_sliced_with_the_same_result(kv_dtype: str) -> None:
+    b = _mixed_batch(kv_dtype, "int8", CONTIGUOUS)
+    split = split_batch(b["qsl"], torch.tensor([c for _, c in CONTIGUOUS]), len(CONTIGUOUS),
+                        b["seq_lens"], b["table"], MIXED_BUDGET, 2)  # fmt: skip
+    assert split.flash.token_range == (6, 22) and split.rest.token_range == (0, 6)
+    sliced = _run_split(b, kv_dtype, flash_seqs=[2, 3, 4])
+    gathered = _run_split(b, kv_dtype, flash_seqs=[2, 3, 4], views=False)
+    assert not sliced.isnan().any() and torch.equal(sliced, gathered)
