@@ -95,9 +95,8 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
     k = compile_one(
         _attn_fwd, PTRS,
         dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-             HEAD_SIZE=d, BLOCK_SIZE=16, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
-             V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale, DYNAMIC=lay.has_scales,
-             USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False, V_E4M3=False),
+             TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=False, USE_SOFTCAP=False,
+             SPLIT=cfg.split, DOT_F32=False, V_E4M3=False, **lay.kernel_constexprs()),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ops = main_loop_ops(k.asm["ptx"])

@@ -134,6 +134,19 @@ class PageLayout:
     def _end(self) -> int:
         return self.v_scale + (2 * self.num_kv_heads * self.block_size if self.has_scales else 0)
 
+    def kernel_constexprs(self) -> dict:
+        """The layout's compile-time arguments shared by the int8 write, attention and context
+        gather kernels (as ``Int4PageLayout.kernel_constexprs`` for int4)."""
+        return dict(
+            HEAD_SIZE=self.head_size,
+            BLOCK_SIZE=self.block_size,
+            K_DATA=self.k_data,
+            V_DATA=self.v_data,
+            K_SCALE=self.k_scale,
+            V_SCALE=self.v_scale,
+            DYNAMIC=self.has_scales,
+        )
+
     @property
     def page_bytes(self) -> int:
         return self._end()

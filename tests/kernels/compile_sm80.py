@@ -127,9 +127,7 @@ def main() -> int:
                     {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*i8",
                      "cache16_ptr": "*fp16", "slot_ptr": "*i64", "k_scale_ptr": "*fp32",
                      "v_scale_ptr": "*fp32"},
-                    dict(HEAD_SIZE=d, BLOCK_SIZE=16, TILE_T=_TILE_T, K_DATA=lay.k_data,
-                         V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
-                         DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3"),
+                    dict(TILE_T=_TILE_T, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
                     num_warps=4,
                 )  # fmt: skip
                 n += 1
@@ -168,10 +166,8 @@ def main() -> int:
         k = compile_one(
             _attn_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 HEAD_SIZE=d, BLOCK_SIZE=bs, TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, K_DATA=lay.k_data,
-                 V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
-                 DYNAMIC=lay.has_scales, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                 SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3"),
+                 TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=window, USE_SOFTCAP=softcap,
+                 SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
@@ -272,9 +268,8 @@ def compile_gather() -> int:
              "new_k_ptr": f"*{out_t}", "new_v_ptr": f"*{out_t}", "k_out_ptr": f"*{out_t}",
              "v_out_ptr": f"*{out_t}", "block_table_ptr": "*i32", "cu_q_ptr": "*i32",
              "cu_k_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"},
-            dict(HEAD_SIZE=d, BLOCK_SIZE=bs, BLOCK_T=_BLOCK_T, K_DATA=lay.k_data,
-                 V_DATA=lay.v_data, K_SCALE=lay.k_scale, V_SCALE=lay.v_scale,
-                 DYNAMIC=lay.has_scales, V_E4M3=v_fmt == "e4m3", OUT_BF16=out_t == "bf16"),
+            dict(BLOCK_T=_BLOCK_T, V_E4M3=v_fmt == "e4m3", OUT_BF16=out_t == "bf16",
+                 **lay.kernel_constexprs()),
             num_warps=4,
         )  # fmt: skip
         n += 1
