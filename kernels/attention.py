@@ -126,40 +126,51 @@ def v_column(page, key, kvh, stride_block, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: 
 
 
 @triton.jit
+def _load_key_major_tile(
+    head_ptr, bt_row, page, start, key, key_ok, key_hi, stride_block, cols,
+    COLS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+):  # fmt: skip
+    """Bytes [TILE_N, COLS] of columns ``cols`` of the keys ``start + arange(TILE_N)`` from a
+    key-major region (column c of slot t at ``head_ptr + page * stride_block + c * B + t``: int8 V,
+    and int4 V's packed byte columns, page_layout.py).
+
+    Key-major puts the tile in shared memory with keys contiguous: the PV product's B operand then
+    loads four keys per 32-bit word, where a column-contiguous V had to be read one byte per
+    instruction. When whole pages fit the tile, it is read a page at a time (B contiguous bytes per
+    column: 16-byte asynchronous copies), and keys past ``key_hi`` inside a valid page come back as
+    whatever bytes are there; otherwise per key, from ``page`` (narrower loads, 0 past key_hi).
+    """
+    if TILE_N % BLOCK_SIZE == 0:
+        pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
+        offs_b = tl.arange(0, BLOCK_SIZE)
+        addr = (
+            pages[:, None, None] * stride_block + cols[None, None, :] * BLOCK_SIZE
+            + offs_b[None, :, None]
+        )  # fmt: skip
+        tile = tl.load(head_ptr + addr, mask=page_ok[:, None, None], other=0)
+        return tl.reshape(tile, [TILE_N, COLS])
+    col = page * stride_block + key % BLOCK_SIZE
+    return tl.load(head_ptr + col[:, None] + cols[None, :] * BLOCK_SIZE, mask=key_ok[:, None],
+                   other=0)  # fmt: skip
+
+
+@triton.jit
 def _load_v_tile(
     cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, V_DATA: tl.constexpr,
     V_E4M3: tl.constexpr,
 ):  # fmt: skip
-    """The int8 V tile [TILE_N, HEAD_SIZE] of keys ``start + arange(TILE_N)``.
-
-    V is key-major in the page (element d of slot t at (h*D + d)*B + t, page_layout.py), so the
-    tile reaches shared memory with keys contiguous: the PV product's B operand then loads four
-    keys per 32-bit word, where a D-contiguous V had to be read one byte per instruction. When
-    whole pages fit the tile, it is read a page at a time (B contiguous bytes per element d: 16-byte
-    asynchronous copies); otherwise per key, from ``page`` (correct, narrower loads).
-    """
-    offs_d = tl.arange(0, HEAD_SIZE)
-    if TILE_N % BLOCK_SIZE == 0:
-        pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
-        offs_b = tl.arange(0, BLOCK_SIZE)
-        addr = (
-            pages[:, None, None] * stride_block + kvh * HEAD_SIZE * BLOCK_SIZE
-            + offs_d[None, None, :] * BLOCK_SIZE + offs_b[None, :, None]
-        )  # fmt: skip
-        v = tl.load(cache_ptr + V_DATA + addr, mask=page_ok[:, None, None], other=0)
-        v = tl.reshape(v, [TILE_N, HEAD_SIZE])
-        if V_E4M3:
-            # keys past key_hi inside a valid page are read (in bounds); their p is 0, but a stale
-            # byte there can be an E4M3 NaN code and 0 * NaN is not 0 (int8 codes are all finite)
-            v = tl.where(key_ok[:, None], v, 0)
-        return v
-    col = v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
-    return tl.load(
-        cache_ptr + V_DATA + col[:, None] + offs_d[None, :] * BLOCK_SIZE,
-        mask=key_ok[:, None],
-        other=0,
-    )
+    """The int8 V tile [TILE_N, HEAD_SIZE] of keys ``start + arange(TILE_N)`` (V is key-major:
+    element d of slot t at (h*D + d)*B + t, page_layout.py)."""
+    v = _load_key_major_tile(
+        cache_ptr + V_DATA + kvh * HEAD_SIZE * BLOCK_SIZE, bt_row, page, start, key, key_ok,
+        key_hi, stride_block, tl.arange(0, HEAD_SIZE), HEAD_SIZE, BLOCK_SIZE, TILE_N,
+    )  # fmt: skip
+    if V_E4M3 and TILE_N % BLOCK_SIZE == 0:
+        # keys past key_hi inside a valid page are read (in bounds); their p is 0, but a stale
+        # byte there can be an E4M3 NaN code and 0 * NaN is not 0 (int8 codes are all finite)
+        v = tl.where(key_ok[:, None], v, 0)
+    return v
 
 
 @triton.jit

@@ -41,6 +41,7 @@ from .attention import (
     _check_shapes,
     _find_seq,
     _launch_merge,
+    _load_key_major_tile,
     _load_pages,
     _load_tile_pages,
     _plan_launch,
@@ -155,30 +156,13 @@ def _load_v_piece(
     GH: tl.constexpr, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     V_DATA: tl.constexpr,
 ):  # fmt: skip
-    """Packed V bytes [TILE_N, GH] of byte columns [d0, d0 + GH) of the tile's keys.
-
-    V is key-major (byte i of slot t at (h*D/2 + i)*B + t, page_layout.py), so the tile reaches
-    shared memory with keys contiguous and the PV operand is read four keys per 32-bit word. Whole
-    pages are read a page at a time (B contiguous bytes per byte column, as attention.py's
-    ``_load_v_tile``), otherwise per key from ``page``."""
-    offs_i = d0 + tl.arange(0, GH)
-    head_off = kvh * HALF * BLOCK_SIZE
-    if TILE_N % BLOCK_SIZE == 0:
-        pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
-        offs_b = tl.arange(0, BLOCK_SIZE)
-        addr = (
-            pages[:, None, None] * stride_block + head_off
-            + offs_i[None, None, :] * BLOCK_SIZE + offs_b[None, :, None]
-        )  # fmt: skip
-        vb = tl.load(cache_ptr + V_DATA + addr, mask=page_ok[:, None, None], other=0)
-        # keys past key_hi inside a valid page are stale codes, finite: their p is 0
-        return tl.reshape(vb, [TILE_N, GH])
-    col = page * stride_block + head_off + key % BLOCK_SIZE
-    return tl.load(
-        cache_ptr + V_DATA + col[:, None] + offs_i[None, :] * BLOCK_SIZE,
-        mask=key_ok[:, None],
-        other=0,
-    )
+    """Packed V bytes [TILE_N, GH] of byte columns [d0, d0 + GH) of the tile's keys (V is
+    key-major: byte i of slot t at (h*D/2 + i)*B + t, page_layout.py). Keys past key_hi inside a
+    valid page are stale codes, finite: their p is 0."""
+    return _load_key_major_tile(
+        cache_ptr + V_DATA + kvh * HALF * BLOCK_SIZE, bt_row, page, start, key, key_ok, key_hi,
+        stride_block, d0 + tl.arange(0, GH), GH, BLOCK_SIZE, TILE_N,
+    )  # fmt: skip
 
 
 @triton.jit
