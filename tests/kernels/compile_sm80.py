@@ -70,14 +70,16 @@ def check_pipelined(k, dynamic: bool, decode: bool, chunks: int) -> None:
 
 
 def check_v_operand(k) -> None:
-    """The PV product's int8 V operand is read from shared memory in words, not bytes.
+    """The PV product's V operand (int8, or int4's packed bytes) is read from shared memory in
+    words, not bytes: no byte-wide shared-memory load of any kind is left.
 
     V is stored key-major in the page (page_layout.py) so that the tile lands in shared memory with
-    keys (the PV reduction dimension) contiguous; a D-contiguous V compiled to one ``ld.shared.b8``
-    per element (128 per thread and 128-key decode tile, 256 in a prefill tile) plus the byte
-    permutes to assemble them, the main instruction cost of the loop."""
-    n = k.asm["ptx"].count("ld.shared.b8")
-    assert n == 0, f"{n} byte-wide shared-memory loads: the V tile is no longer key-contiguous"
+    keys (the PV reduction dimension) contiguous. Stored D-contiguous like K, int8 V compiled to one
+    ``ld.shared.b8`` per element (128 per thread and 128-key decode tile, 256 in a prefill tile)
+    plus the byte permutes to assemble them, the main instruction cost of the loop; int4 V to 64 per
+    decode tile (D = 128), 128 per prefill tile. (K's operand was always read in words.)"""
+    loads = re.findall(r"ld\.shared(?:\.v\d)?\.[bsu]8\b", k.asm["ptx"])
+    assert not loads, f"{len(loads)} byte-wide shared-memory loads: the V tile is not read in words"
 
 
 def check_write_v_store(k, v_bytes: int, tile_t: int) -> None:
@@ -105,14 +107,6 @@ def check_int4_pipelined(k) -> None:
     # [pages, pairs] words; 1-D i32 copies are the block-table gathers
     words = [t for t in targets if re.search(r"<\d+x\d+xi32", t)]
     assert len(words) >= 2, "int4 scale/zero loads are not asynchronous copies"
-
-
-def check_int4_v_operand(k) -> None:
-    """As check_v_operand, for int4: its V is key-major too (page_layout.py), so no byte-wide
-    shared-memory load of any kind is left (K's operand was always read in words). Stored like K,
-    V compiled to 64 ``ld.shared.b8`` per thread per decode tile (D = 128), 128 per prefill tile."""
-    loads = re.findall(r"ld\.shared(?:\.v\d)?\.[bsu]8\b", k.asm["ptx"])
-    assert not loads, f"{len(loads)} byte-wide shared-memory loads: int4 V not read in words"
 
 
 def main() -> int:
@@ -234,7 +228,7 @@ def compile_int4() -> int:
         )  # fmt: skip
         n += 1
         check_int4_pipelined(k)
-        check_int4_v_operand(k)
+        check_v_operand(k)
         print("ok attention int4", nq, nkv, d, bs, mq, window, softcap, split, flush=True)
         if cfg.split and split:
             compile_one(
