@@ -37,6 +37,30 @@ _TILE_T = 16
 
 
 @triton.jit
+def _store_key_major(
+    page, head, slot_in_block, valid, tile,
+    COLS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_T: tl.constexpr,
+):  # fmt: skip
+    """Store ``tile`` [TILE_T tokens, COLS bytes] into a key-major region (byte c of slot t of
+    ``head`` at ``page + (head*COLS + c)*B + t``: int8 V, int4 V's packed bytes, page_layout.py).
+
+    Flattened [COLS, TILE_T], token fastest: a 1-D store has one order, so neighbouring threads
+    take neighbouring tokens (the bytes of consecutive slots share 32-byte sectors) whatever
+    Triton's tie-break between the dimensions of a 2-D store whose addresses it cannot prove
+    contiguous (it changed between releases). The transpose goes through shared memory; each
+    thread then stores single bytes."""
+    offs_c = tl.arange(0, COLS)
+    addr = (head * COLS + offs_c[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
+    flat: tl.constexpr = COLS * TILE_T
+    mask = tl.broadcast_to(valid[None, :], (COLS, TILE_T))
+    tl.store(
+        tl.reshape(page[None, :] + addr, flat),
+        tl.reshape(tl.trans(tile), flat),
+        mask=tl.reshape(mask, flat),
+    )
+
+
+@triton.jit
 def _quantize_store(
     x_ptr,  # [TILE_T] row pointers: this kv-head of each token of the tile
     cache_ptr,
@@ -89,18 +113,7 @@ def _quantize_store(
         q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
     page = cache_ptr + page_off + data_off
     if KEY_MAJOR:
-        # Flattened [D, TILE_T], token fastest: a 1-D store has one order, so neighbouring threads
-        # take neighbouring tokens whatever Triton's tie-break between the dimensions of a 2-D
-        # store whose addresses it cannot prove contiguous (it changed between releases). The
-        # transpose goes through shared memory; each thread then stores single bytes.
-        addr = (head * HEAD_SIZE + offs_d[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
-        flat: tl.constexpr = HEAD_SIZE * TILE_T
-        mask = tl.broadcast_to(valid[None, :], (HEAD_SIZE, TILE_T))
-        tl.store(
-            tl.reshape(page[None, :] + addr, flat),
-            tl.reshape(tl.trans(q), flat),
-            mask=tl.reshape(mask, flat),
-        )
+        _store_key_major(page, head, slot_in_block, valid, q, HEAD_SIZE, BLOCK_SIZE, TILE_T)
     else:
         # K rows are D contiguous bytes: vectorized stores along D.
         addr = row[:, None] * HEAD_SIZE + offs_d[None, :]

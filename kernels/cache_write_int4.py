@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cache_write import _rint
+from .cache_write import _rint, _store_key_major
 from .e4m3 import check_v_format
 from .hadamard import rotate
 from .page_layout import Int4PageLayout
@@ -86,19 +86,9 @@ def _quantize_store_int4(
     row = head * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
     packed = (q_lo | (q_hi << 4)).to(tl.uint8)
     page = cache_ptr + page_off + DATA_OFF
-    if KEY_MAJOR:
-        # A token's V is D/2 single bytes B apart. Flattened [D/2, TILE_T], token fastest across
-        # threads (as the int8 write, cache_write.py): the bytes of consecutive slots (a prefill)
-        # share 32-byte sectors, where one token per program touched one sector per two bytes.
-        offs_i = tl.arange(0, HALF)  # the byte columns d of ``packed``, flattened
-        addr = (head * HALF + offs_i[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
-        flat: tl.constexpr = HALF * TILE_T
-        mask = tl.broadcast_to(valid[None, :], (HALF, TILE_T))
-        tl.store(
-            tl.reshape(page[None, :] + addr, flat),
-            tl.reshape(tl.trans(tl.reshape(packed, [TILE_T, HALF])), flat),
-            mask=tl.reshape(mask, flat),
-        )
+    if KEY_MAJOR:  # a token's V is D/2 single bytes B apart
+        _store_key_major(page, head, slot_in_block, valid, tl.reshape(packed, [TILE_T, HALF]),
+                         HALF, BLOCK_SIZE, TILE_T)  # fmt: skip
     else:
         tl.store(page[:, None, None] + row[:, None, None] * HALF + d, packed,
                  mask=valid[:, None, None])  # fmt: skip
