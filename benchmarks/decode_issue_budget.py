@@ -29,7 +29,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
-from compile_sm80 import compile_one  # noqa: E402
+from compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
 
 from int8kv_kernels import PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
@@ -43,10 +43,6 @@ GPUS = {
     "RTX 3090 (sm86)": (82, 1.70, 936),
     "A10 (sm86)": (72, 1.70, 600),
 }
-PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
-        "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-        "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
-        "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 
 
 def main_loop_ops(ptx: str) -> collections.Counter:
@@ -93,7 +89,7 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
     group = nq // nkv
     cfg = _choose_config(group, d, 1)
     k = compile_one(
-        _attn_fwd, PTRS,
+        _attn_fwd, ATTN_PTRS,
         dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
              TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=False, USE_SOFTCAP=False,
              SPLIT=cfg.split, DOT_F32=False, V_E4M3=False, **lay.kernel_constexprs()),

@@ -26,6 +26,11 @@ from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_co
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
 SM80 = GPUTarget("cuda", 80, 32)
+# pointer arguments of attention.py's _attn_fwd (bf16 queries; decode_issue_budget.py uses them too)
+ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
+             "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
+             "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
 
 
@@ -127,10 +132,6 @@ def main() -> int:
                 n += 1
                 check_write_v_store(k, d, _TILE_T)
                 print("ok write", kv_dtype, v_fmt, dt, nkv, d, flush=True)
-    ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
-            "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-            "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
-            "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
     cases = [  # (kv_dtype, nq, nkv, d, block_size, max_query_len, window, softcap)
         ("int8", 32, 8, 128, 16, 1, False, False),
         ("int8", 28, 4, 128, 16, 1, False, False),
@@ -158,7 +159,7 @@ def main() -> int:
         if chunks:  # the split-K-inside-the-program decode loop, off by default
             cfg = dataclasses.replace(cfg, chunks=chunks[0])
         k = compile_one(
-            _attn_fwd, ptrs,
+            _attn_fwd, ATTN_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=window, USE_SOFTCAP=softcap,
                  SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
