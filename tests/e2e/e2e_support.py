@@ -53,7 +53,7 @@ TINY_ATTN_OUT_SCALE = 1.0  # standard init; see build_tiny_llama
 MAX_MODEL_LEN = 2560  # longest prompt (2300) + generated tokens, rounded up to a block multiple
 GEN_TOKENS = 32
 # Rounds of 24 prompts. The tests compare how many prompts stay identical with a control's count,
-# allowing a slack of 0.15 (test_vllm_e2e.SLACK); the standard error of the difference of two such
+# allowing a slack of 0.15 (SLACK below); the standard error of the difference of two such
 # fractions near 0.3 is sqrt(2 * 0.21 / n): 0.13 for n = 24 (the slack is ~1 s.e., so an equally good
 # cache fails about one comparison in seven), 0.076 for n = 72 (~2 s.e.).
 PROMPT_ROUNDS = int(os.environ.get("INT8KV_E2E_PROMPT_ROUNDS", "3"))
@@ -271,3 +271,16 @@ def _logprob(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> float
     if prompt >= len(lps) or pos >= len(lps[prompt]):
         return None
     return next((lp for t, lp in lps[prompt][pos] if t == token), None)
+
+
+def assert_like_control(
+    ours: Comparison, control: Comparison, what: str, control_what: str
+) -> None:
+    """No real mismatch, and at most SLACK of the prompts fewer identical than the control."""
+    print(f"{what}: {ours.summary()}\n  control, {control_what}: {control.summary()}")
+    assert not ours.mismatch, f"{what}: {ours.summary()}"
+    floor = control.identical_fraction - SLACK
+    assert ours.identical_fraction >= floor, (
+        f"{what}: {ours.identical}/{ours.total} identical, control {control_what} "
+        f"{control.identical}/{control.total} (slack {SLACK})"
+    )

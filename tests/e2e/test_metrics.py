@@ -722,3 +722,18 @@ def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> N
     assert "INT8KV_PREFILL" not in common.child_env("int8")
     assert common.child_env("int4_no_rotation")["INT8KV_INT4_ROTATION"] == "0"
     assert common.llm_kwargs_for("int4_no_rotation") == {"kv_cache_dtype": "int4"}
+
+
+def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
+    def cmp(identical: int, near: int, mismatch: int = 0) -> e2e_support.Comparison:
+        c = e2e_support.Comparison(n=32, identical=identical)
+        c.near_tie, c.mismatch = list(range(near)), list(range(near, near + mismatch))
+        c.first_divergence = {i: 0 for i in range(near + mismatch)}
+        return c
+
+    control = cmp(50, 22)  # 0.694 identical; floor with SLACK 0.15: 0.544
+    e2e_support.assert_like_control(cmp(40, 32), control, "ours", "control")  # 0.556
+    with pytest.raises(AssertionError, match="identical, control"):
+        e2e_support.assert_like_control(cmp(39, 33), control, "ours", "control")  # 0.542
+    with pytest.raises(AssertionError, match="real mismatches at \\[p0@t0\\]"):
+        e2e_support.assert_like_control(cmp(71, 0, 1), control, "ours", "control")

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     GEN_TOKENS,
     MAX_MODEL_LEN,
-    SLACK,
     Comparison,
+    assert_like_control,
     compare_greedy,
 )
 
@@ -102,19 +102,6 @@ def _phase(
         "logprobs": 5,
         "skip_reading_prefix_cache": skip_reading,
     }
-
-
-def _assert_like_control(
-    ours: Comparison, control: Comparison, what: str, control_what: str
-) -> None:
-    """No real mismatch, and at most SLACK of the prompts fewer identical than the control."""
-    print(f"{what}: {ours.summary()}\n  control, {control_what}: {control.summary()}")
-    assert not ours.mismatch, f"{what}: {ours.summary()}"
-    floor = control.identical_fraction - SLACK
-    assert ours.identical_fraction >= floor, (
-        f"{what}: {ours.identical}/{ours.total} identical, control {control_what} "
-        f"{control.identical}/{control.total} (slack {SLACK})"
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,12 +184,12 @@ def test_smollm2_matches_bf16(engine, smollm2_dir, prompts, dtype) -> None:
     upstream = _smol_eager(engine, smollm2_dir, prompts, UPSTREAM)["phases"]["miss"]
     control = compare_greedy(ref, upstream)
     cmp = compare_greedy(ref, got)
-    _assert_like_control(cmp, control, f"SmolLM2 {dtype} vs bf16", f"{UPSTREAM} vs bf16")
+    assert_like_control(cmp, control, f"SmolLM2 {dtype} vs bf16", f"{UPSTREAM} vs bf16")
     assert cmp.identical_fraction >= CROSS_MIN, cmp.summary()
     # Prefix-cache hits with the default prefill: the cached prefix is read quantized where the miss
     # pass attended over its fresh BF16 K/V, so a hit is an int8-vs-BF16 comparison too.
     hits = _smol_eager(engine, smollm2_dir, prompts, dtype)["phases"]["hit"]
-    _assert_like_control(
+    assert_like_control(
         compare_greedy(ref, hits), control, f"SmolLM2 {dtype} hits vs bf16", f"{UPSTREAM} vs bf16"
     )
 
@@ -222,7 +209,7 @@ def test_prefix_cache_hit_matches_miss(engine, smollm2_dir, prompts, dtype) -> N
         assert not no_hit, f"{kv}: prompts {no_hit} got no prefix-cache hit"
         return compare_greedy(miss, hit)
 
-    _assert_like_control(
+    assert_like_control(
         hit_vs_miss(dtype), hit_vs_miss("auto"), f"{dtype} prefix-cache hit vs miss", "bf16"
     )
 
@@ -234,7 +221,7 @@ def test_cuda_graphs_match_eager(engine, smollm2_dir, prompts, dtype) -> None:
             eager, _smol_graphs(engine, smollm2_dir, prompts, kv)["phases"]["ref"]
         )
 
-    _assert_like_control(
+    assert_like_control(
         graphs_vs_eager(dtype), graphs_vs_eager("auto"), f"{dtype} CUDA graphs vs eager", "bf16"
     )
 
@@ -250,6 +237,6 @@ def test_preemption_matches_unpreempted(engine, smollm2_dir, prompts, dtype) -> 
         eager = {key: eager[key][:PREEMPT_PROMPTS] for key in ("token_ids", "logprobs")}
         return compare_greedy(eager, run["phases"]["ref"])  # over the first GEN_TOKENS
 
-    _assert_like_control(
+    assert_like_control(
         preempted_vs_not(dtype), preempted_vs_not("auto"), f"{dtype} preempted vs not", "bf16"
     )
