@@ -30,3 +30,9 @@ def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> Non
         assert "set INT8KV_PREFILL=triton to skip the attempt" in log
     else:
         assert warning not in log
+    # int4 says at start-up that it is experimental and where its limits are written down
+    experimental = "--kv-cache-dtype int4 is experimental: its kernels match their torch reference"
+    if args[0] == "int4":
+        assert log.count(experimental) == 1 and "(README, Limitations)" in log, log[-4000:]
+    else:
+        assert "is experimental" not in log
