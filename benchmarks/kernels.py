@@ -19,6 +19,7 @@ next to the JSON, and a copy of both under $OUT when that is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -30,6 +31,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import int8kv_kernels as K
 except ImportError:  # not installed: use the source tree through a temporary alias
@@ -264,6 +266,31 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+@contextlib.contextmanager
+def decode_config(spec: str | None):
+    """Inside: our attention's decode launches (one query token per sequence) use the config
+    ``spec`` = "T,W,S,C"; other launches keep _choose_config's. No-op for None."""
+    if spec is None:
+        yield
+        return
+    from tune_decode import _fixed_config
+
+    import int8kv_kernels.attention as A
+
+    fixed, orig = _fixed_config(*map(int, spec.split(","))), A._choose_config
+
+    def choose(group, head_size, max_query_len, *rest, **kw):
+        if max_query_len == 1:
+            return fixed(group)
+        return orig(group, head_size, max_query_len, *rest, **kw)
+
+    A._choose_config = choose
+    try:
+        yield
+    finally:
+        A._choose_config = orig
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels.json")
@@ -273,6 +300,11 @@ def main() -> None:
     # shape per call) and merge them into one file with --append.
     ap.add_argument("--shapes", type=int, nargs="*", help="indices into SHAPES (default: all)")
     ap.add_argument("--append", action="store_true", help="add rows to an existing --out file")
+    ap.add_argument(
+        "--decode-config",
+        help="T,W,S,C: time int8/int8_static decode with this (tile, warps, stages, chunks) "
+        "instead of _choose_config's (e.g. the output of tune_decode.py --best)",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     shapes = SHAPES[:1] if args.quick else SHAPES
@@ -297,7 +329,8 @@ def main() -> None:
 
     def attempt(impl, f, *a):
         try:
-            row = f(impl, *a)
+            with decode_config(args.decode_config if impl in ("int8", "int8_static") else None):
+                row = f(impl, *a)
         except (ImportError, RuntimeError, AttributeError, TypeError) as e:
             msg = f"{impl} {a}: {type(e).__name__}: {str(e)[:200]}"
             print("skip", msg, flush=True)

@@ -62,3 +62,18 @@ def test_fa2_prefill_impl_attends_over_gathered_context_and_new_tokens(bench, im
     )  # fmt: skip
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
     assert out.abs().sum() > 0 and out.isfinite().all()
+
+
+def test_decode_config_applies_to_decode_launches_only_and_is_undone(bench):
+    import int8kv_kernels.attention as A
+
+    orig = A._choose_config
+    query = torch.zeros(4, 12, 128)  # GQA group 4 over 3 kv heads
+    with bench.decode_config("64,2,4,1"):
+        decode = A._plan_launch(query, 4, 4, 1, 8192, 3, None, 2).cfg
+        prefill = A._plan_launch(query, 1, 4, 64, 8192, 3, None, None).cfg
+    assert (decode.tile_n, decode.num_warps, decode.num_stages, decode.chunks) == (64, 2, 4, 1)
+    assert prefill == orig(4, 128, 64) and not prefill.split
+    assert A._choose_config is orig
+    with bench.decode_config(None):
+        assert A._choose_config is orig
