@@ -33,6 +33,7 @@ from int8kv_kernels import (
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
 from int8kv_kernels.hadamard import hadamard, set_rotation
+from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
 from int8kv_shim.calibration import active_recorder
 from int8kv_shim.environment_variables import INT8KV_INT4_ROTATION, int4_rotation_enabled
@@ -98,10 +99,6 @@ class Int8KVAttentionMetadata:
     split: PrefillSplit | None = None
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMetadata]):
     # Every launch shape of our kernels is correct for any batch with the same token and sequence
     # counts (grids depend on nothing else; lengths are read on the device), so mixed batches can
@@ -154,7 +151,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         # size) and an eager run of n sequences then use the same split count, so the same
         # reduction order and bit-identical output; the real lengths are read on the device.
         return choose_num_splits(
-            _next_pow2(num_seqs), self.num_kv_heads, self.max_model_len, self.num_sms
+            next_power_of_2(num_seqs), self.num_kv_heads, self.max_model_len, self.num_sms
         )
 
     def build(

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
-from .page_layout import INT4_DTYPES, PageLayout
+from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 # Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
@@ -661,14 +661,15 @@ class _Config:
     chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
 
 
+@functools.cache  # on the host path of every launch
 def _choose_config(group: int, head_size: int, max_query_len: int, cc_major: int = 8) -> _Config:
     if max_query_len * group <= 16 or max_query_len == 1:
-        block_m = max(16, triton.next_power_of_2(group * max_query_len))
+        block_m = max(16, next_power_of_2(group * max_query_len))
         # 128-token tiles, 4 warps, 5 stages (two K/V buffers): the best int8 config at the large
         # decode shapes of benchmarks/tune_decode.py on an H200 (same code path as sm80: mma.sync).
         return _Config(block_m, tile_n=128, num_warps=4, num_stages=5, split=True)
     block_m = 64 if head_size > 128 else 128
-    block_m = max(block_m, triton.next_power_of_2(group))
+    block_m = max(block_m, next_power_of_2(group))
     # A 128x128 fp32 accumulator over 4 warps spills on sm80 (ptxas: ~700 bytes) but not over 8;
     # Hopper's wgmma keeps it in fewer registers, and 4 warps measured fastest on the H200
     # (benchmarks/tune_kernels.py prefill sweep).
@@ -811,7 +812,7 @@ def paged_attention(
         )  # fmt: skip
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
-    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
     v_e4m3 = check_v_format(kv_dtype, v_format)
     _check_shapes(query, output, kv_cache, num_kv_heads)
     dynamic = layout.has_scales
@@ -895,6 +896,6 @@ def _launch_merge(
         output.stride(1),
         NUM_Q_HEADS=num_q_heads,
         HEAD_SIZE=head_size,
-        S_PAD=triton.next_power_of_2(splits),
+        S_PAD=next_power_of_2(splits),
         num_warps=4,
     )

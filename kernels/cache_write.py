@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import check_v_format, e4m3_encode
-from .page_layout import INT4_DTYPES, PageLayout
+from .page_layout import INT4_DTYPES, cached_page_layout
 from .reference import QMAX, SCALE_MAX, SCALE_MIN
 
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to the nearest integer,
@@ -200,7 +200,7 @@ def write_kv_cache(
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
     num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
-    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+    layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
     v_e4m3 = check_v_format(kv_dtype, v_format)
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value must be contiguous along head_size")
@@ -213,7 +213,7 @@ def write_kv_cache(
         return
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
-    _write_kv_kernel[(triton.cdiv(num_tokens, _TILE_T), num_kv_heads)](
+    _write_kv_kernel[(-(-num_tokens // _TILE_T), num_kv_heads)](
         key,
         value,
         kv_cache,

@@ -192,7 +192,7 @@ def write_kv_cache_int4(
         return
     k_rot = rotate(key[:num_tokens])  # fp32, contiguous [n, H, D]
     v_rot = rotate(value[:num_tokens])
-    _write_kv_int4_kernel[(triton.cdiv(num_tokens, _TILE_T), num_kv_heads)](
+    _write_kv_int4_kernel[(-(-num_tokens // _TILE_T), num_kv_heads)](
         k_rot,
         v_rot,
         kv_cache.view(torch.uint8),

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .attention import v_column
 from .e4m3 import check_v_format, e4m3_decode
-from .page_layout import PageLayout
+from .page_layout import cached_page_layout
 
 # Rows (tokens of one kv head) per program: 16-byte loads of whole rows, and few enough programs
 # that a long context is still one pass over its pages.
@@ -153,7 +153,7 @@ def gather_kv_context(
     ``paged_attention``.
     """
     num_kv_heads, head_size = new_key.shape[1], new_key.shape[2]
-    layout = PageLayout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
+    layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
     v_e4m3 = check_v_format(kv_dtype, v_format)
     dynamic = layout.has_scales
     if not dynamic and (k_scale is None or v_scale is None):
@@ -173,7 +173,7 @@ def gather_kv_context(
     if num_k_tokens == 0 or num_seqs == 0:
         return k_out, v_out
     dummy = cu_seqlens_q
-    grid = (triton.cdiv(max_seqlen_k, _BLOCK_T), num_seqs, num_kv_heads)
+    grid = (-(-max_seqlen_k // _BLOCK_T), num_seqs, num_kv_heads)  # no triton.cdiv: ~2 us per call
     _gather_kv_kernel[grid](
         kv_cache,
         kv_cache.view(torch.float16) if dynamic else kv_cache,

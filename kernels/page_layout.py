@@ -77,6 +77,7 @@ run per (head, element) would be B/2 bytes, 8-byte copies at B = 16.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .catalogue import get_dtype
@@ -136,7 +137,12 @@ class PageLayout:
 
     def kernel_constexprs(self) -> dict:
         """The layout's compile-time arguments shared by the int8 write, attention and context
-        gather kernels (as ``Int4PageLayout.kernel_constexprs`` for int4)."""
+        gather kernels (as ``Int4PageLayout.kernel_constexprs`` for int4). One dict per layout,
+        built once: callers unpack it and must not change it."""
+        return self._constexprs
+
+    @functools.cached_property
+    def _constexprs(self) -> dict:
         return dict(
             HEAD_SIZE=self.head_size,
             BLOCK_SIZE=self.block_size,
@@ -150,6 +156,21 @@ class PageLayout:
     @property
     def page_bytes(self) -> int:
         return self._end()
+
+
+@functools.cache
+def cached_page_layout(
+    kv_dtype: str, block_size: int, num_kv_heads: int, head_size: int
+) -> PageLayout:
+    """``PageLayout(...)``, built and checked once per layer shape instead of on every kernel call
+    (the launch wrappers run once per layer per step, on the host's critical path)."""
+    return PageLayout(kv_dtype, block_size, num_kv_heads, head_size)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1); plain Python, where triton.next_power_of_2 goes
+    through Triton's JIT call machinery (microseconds per launch)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
