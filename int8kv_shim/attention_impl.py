@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 import torch
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionImpl,
@@ -35,6 +34,7 @@ from int8kv_kernels.catalogue import get_dtype
 from int8kv_kernels.hadamard import hadamard, set_rotation
 from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
+from int8kv_shim._logging import get_logger
 from int8kv_shim.calibration import active_recorder
 from int8kv_shim.environment_variables import INT8KV_INT4_ROTATION, int4_rotation_enabled
 from int8kv_shim.flash_prefill import (
@@ -47,7 +47,11 @@ from int8kv_shim.flash_prefill import (
     split_batch,
 )
 
-logger = init_logger(__name__)
+# vLLM's logger tree (a child of "vllm"): a logger named after this module has no handler, and
+# its INFO lines would vanish
+logger = get_logger()
+# what Int8KVAttentionMetadataBuilder._log_route has logged in this process
+_routes_logged: set[str] = set()
 
 # Split-KV scratch is sized for this many decode tokens; larger decode batches fill the GPU
 # without splitting, and the kernels then use fewer splits (never an allocation, never wrong).
@@ -165,18 +169,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m)
         mixed = num_decodes > 0 and num_prefills > 0
         split = None
-        if self.flash_prefill and m.max_query_len > 1 and flash_prefill.enabled():
-            # The model runner's CPU copy (no device sync); None under async spec decode.
-            split = split_batch(
-                m.query_start_loc_cpu,
-                m._num_computed_tokens_cpu,
-                m.num_reqs,
-                m.seq_lens,
-                m.block_table_tensor,
-                self.max_context_tokens,
-                self.min_continuation_tokens,
-                first_seq=num_decodes if mixed else 0,
-            )
+        if m.max_query_len > 1:
+            split, route = self._prefill_route(m, first_seq=num_decodes if mixed else 0)
+            self._log_route(split, route)
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -198,6 +193,51 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             ),
             split=split,
         )
+
+    def _prefill_route(
+        self, m: CommonAttentionMetadata, first_seq: int
+    ) -> tuple[PrefillSplit | None, str]:
+        """The FlashAttention-2 split of a batch with prefills, or None, and where its prefills
+        go, in words (for the log)."""
+        if not self.flash_prefill:
+            return None, "our kernels (FlashAttention-2 is off or unavailable here, see above)"
+        if not flash_prefill.enabled():
+            return None, "our kernels (FlashAttention-2 failed earlier in this process)"
+        # The model runner's CPU copy (no device sync); None under async spec decode.
+        if m._num_computed_tokens_cpu is None:
+            return None, "our kernels (vLLM passed no CPU computed-token counts)"
+        split = split_batch(
+            m.query_start_loc_cpu,
+            m._num_computed_tokens_cpu,
+            m.num_reqs,
+            m.seq_lens,
+            m.block_table_tensor,
+            self.max_context_tokens,
+            self.min_continuation_tokens,
+            first_seq=first_seq,
+        )
+        if split is None:
+            return None, "our kernels (no sequence qualifies for FlashAttention-2)"
+        rest = 0 if split.rest is None else split.rest.seq_lens.shape[0]
+        return split, (
+            f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
+            f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"
+        )
+
+    def _log_route(self, split: PrefillSplit | None, route: str) -> None:
+        # Once per process: the route of the first step with prefills, and of the first that used
+        # FlashAttention-2 if that came later. Which path ran decides speed and rounding, and
+        # nothing else shows it.
+        first = not _routes_logged
+        if first or (split is not None and "flash" not in _routes_logged):
+            logger.info(
+                "int8kv-shim: %s step with prefills: %s",
+                "first" if first else "first FlashAttention-2",
+                route,
+            )
+            _routes_logged.add("any")
+            if split is not None:
+                _routes_logged.add("flash")
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata

@@ -30,6 +30,14 @@ def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> Non
         assert "set INT8KV_PREFILL=triton to skip the attempt" in log
     else:
         assert warning not in log
+    # the first step with prefills says where they ran (once per process)
+    route = "int8kv-shim: first step with prefills: "
+    assert log.count(route) == 1, log[-4000:]
+    if "flash" in args or "broken" in args:
+        routed = "2 sequence(s) on FlashAttention-2 (65 context tokens gathered), 0 on our kernels"
+    else:
+        routed = "our kernels (FlashAttention-2 is off or unavailable here, see above)"
+    assert route + routed in log, log[-4000:]
     # int4 says at start-up that it is experimental and where its limits are written down
     experimental = "--kv-cache-dtype int4 is experimental: its kernels match their torch reference"
     if args[0] == "int4":
