@@ -68,12 +68,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "accuracy.json"))
     p.add_argument("--workdir", default=None, help="inputs, per-dtype results and logs")
+    p.add_argument(
+        "--merge-rows-from",
+        metavar="OLD_JSON",
+        help="no GPU run: add OLD_JSON's rows of dtypes --out lacks (see merge_rows) and exit",
+    )
     # internal: one dtype in this process
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
     p.add_argument("--inputs", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def merge_rows(
+    doc: dict[str, Any], details: dict[str, Any], old: dict[str, Any], old_details: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``doc`` plus the rows of ``old`` for dtypes ``doc`` lacks (and their ``runs`` entries).
+
+    Every metric of a row is relative to the reference (first) row of its own run, so the two
+    runs must share model, corpus, scored tokens and the reference dtype, and the reference must
+    have scored the very same perplexity (vLLM's BF16 run is deterministic; a different value
+    means a different reference, and the rows would not compare). Raises ValueError otherwise.
+    """
+    for key in ("model", "corpus", "tokens", "gpu"):
+        if doc[key] != old[key]:
+            raise ValueError(f"{key} differs: {doc[key]!r} vs {old[key]!r}")
+    ref, old_ref = doc["rows"][0], old["rows"][0]
+    if (ref["dtype"], ref["ppl"]) != (old_ref["dtype"], old_ref["ppl"]):
+        raise ValueError(f"reference rows differ: {ref} vs {old_ref}")
+    have = {r["dtype"] for r in doc["rows"]}
+    added = [r for r in old["rows"] if r["dtype"] not in have]
+    merged = {**doc, "rows": doc["rows"] + added}
+    merged["command"] = f"{old['command']} ; {doc['command']}"
+    runs = {**{r["dtype"]: old_details["runs"][r["dtype"]] for r in added}, **details["runs"]}
+    return merged, {**details, "runs": runs}
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,6 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.merge_rows_from:
+        out, old = Path(args.out), Path(args.merge_rows_from)
+        details_of = lambda p: p.with_name(p.stem + "_details.json")  # noqa: E731
+        doc, details = merge_rows(
+            *(json.loads(p.read_text()) for p in (out, details_of(out), old, details_of(old)))
+        )
+        common.validate_accuracy(doc)
+        for path in common.write_json(doc, out) + common.write_json(details, details_of(out)):
+            print(f"accuracy: wrote {path}")
+        return 0
     if not args.model or not Path(args.model).is_dir():
         print("accuracy: no model folder (--model or $SMOLLM2_DIR)", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ Prints, per decode shape and config (tile, warps, stages, splits), the time and 
 measured copy bandwidth counting the bytes the kernel must read. Used to pick _choose_config.
 
     python benchmarks/tune_decode.py                    # sweep; $OUT/tune_decode.json if $OUT is set
+    python benchmarks/tune_decode.py --shape 9,3,64     # the same for SmolLM2's heads
     python benchmarks/tune_decode.py --best FILE.json   # T,W,S,C: best int8 config of a sweep
 """
 
@@ -37,6 +38,9 @@ CONFIGS = [
     (32, 1, 4, 1),
     (64, 1, 4, 1),
     (64, 2, 4, 1),
+    # 256-key tiles: at head_dim 64 a 128-key tile is only 16 KiB of K/V
+    (256, 4, 5, 1),
+    (256, 8, 5, 1),
 ]
 # Split counts tried per shape: the heuristic's and these multiples of it (small programs need
 # more of them to fill the GPU: 4-5 of a 64-token, 2-warp program fit an SM where 2 of the
@@ -91,7 +95,10 @@ def main() -> None:
         f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}",
         flush=True,
     )
+    # --shape Q,KV,D: another model's heads (default: issue 3's first shape)
     nq, nkv, d = 32, 8, 128
+    if sys.argv[1:2] == ["--shape"]:
+        nq, nkv, d = map(int, sys.argv[2].split(","))
     ws = make_workspace(128, nq, d, device="cuda")
     orig = A._choose_config
     log = []
@@ -163,7 +170,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
-            json.dump(dict(copy_gbs=bw, rows=log), f)
+            json.dump(dict(copy_gbs=bw, shape=[nq, nkv, d], rows=log), f)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ before triton (or vLLM, which imports it) is first imported, hence here, at coll
 import os
 import subprocess
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rng(request: pytest.FixtureRequest) -> None:
+    # Each test starts from its own fixed RNG state (from its id), so its random data does not
+    # depend on which tests ran before it: a failure seen in a full run reproduces on its own (an
+    # H200 run once failed two int4 tests that then passed when rerun alone).
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture

@@ -737,3 +737,28 @@ def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
         e2e_support.assert_like_control(cmp(39, 33), control, "ours", "control")  # 0.542
     with pytest.raises(AssertionError, match="real mismatches at \\[p0@t0\\]"):
         e2e_support.assert_like_control(cmp(71, 0, 1), control, "ours", "control")
+
+
+def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference() -> None:
+    def doc(rows, command):
+        return {"model": "m", "corpus": "c", "tokens": 10, "gpu": "g", "command": command,
+                "rows": [{"dtype": d, "ppl": p} for d, p in rows]}  # fmt: skip
+
+    new = doc([("auto", 20.0), ("int8", 20.1)], "new")
+    old = doc([("auto", 20.0), ("int8", 20.3), ("int8_static", 20.5)], "old")
+    runs = {"runs": {"auto": {"rc": 0}, "int8": {"rc": 0, "run": "new"}}}
+    old_runs = {"runs": {"auto": {}, "int8": {"run": "old"}, "int8_static": {"run": "old"}}}
+    merged, details = accuracy.merge_rows(new, runs, old, old_runs)
+    # the new run's int8 row wins; int8_static comes from the old run, after the new rows
+    assert [(r["dtype"], r["ppl"]) for r in merged["rows"]] == [
+        ("auto", 20.0), ("int8", 20.1), ("int8_static", 20.5)
+    ]  # fmt: skip
+    assert merged["command"] == "old ; new"
+    assert (
+        details["runs"]["int8"]["run"] == "new" and details["runs"]["int8_static"]["run"] == "old"
+    )
+    # another reference value, or another corpus: the rows would not compare
+    with pytest.raises(ValueError, match="reference rows differ"):
+        accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
+    with pytest.raises(ValueError, match="corpus differs"):
+        accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
