@@ -42,6 +42,7 @@ from int8kv_shim.flash_prefill import (
     MIN_CONTINUATION_TOKENS,
     PrefillSplit,
     Subset,
+    computed_tokens_cpu,
     context_bytes_per_token,
     flash_attention,
     split_batch,
@@ -143,6 +144,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             else 0
         )
         self.min_continuation_tokens = MIN_CONTINUATION_TOKENS
+        self.speculative = getattr(vllm_config, "speculative_config", None) is not None
         self.num_sms = (
             torch.cuda.get_device_properties(device).multi_processor_count
             if device.type == "cuda"
@@ -203,16 +205,21 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             return None, "our kernels (FlashAttention-2 is off or unavailable here, see above)"
         if not flash_prefill.enabled():
             return None, "our kernels (FlashAttention-2 failed earlier in this process)"
-        # The model runner's CPU copy (no device sync); None under async spec decode.
-        if m._num_computed_tokens_cpu is None:
-            return None, "our kernels (vLLM passed no CPU computed-token counts)"
+        computed, exact = computed_tokens_cpu(
+            m.query_start_loc_cpu, m.num_reqs, m._num_computed_tokens_cpu,
+            m.seq_lens_cpu_upper_bound,
+        )  # fmt: skip
+        if computed is None:
+            return None, "our kernels (vLLM passed no CPU counts of cached tokens)"
         split = split_batch(
             m.query_start_loc_cpu,
-            m._num_computed_tokens_cpu,
+            computed,
             m.num_reqs,
             m.seq_lens,
             m.block_table_tensor,
-            self.max_context_tokens,
+            # An upper bound under speculative decoding (see computed_tokens_cpu): a count of 0 is
+            # still exact, a larger one may not be, so continuations then stay on our kernels.
+            self.max_context_tokens if exact or not self.speculative else 0,
             self.min_continuation_tokens,
             first_seq=first_seq,
         )

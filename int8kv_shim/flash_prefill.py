@@ -105,6 +105,30 @@ class PrefillSplit:
     rest: Subset | None  # None: every sequence is a flash sequence
 
 
+def computed_tokens_cpu(
+    query_start_loc_cpu: torch.Tensor,
+    num_reqs: int,
+    num_computed_cpu: torch.Tensor | None,
+    seq_lens_cpu_upper_bound: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, bool]:
+    """Tokens each request already had in the cache before this step, from the CPU side of vLLM's
+    batch metadata (no device sync), and whether the counts are exact.
+
+    vLLM 0.24.0 has two model runners. V1 passes the counts (``_num_computed_tokens_cpu``). V2,
+    the default for Llama, Qwen3 and Mistral architectures, passes only
+    ``seq_lens_cpu_upper_bound`` = computed + scheduled tokens: exact, except under asynchronous
+    speculative decoding, where it assumes every draft token was accepted (so the count can only
+    be too high, never too low; the caller must not trust a non-zero one then). Without either,
+    (None, False): the step's prefills stay on our kernels.
+    """
+    if num_computed_cpu is not None:
+        return num_computed_cpu[:num_reqs], True
+    if seq_lens_cpu_upper_bound is None:
+        return None, False
+    qsl = query_start_loc_cpu[: num_reqs + 1]
+    return seq_lens_cpu_upper_bound[:num_reqs] - (qsl[1:] - qsl[:-1]), False
+
+
 def plan_split(
     query_start_loc_cpu: torch.Tensor,
     num_computed_cpu: torch.Tensor,

@@ -75,6 +75,14 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
         slot_mapping=torch.zeros(num_tokens, dtype=torch.int64),
         _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
     )
+    if mode.startswith("v2"):
+        # vLLM's model runner V2 (the default for Llama-family models) passes no computed-token
+        # counts, only CPU sequence lengths (computed + scheduled)
+        common = dataclasses.replace(
+            common,
+            _num_computed_tokens_cpu=None,
+            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
+        )
     model_config = SimpleNamespace(
         get_num_kv_heads=lambda parallel: nkv,
         get_num_attention_heads=lambda parallel: nq,
@@ -84,14 +92,23 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     vllm_config = SimpleNamespace(model_config=model_config, parallel_config=None)
     spec = SimpleNamespace(block_size=bs, int8kv_dtype=kv_dtype)
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
-    flash = mode == "flash"
-    if mode in ("flash", "broken"):
+    # "v2_spec": the same under speculative decoding, where V2's lengths are upper bounds: only
+    # the fresh prefill may go to FlashAttention, the continuation stays on our kernels
+    builder.speculative = mode == "v2_spec"
+    flash = mode in ("flash", "v2", "v2_spec")
+    if mode in ("flash", "v2", "v2_spec", "broken"):
         builder.flash_prefill = True
         builder.min_continuation_tokens = 2  # tiny shapes: let the 5-token continuation in
         impl._flash_attention = flash_prefill.attention_ref if flash else _broken_flash_attention
     metadata = builder.build(0, common)
     assert (metadata.split is not None) == bool(mode)
-    if flash:  # sequences 1 (9 new tokens, no context) and 2 (65 cached + 5 new) on FlashAttention
+    if mode == "v2_spec":  # sequence 1 (no context) on FlashAttention, sequence 2 on our kernels
+        assert metadata.split.flash.token_index.tolist() == list(range(1, 10))
+        assert metadata.split.flash.context_tokens == 0
+        assert metadata.split.rest.token_index.tolist() == list(range(10, 15))
+    elif (
+        flash
+    ):  # sequences 1 (9 new tokens, no context) and 2 (65 cached + 5 new) on FlashAttention
         assert metadata.split.flash.token_index.tolist() == list(range(1, 15))
         assert metadata.split.flash.key_start_loc.tolist() == [0, 9, 79]
         assert metadata.split.flash.context_tokens == 65
@@ -117,7 +134,8 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     # The decode (first, as vLLM's model runner orders batches for us) is a launch of its own on
     # the decode configuration; the longer queries follow unless FlashAttention took them all.
     assert launches[0] == (1, 1), launches
-    assert launches[1:] == ([] if flash else [(14, 9)]), launches
+    rest = {"v2_spec": [(5, 5)]}.get(mode, [] if flash else [(14, 9)])
+    assert launches[1:] == rest, launches
     # a FlashAttention that raises: logged, this process falls back to our kernels for every row
     assert flash_prefill.enabled() == (mode != "broken")
 
@@ -144,10 +162,11 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
                               seq_lens=common.seq_lens, block_table=block_table,
                               softmax_scale=d**-0.5)  # fmt: skip
         # the flash rows attended over unquantized new K/V: closer to `mixed` than to `ref`
-        for rows in (slice(1, 10), slice(10, 15)):
+        flash_rows = (slice(1, 10),) if mode == "v2_spec" else (slice(1, 10), slice(10, 15))
+        for rows in flash_rows:
             assert (output[rows].float() - mixed[rows]).abs().max() < 4e-3 + 2.0**-7
             assert (output[rows].float() - ref[rows]).abs().max() > 1e-3, "quantized new K/V?"
-        ref[1:15] = mixed[1:15]
+            ref[rows] = mixed[rows]
     # bf16 output: one rounding, which the interpreter does by truncation (2^-7 relative).
     diff = (output[:num_tokens].float() - ref).abs()
     assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), f"max abs error {diff.max().item()}"

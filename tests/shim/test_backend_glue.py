@@ -11,8 +11,10 @@ CHECK = Path(__file__).with_name("backend_glue_check.py")
 
 
 @pytest.mark.parametrize(
-    "args", [["int8"], ["int4"], ["int8", "flash"], ["int8_static", "flash"], ["int8", "broken"]]
-)
+    "args",
+    [["int8"], ["int4"], ["int8", "flash"], ["int8_static", "flash"], ["int8", "broken"],
+     ["int8", "v2"], ["int8", "v2_spec"]],
+)  # fmt: skip
 def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed
@@ -33,7 +35,9 @@ def test_builder_and_impl_run_our_kernels_like_vllm_does(args: list[str]) -> Non
     # the first step with prefills says where they ran (once per process)
     route = "int8kv-shim: first step with prefills: "
     assert log.count(route) == 1, log[-4000:]
-    if "flash" in args or "broken" in args:
+    if "v2_spec" in args:
+        routed = "1 sequence(s) on FlashAttention-2 (0 context tokens gathered), 1 on our kernels"
+    elif len(args) > 1:
         routed = "2 sequence(s) on FlashAttention-2 (65 context tokens gathered), 0 on our kernels"
     else:
         routed = "our kernels (FlashAttention-2 is off or unavailable here, see above)"

@@ -9,7 +9,13 @@ import torch
 
 from int8kv_shim import flash_prefill
 from int8kv_shim.environment_variables import prefill_mode
-from int8kv_shim.flash_prefill import forward_split, make_subset, plan_split, split_batch
+from int8kv_shim.flash_prefill import (
+    computed_tokens_cpu,
+    forward_split,
+    make_subset,
+    plan_split,
+    split_batch,
+)
 
 # decode | first chunk | continuation | one-token prompt | padding request | first chunk
 Q_LENS = [1, 9, 5, 1, 0, 3]
@@ -49,6 +55,19 @@ def test_no_split_without_a_fresh_prefill_or_without_cpu_counts() -> None:
     seq_lens = torch.tensor([8, 9], dtype=torch.int32)
     table = torch.zeros(2, 1, dtype=torch.int32)
     assert split_batch(_qsl([1, 9]), None, 2, seq_lens, table) is None
+
+
+def test_computed_tokens_from_either_model_runner() -> None:
+    qsl = torch.tensor([0, 1, 10, 15, 15], dtype=torch.int32)  # a padded 4th request: no tokens
+    computed = torch.tensor([39, 0, 65, 0], dtype=torch.int32)
+    # model runner V1: its counts, as given (exact)
+    got, exact = computed_tokens_cpu(qsl, 3, computed, torch.tensor([99, 99, 99, 0]))
+    assert got.tolist() == [39, 0, 65] and exact
+    # model runner V2: sequence lengths (computed + scheduled) minus this step's tokens; an upper
+    # bound under speculative decoding, so not marked exact
+    got, exact = computed_tokens_cpu(qsl, 3, None, torch.tensor([40, 9, 70, 0], dtype=torch.int32))
+    assert got.tolist() == [39, 0, 65] and not exact
+    assert computed_tokens_cpu(qsl, 3, None, None) == (None, False)
 
 
 def test_subsets_are_compact_varlen_batches() -> None:
