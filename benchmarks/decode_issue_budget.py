@@ -71,7 +71,7 @@ def main_loop_ops(ptx: str) -> collections.Counter:
 
 def family(op: str) -> str:
     """Buckets of the loop's work: what each instruction is there for."""
-    if op.startswith(("prmt", "xor", "sub.f16x2", "cvt")):
+    if op.startswith(("prmt", "xor", "sub.f16x2", "add.f16x2", "cvt")):
         return "int8 -> fp16 conversion and casts"
     if op.startswith(("mma", "ldmatrix")):
         return "tensor-core MMA and operand loads"
