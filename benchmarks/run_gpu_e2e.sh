@@ -102,5 +102,9 @@ case "$step" in
        run python3 -m pytest tests/e2e/test_tp2.py -m gpu -v -rA -s "$@"; rc=$? ;;
 esac
 cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null
+# Where each engine's prefills ran (FlashAttention-2 or our kernels, and why): one line per process
+# in the logs, gathered here so a call's output shows it without opening them.
+grep -rhoa "int8kv-shim: first [A-Za-z0-9-]* *step with prefills: .*" "$OUT/logs" 2>/dev/null \
+  | sort | uniq -c
 echo "run_gpu_e2e: $step exited $rc; logs and results in $OUT"
 exit "$rc"
