@@ -225,7 +225,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         )
         if split is None:
             return None, "our kernels (no sequence qualifies for FlashAttention-2)"
-        rest = 0 if split.rest is None else split.rest.seq_lens.shape[0]
+        rest = sum(subset.seq_lens.shape[0] for subset in split.our_kernels())
         return split, (
             f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
             f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"

@@ -102,7 +102,15 @@ class PrefillSplit:
     """A batch split into flash sequences (FlashAttention) and the rest (our kernels)."""
 
     flash: Subset
-    rest: Subset | None  # None: every sequence is a flash sequence
+    rest: Subset | None  # longer queries left to our kernels; None: there are none
+    # Queries of one token left to our kernels (decodes, one-token prompts), launched apart on the
+    # decode configuration: vLLM's model runner V2 does not put decodes first in the batch, so
+    # they can sit after a prefill, past the impl's leading-decodes launch.
+    decodes: Subset | None = None
+
+    def our_kernels(self) -> tuple[Subset, ...]:
+        """The subsets our kernels attend, one launch each."""
+        return tuple(s for s in (self.decodes, self.rest) if s is not None)
 
 
 def computed_tokens_cpu(
@@ -238,9 +246,17 @@ def split_batch(
     if plan is None:
         return None
     flash, rest = plan
+    qsl = query_start_loc_cpu.tolist()
+    one = [i for i in rest if qsl[i + 1] - qsl[i] == 1]
+    longer = [i for i in rest if qsl[i + 1] - qsl[i] > 1]
+
+    def subset(seqs: list[int]) -> Subset | None:
+        return make_subset(query_start_loc_cpu, seqs, seq_lens, block_table) if seqs else None
+
     return PrefillSplit(
         flash=make_subset(query_start_loc_cpu, flash, seq_lens, block_table, num_computed_cpu),
-        rest=make_subset(query_start_loc_cpu, rest, seq_lens, block_table) if rest else None,
+        rest=subset(longer),
+        decodes=subset(one),
     )
 
 
@@ -276,7 +292,7 @@ def forward_split(
                     flash.max_key_len, softmax_scale, sliding_window, soft_cap)  # fmt: skip
     if flash.token_range is None:
         output.index_copy_(0, flash.token_index, out)
-    if (rest := split.rest) is not None:
+    for rest in split.our_kernels():
         q = rest.rows(query)
         out = rest.rows(output) if rest.token_range is not None else torch.empty_like(q)
         paged(q, out, rest)

@@ -81,10 +81,16 @@ def test_subsets_are_compact_varlen_batches() -> None:
     # first chunks only: the keys are the new tokens, nothing to gather
     assert fresh.key_start_loc is fresh.query_start_loc and fresh.context_tokens == 0
     assert fresh.max_key_len == 9 and fresh.num_key_tokens == 12
-    assert rest.token_index.tolist() == [0, *range(10, 15), 15]
-    assert rest.query_start_loc.tolist() == [0, 1, 6, 7] and rest.max_query_len == 5
-    assert rest.seq_lens.tolist() == [40, 70, 1]
-    assert torch.equal(rest.block_table, table[[0, 2, 3]])
+    # the rest, apart: the continuation, and the one-token queries (the decode, the one-token
+    # prompt) for a launch on the decode configuration
+    assert rest.token_index.tolist() == list(range(10, 15)) and rest.max_query_len == 5
+    assert rest.query_start_loc.tolist() == [0, 5] and rest.seq_lens.tolist() == [70]
+    assert torch.equal(rest.block_table, table[[2]])
+    one = split.decodes
+    assert one.token_index.tolist() == [0, 15] and one.query_start_loc.tolist() == [0, 1, 2]
+    assert one.max_query_len == 1 and one.seq_lens.tolist() == [40, 1]
+    assert torch.equal(one.block_table, table[[0, 3]])
+    assert split.our_kernels() == (one, rest)
     only_fresh = make_subset(_qsl([4, 2]), [0, 1], seq_lens[:2], table[:2])
     assert only_fresh.token_index.tolist() == list(range(6))
     # with the continuation (65 cached + 5 new) on FlashAttention: keys = context + new tokens
@@ -93,7 +99,7 @@ def test_subsets_are_compact_varlen_batches() -> None:
     assert flash.token_index.tolist() == [*range(1, 15), 16, 17, 18]
     assert flash.key_start_loc.tolist() == [0, 9, 79, 82] and flash.max_key_len == 70
     assert flash.context_tokens == 65 and flash.num_key_tokens == 82
-    assert split.rest.seq_lens.tolist() == [40, 1]
+    assert split.rest is None and split.decodes.seq_lens.tolist() == [40, 1]
 
 
 @pytest.mark.parametrize(
@@ -216,9 +222,8 @@ def _run_split(
     ]
     assert split.flash.token_index.tolist() == flash_rows
     if not views:  # the gather / scatter path, as for subsets whose rows are not contiguous
-        for subset in (split.flash, split.rest):
-            if subset is not None:
-                subset.token_range = None
+        for subset in (split.flash, *split.our_kernels()):
+            subset.token_range = None
     scales = b["scales"]
 
     def gather(k, v, s):
@@ -229,9 +234,11 @@ def _run_split(
         )  # fmt: skip
 
     def paged(q, out, s):
+        launches.append(s.max_query_len)
         _paged(b, kv_dtype, q, out, s.query_start_loc, s.seq_lens, s.block_table, s.max_query_len)
 
     output = torch.full_like(b["query"], float("nan"))
+    launches = b.setdefault("launches", [])  # max_query_len of each launch of our kernels
     forward_split(
         b["query"], b["key"], b["value"], output, split,
         flash_attention=flash_attention or flash_prefill.attention_ref, gather_context=gather,
@@ -339,7 +346,26 @@ def test_contiguous_subsets_are_sliced_with_the_same_result(kv_dtype: str) -> No
     b = _mixed_batch(kv_dtype, "int8", CONTIGUOUS)
     split = split_batch(b["qsl"], torch.tensor([c for _, c in CONTIGUOUS]), len(CONTIGUOUS),
                         b["seq_lens"], b["table"], MIXED_BUDGET, 2)  # fmt: skip
-    assert split.flash.token_range == (6, 22) and split.rest.token_range == (0, 6)
+    assert split.flash.token_range == (6, 22) and split.rest.token_range == (1, 6)
+    assert split.decodes.token_range == (0, 1)
     sliced = _run_split(b, kv_dtype, flash_seqs=[2, 3, 4])
     gathered = _run_split(b, kv_dtype, flash_seqs=[2, 3, 4], views=False)
     assert not sliced.isnan().any() and torch.equal(sliced, gathered)
+
+
+# vLLM's model runner V2 does not put decodes first: here they sit between prefills. Budget 40:
+# sequence 2's context (21) fits, sequence 4's (40) no longer does.
+INTERLEAVED = [(7, 0), (1, 30), (6, 21), (1, 12), (5, 40)]
+
+
+def test_decodes_after_a_prefill_get_a_decode_launch_of_their_own() -> None:
+    b = _mixed_batch("int8", "int8", INTERLEAVED)
+    out = _run_split(b, "int8", flash_seqs=[0, 2])
+    assert not out.isnan().any(), "a row was not written"
+    # the two decodes in one launch on the decode configuration, then the long continuation
+    assert b["launches"] == [1, 5]
+    paged = torch.full_like(b["query"], float("nan"))  # every row through our kernels
+    _paged(b, "int8", b["query"], paged, b["qsl"], b["seq_lens"], b["table"], 7)
+    qsl = b["qsl"].tolist()
+    ours = [t for s in (1, 3, 4) for t in range(qsl[s], qsl[s + 1])]
+    assert _within(out[ours], paged[ours].float())
