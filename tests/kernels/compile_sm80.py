@@ -7,6 +7,7 @@ Prints one line per specialisation and exits non-zero on the first failure.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 import sys
@@ -20,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
-from int8kv_kernels.cache_write import _TILE_T, _write_kv_kernel  # noqa: E402
+from int8kv_kernels.cache_write import _write_kv_kernel, write_launch  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _TILE_T as _TILE_T_INT4  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
@@ -119,19 +120,21 @@ def main() -> int:
     # (kv_dtype, v_format): the E4M3 codec is integer/float bit operations, no FP8 instruction.
     for kv_dtype, v_fmt in (("int8", "int8"), ("int8_static", "int8"), ("int8_static", "e4m3")):
         for dt in ("bf16", "fp16"):
-            for nkv, d in ((8, 128), (3, 64), (2, 256)):
+            # both launch shapes: a decode step's batch and a prefill chunk
+            for (nkv, d), tokens in itertools.product(((8, 128), (3, 64), (2, 256)), (1, 10**6)):
                 lay = PageLayout(kv_dtype, 16, nkv, d)
+                tile, warps = write_launch(tokens)
                 k = compile_one(
                     _write_kv_kernel,
                     {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*i8",
                      "cache16_ptr": "*fp16", "slot_ptr": "*i64", "k_scale_ptr": "*fp32",
                      "v_scale_ptr": "*fp32"},
-                    dict(TILE_T=_TILE_T, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
-                    num_warps=4,
+                    dict(TILE_T=tile, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
+                    num_warps=warps,
                 )  # fmt: skip
                 n += 1
-                check_write_v_store(k, d, _TILE_T)
-                print("ok write", kv_dtype, v_fmt, dt, nkv, d, flush=True)
+                check_write_v_store(k, d, tile)
+                print("ok write", kv_dtype, v_fmt, dt, nkv, d, tile, flush=True)
     cases = [  # (kv_dtype, nq, nkv, d, block_size, max_query_len, window, softcap)
         ("int8", 32, 8, 128, 16, 1, False, False),
         ("int8", 28, 4, 128, 16, 1, False, False),

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvbatch import random_slots
 
-from int8kv_kernels import PageLayout, write_kv_cache
+from int8kv_kernels import PageLayout, cache_write, write_kv_cache
 from int8kv_kernels.cache_write import _TILE_T
 from int8kv_kernels.reference import dequantize_cache, quantize_int8, write_kv_cache_ref
 
@@ -27,10 +27,26 @@ def _write_both(
     return cache, ref
 
 
+@pytest.fixture(params=["per_token", "tiles"])
+def launch(request, monkeypatch):
+    """Both launch shapes of the write (cache_write.write_launch) on the same test: one token per
+    program (a decode step's batch) and tiles of 16 tokens (a prefill chunk's)."""
+    small = 10**9 if request.param == "per_token" else 0
+    monkeypatch.setattr(cache_write, "SMALL_BATCH_TOKENS", small)
+    return request.param
+
+
+def test_launch_shape_follows_the_batch_size():
+    assert cache_write.write_launch(1) == cache_write.write_launch(512) == (1, 1)
+    assert cache_write.write_launch(513) == (_TILE_T, 4)
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32)])
-def test_write_matches_reference_bitwise(kv_dtype, dtype, nkv, head_size, block_size, device):
+def test_write_matches_reference_bitwise(
+    kv_dtype, dtype, nkv, head_size, block_size, device, launch
+):
     n, nb = 12, 4
     key = (torch.randn(n, nkv, head_size, device=device) * 3).to(dtype)
     value = torch.randn(n, nkv, head_size, device=device).to(dtype)
@@ -72,7 +88,7 @@ def test_zero_and_huge_values_stay_finite(dtype, device):
 
 @pytest.mark.parametrize("kv_dtype,v_format", [("int8", "int8"), ("int8_static", "int8"),
                                                ("int8_static", "e4m3")])  # fmt: skip
-def test_token_tiles_across_pages_padding_and_scattered_slots(kv_dtype, v_format, device):
+def test_token_tiles_across_pages_padding_and_scattered_slots(kv_dtype, v_format, device, launch):
     # The kernel quantizes and stores tiles of consecutive tokens of the batch together. Tile 0: a
     # run crossing from page 0 into page 1, padding, descending and scattered slots, a run inside
     # page 2; tile 1: one whole page; tile 2 (partial): a run, padding, scattered slots.
@@ -121,7 +137,7 @@ def test_key_rows_past_the_slot_mapping_are_ignored(device):
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
-def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device):
+def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device, launch):
     nkv, d, bs, n = 2, 64, 16, 7
     # K and V as slices of one fused [n, 3 * nkv, d] qkv tensor, like vLLM's split of a qkv matmul.
     qkv = torch.randn(n, 3 * nkv, d, device=device, dtype=torch.bfloat16)
@@ -169,7 +185,7 @@ def test_write_random_magnitudes(n, nkv, scale_exp, pad, fp16):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
-def test_write_real_size_gpu(kv_dtype):
+def test_write_real_size_gpu(kv_dtype, launch):
     nkv, d, bs, n, nb = 8, 128, 16, 256, 64
     key = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16) * 4
     value = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16)
