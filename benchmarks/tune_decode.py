@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 
 import torch
@@ -170,7 +171,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
-            json.dump(dict(copy_gbs=bw, shape=[nq, nkv, d], rows=log), f)
+            command = shlex.join(["python", "benchmarks/tune_decode.py", *sys.argv[1:]])
+            json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
+                           shape=[nq, nkv, d], rows=log), f)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -172,8 +172,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         mixed = num_decodes > 0 and num_prefills > 0
         split = None
         if m.max_query_len > 1:
-            split, route = self._prefill_route(m, first_seq=num_decodes if mixed else 0)
-            self._log_route(split, route)
+            split, reason = self._prefill_route(m, first_seq=num_decodes if mixed else 0)
+            self._log_route(split, reason)
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -198,9 +198,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
 
     def _prefill_route(
         self, m: CommonAttentionMetadata, first_seq: int
-    ) -> tuple[PrefillSplit | None, str]:
-        """The FlashAttention-2 split of a batch with prefills, or None, and where its prefills
-        go, in words (for the log)."""
+    ) -> tuple[PrefillSplit | None, str | None]:
+        """The FlashAttention-2 split of a batch with prefills, or None and why, in words (for
+        the log)."""
         if not self.flash_prefill:
             return None, "our kernels (FlashAttention-2 is off or unavailable here, see above)"
         if not flash_prefill.enabled():
@@ -225,22 +225,25 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         )
         if split is None:
             return None, "our kernels (no sequence qualifies for FlashAttention-2)"
-        rest = sum(subset.seq_lens.shape[0] for subset in split.our_kernels())
-        return split, (
-            f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
-            f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"
-        )
+        return split, None
 
-    def _log_route(self, split: PrefillSplit | None, route: str) -> None:
+    def _log_route(self, split: PrefillSplit | None, reason: str | None) -> None:
         # Once per process: the route of the first step with prefills, and of the first that used
         # FlashAttention-2 if that came later. Which path ran decides speed and rounding, and
-        # nothing else shows it.
+        # nothing else shows it. The message is built only when it is logged (every step with
+        # prefills passes here).
         first = not _routes_logged
         if first or (split is not None and "flash" not in _routes_logged):
+            if split is not None:
+                rest = sum(subset.seq_lens.shape[0] for subset in split.our_kernels())
+                reason = (
+                    f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
+                    f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"
+                )
             logger.info(
                 "int8kv-shim: %s step with prefills: %s",
                 "first" if first else "first FlashAttention-2",
-                route,
+                reason,
             )
             _routes_logged.add("any")
             if split is not None:

@@ -72,7 +72,7 @@ def _i8_to_f16_biased(x):
 def _i8_to_f16(x):
     """int8 -> fp16, exact: the biased paste minus 1152 (two more fp16x2 subtractions per four
     elements, 5 instructions in all)."""
-    return _i8_to_f16_biased(x) - tl.full([], 1152.0, tl.float16)
+    return _i8_to_f16_biased(x) - tl.full([], K_BIAS, tl.float16)
 
 
 @triton.jit
