@@ -8,8 +8,10 @@ public-domain novel (benchmarks/corpus/):
   ``max_num_batched_tokens=512``, so each window is prefilled in several chunks (chunked prefill is
   always on in vLLM V1) and every chunk after the first attends to K/V that earlier steps wrote into
   the paged cache and that are read back *from the quantized pages*. (Whether a chunk's own K/V also
-  come from the pages depends on the backend; vLLM's Triton backend and ours write the cache first
-  and read everything from it.) Prompt-logprob requests never read the prefix cache (vLLM sets
+  come from the pages depends on the backend: vLLM's Triton backend writes the cache first and
+  reads everything from it; ours attends a chunk over its own K/V in BF16 and its context
+  dequantized from the pages, on FlashAttention-2, unless INT8KV_PREFILL=triton, the
+  ``int8_prefill_triton`` row, sends every token through the pages.) Prompt-logprob requests never read the prefix cache (vLLM sets
   ``skip_reading_prefix_cache`` for them), so every window is really computed.
 - top1_agree / kld: agreement of the most likely next token, and mean KL(P_bf16 || Q_dtype) of the
   next-token distribution, from the top-``--logprobs`` prompt logprobs (see ``truncated_kl`` in

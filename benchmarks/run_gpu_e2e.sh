@@ -72,7 +72,13 @@ fi
 # An engine left over from an earlier, killed call makes vLLM's memory profiling fail ("Initial free
 # memory ... current free memory ...") when it exits mid-profile. Say so; INT8KV_KILL_STALE=1 kills
 # leftover engine cores first (on a dedicated GPU host only).
-stale=$(pgrep -f "[E]ngineCore|[V]LLM::" || true)
+# (Not this script's own callers: a calling shell whose command line names EngineCore, e.g. in a
+# grep of the output, matches too and was killed with it.)
+ancestors=" "; pid=$$
+while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do ancestors+="$pid "; pid=$(ps -o ppid= -p "$pid" | tr -d ' '); done
+stale=$(for pid in $(pgrep -f "[E]ngineCore|[V]LLM::"); do
+  case "$ancestors" in *" $pid "*) ;; *) echo "$pid" ;; esac
+done)
 if [ -n "$stale" ]; then
   if [ "${INT8KV_KILL_STALE:-0}" = 1 ]; then
     # shellcheck disable=SC2086  # one word per PID

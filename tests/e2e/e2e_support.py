@@ -202,6 +202,9 @@ class Comparison:
     first_divergence: dict[int, int] = field(default_factory=dict)
     # near ties: how near, in nats (the larger of the two runs' logprob gaps between the tokens)
     margin: dict[int, float] = field(default_factory=dict)
+    # real mismatches: both runs' top-k (token: logprob) at the divergence, so a log tells a flat
+    # distribution (the top-k spans a fraction of a nat) from a wrong one
+    mismatch_topk: dict[int, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -221,6 +224,7 @@ class Comparison:
                 else ""
             )
             + f"; real mismatches at {self._fmt(self.mismatch)}"
+            + "".join(f"\n    p{i}: {self.mismatch_topk[i]}" for i in self.mismatch_topk)
         )
 
     def _fmt(self, idx: list[int]) -> str:
@@ -262,7 +266,19 @@ def compare_greedy(
                 cmp.margin[i] = max(ref_own - ref_other, own - other_)
         else:
             cmp.mismatch.append(i)
+            if pos < min(len(a), len(b)):
+                cmp.mismatch_topk[i] = (
+                    f"ref picked {a[pos]}, top-k {_topk(ref, i, pos)}; "
+                    f"other picked {b[pos]}, top-k {_topk(other, i, pos)}"
+                )
     return cmp
+
+
+def _topk(run: Mapping[str, Any], prompt: int, pos: int) -> str:
+    lps = run.get("logprobs") or []
+    if prompt >= len(lps) or pos >= len(lps[prompt]):
+        return "(none recorded)"
+    return "{" + ", ".join(f"{t}: {lp:.3f}" for t, lp in lps[prompt][pos]) + "}"
 
 
 def _logprob(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> float | None:

@@ -451,6 +451,11 @@ def test_compare_greedy_identical_near_tie_and_mismatch() -> None:
     # ref: -0.6 vs -0.8 for the two tokens, other: -0.6 vs -0.8 -> 0.2 nats apart
     assert cmp.margin == {1: pytest.approx(0.2)}
     assert "largest logprob gap 0.200 nats" in cmp.summary()
+    # a real mismatch prints both runs' top-k there
+    assert cmp.mismatch_topk == {
+        2: "ref picked 2, top-k {2: -0.100}; other picked 9, top-k {9: -0.010}"
+    }
+    assert "\n    p2: ref picked 2" in cmp.summary()
     # only the first n tokens count
     assert e2e_support.compare_greedy(ref, other, n=1).identical == 3
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from int8kv_shim import flash_prefill
 from int8kv_shim.environment_variables import prefill_mode
@@ -41,6 +43,41 @@ def test_continuations_need_enough_new_tokens_and_room_for_their_context() -> No
     # too few new tokens: short continuations stay on ours whatever the budget
     assert plan_split(_qsl(q_lens), torch.tensor(done), 6, 10**6, 5) == ([2, 3, 5], [0, 1, 4])
     assert plan_split(_qsl([4, 1]), torch.tensor([10, 3]), 2, 9, 2) is None  # 10 > 9
+
+
+def _plan_split_loop(q_lens, done, budget, min_new, first_seq):
+    """plan_split's rule, one request at a time (the spec its tensor version must match)."""
+    flash, rest = [], []
+    for i in range(first_seq, len(q_lens)):
+        if q_lens[i] == 0:
+            continue
+        on_flash = q_lens[i] > 1 and (
+            done[i] == 0 or (q_lens[i] >= min_new and 0 < done[i] <= budget)
+        )
+        if on_flash:
+            budget -= done[i]
+        (flash if on_flash else rest).append(i)
+    return (flash, rest) if flash else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.lists(
+        st.tuples(st.sampled_from([0, 1, 1, 2, 5, 64, 70]), st.sampled_from([0, 0, 3, 20, 64])),
+        min_size=1,
+        max_size=12,
+    ),
+    budget=st.sampled_from([0, 10, 30, 100, 10**6]),
+    min_new=st.sampled_from([2, 5, 64]),
+    first_seq=st.integers(0, 3),
+)
+def test_plan_split_matches_the_per_request_rule(batch, budget, min_new, first_seq) -> None:
+    q_lens, done = [q for q, _ in batch], [d for _, d in batch]
+    first_seq = min(first_seq, len(batch))
+    got = plan_split(
+        _qsl(q_lens), torch.tensor(done, dtype=torch.int32), len(batch), budget, min_new, first_seq
+    )
+    assert got == _plan_split_loop(q_lens, done, budget, min_new, first_seq)
 
 
 def test_sequences_before_first_seq_are_left_out() -> None:
