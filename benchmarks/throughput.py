@@ -75,6 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{PROFILE_PROMPTS} prompts, {PROFILE_TOKENS} output tokens) and keep its per-kernel CUDA "
         "time table next to the results (profile_LABEL_CTX.txt, also in $OUT/logs)",
     )
+    p.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=PROFILE_PROMPTS,
+        help="prompts of the profiled run (at least max_num_seqs to profile the timed run's "
+        "full batches, e.g. 1100 at 1K context)",
+    )
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
@@ -207,7 +214,7 @@ def worker(args: argparse.Namespace) -> int:
         # After every context, so a configuration stopped by --timeout keeps what it measured.
         Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
         if args.profile:
-            profile(llm, prompts[:PROFILE_PROMPTS], args, ctx, profile_dir)
+            profile(llm, prompts[: args.profile_prompts], args, ctx, profile_dir)
     return 0
 
 
@@ -220,7 +227,9 @@ def profile(
     short = SamplingParams(max_tokens=min(PROFILE_TOKENS, args.output_len), ignore_eos=True,
                            temperature=0.0, detokenize=False)  # fmt: skip
     llm.start_profile()
+    t0 = time.monotonic()
     llm.generate(prompts, short, use_tqdm=False)
+    wall = time.monotonic() - t0
     llm.stop_profile()
     table = profile_dir / "profiler_out_0.txt"
     if not table.exists():
@@ -232,7 +241,11 @@ def profile(
         targets.append(Path(os.environ["OUT"]) / "logs" / name)
     for target in targets:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(table.read_text())
+        # The wall time, next to the table's CUDA total, tells a GPU-bound run from a host-bound one.
+        target.write_text(
+            f"profiled generate: {len(prompts)} prompts, {short.max_tokens} output tokens each, "
+            f"{wall:.2f} s wall (profiler overhead included)\n\n{table.read_text()}"
+        )
     print(f"[{args.label}] ctx {ctx}: kernel profile in {targets[-1]}", flush=True)
 
 
@@ -301,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             str(args.seed),
             "--gpu-memory-utilization",
             str(args.gpu_memory_utilization),
-            *(["--profile"] if args.profile else []),
+            *(
+                ["--profile", "--profile-prompts", str(args.profile_prompts)]
+                if args.profile
+                else []
+            ),
         ]
         env = common.child_env(label, args.shim_everywhere)
         rc, secs, tail = common.run_child(

@@ -647,8 +647,11 @@ def test_throughput_keeps_rows_of_a_timed_out_config(
     monkeypatch.setattr(throughput.common, "run_child", fake_child)
     out = tmp_path / "throughput.json"
     argv = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
-    assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192", "--profile"]) == 1
-    assert "--profile" in seen_argv[0]  # the worker is asked to profile too
+    profile = ["--profile", "--profile-prompts", "1100"]
+    assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192", *profile]) == 1
+    # the worker is asked to profile too, with as many prompts
+    worker = throughput.parse_args(seen_argv[0][2:])
+    assert worker.profile and worker.profile_prompts == 1100
     assert [(r["dtype"], r["ctx"]) for r in json.loads(out.read_text())["rows"]] == [("int8", 1024)]
     run = json.loads((tmp_path / "throughput_details.json").read_text())["runs"]["int8"]
     assert run["error"] == "timeout" and run["ctx_done"] == [1024]
