@@ -228,26 +228,29 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         return split, None
 
     def _log_route(self, split: PrefillSplit | None, reason: str | None) -> None:
-        # Once per process: the route of the first step with prefills, and of the first that used
-        # FlashAttention-2 if that came later. Which path ran decides speed and rounding, and
-        # nothing else shows it. The message is built only when it is logged (every step with
-        # prefills passes here).
-        first = not _routes_logged
-        if first or (split is not None and "flash" not in _routes_logged):
-            if split is not None:
-                rest = sum(subset.seq_lens.shape[0] for subset in split.our_kernels())
-                reason = (
-                    f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
-                    f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"
-                )
-            logger.info(
-                "int8kv-shim: %s step with prefills: %s",
-                "first" if first else "first FlashAttention-2",
-                reason,
+        # Once per process each: the route of the first step with prefills, of the first that used
+        # FlashAttention-2 and of the first that gathered cached context for it, when those came
+        # later. Which path ran decides speed and rounding, and nothing else shows it. The message
+        # is built only when it is logged (every step with prefills passes here).
+        kinds = {"any"}
+        if split is not None:
+            kinds |= {"flash", "gather"} if split.flash.context_tokens else {"flash"}
+        new = kinds - _routes_logged
+        if not new:
+            return
+        if split is not None:
+            rest = sum(subset.seq_lens.shape[0] for subset in split.our_kernels())
+            reason = (
+                f"{split.flash.seq_lens.shape[0]} sequence(s) on FlashAttention-2 "
+                f"({split.flash.context_tokens} context tokens gathered), {rest} on our kernels"
             )
-            _routes_logged.add("any")
-            if split is not None:
-                _routes_logged.add("flash")
+        which = (
+            "first" if "any" in new
+            else "first FlashAttention-2" if "flash" in new
+            else "first context-gathering"
+        )  # fmt: skip
+        logger.info("int8kv-shim: %s step with prefills: %s", which, reason)
+        _routes_logged.update(kinds)
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata
