@@ -11,8 +11,9 @@ public-domain novel (benchmarks/corpus/):
   come from the pages depends on the backend: vLLM's Triton backend writes the cache first and
   reads everything from it; ours attends a chunk over its own K/V in BF16 and its context
   dequantized from the pages, on FlashAttention-2, unless INT8KV_PREFILL=triton, the
-  ``int8_prefill_triton`` row, sends every token through the pages.) Prompt-logprob requests never read the prefix cache (vLLM sets
-  ``skip_reading_prefix_cache`` for them), so every window is really computed.
+  ``int8_prefill_triton`` row, sends every token through the pages.) Prompt-logprob requests
+  never read the prefix cache (vLLM sets ``skip_reading_prefix_cache`` for them), so every window
+  is really computed.
 - top1_agree / kld: agreement of the most likely next token, and mean KL(P_bf16 || Q_dtype) of the
   next-token distribution, from the top-``--logprobs`` prompt logprobs (see ``truncated_kl`` in
   common.py for the approximation).
