@@ -1,6 +1,8 @@
 """Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
 
     python benchmarks/kernels.py --out benchmarks/results/kernels.json [--quick] [--impls ...]
+    python benchmarks/kernels.py --shapes 2 --batches 1024 --ctxs 1024 --decode-only \
+        --impls bf16_fa2 int8 --out /tmp/smol_b1024.json    # one decode point, off the matrix
 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
 Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
@@ -291,7 +293,7 @@ def decode_config(spec: str | None):
         A._choose_config = orig
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels.json")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (one model shape)")
@@ -305,13 +307,28 @@ def main() -> None:
         help="T,W,S,C: time int8/int8_static decode with this (tile, warps, stages, chunks) "
         "instead of _choose_config's (e.g. the output of tune_decode.py --best)",
     )
-    args = ap.parse_args()
-    torch.manual_seed(0)
+    # A decode point outside the matrix, e.g. an end-to-end run's regime: SmolLM2's heads with
+    # vLLM's 1024 sequences at 1K (--shapes 2 --batches 1024 --ctxs 1024 --decode-only).
+    ap.add_argument("--batches", type=int, nargs="*", help="decode batch sizes (default: matrix)")
+    ap.add_argument("--ctxs", type=int, nargs="*", help="decode contexts (default: matrix)")
+    ap.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
+    return ap.parse_args(argv)
+
+
+def decode_matrix(args: argparse.Namespace) -> tuple[list, list[int], list[int]]:
+    """(shapes, batches, contexts) of the decode rows."""
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.shapes is not None:
         shapes = [SHAPES[i] for i in args.shapes]
-    batches = [8, 32] if args.quick else [1, 8, 32, 128]
-    ctxs = [1024, 8192] if args.quick else [1024, 4096, 8192, 32768]
+    batches = args.batches or ([8, 32] if args.quick else [1, 8, 32, 128])
+    ctxs = args.ctxs or ([1024, 8192] if args.quick else [1024, 4096, 8192, 32768])
+    return shapes, batches, ctxs
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(0)
+    shapes, batches, ctxs = decode_matrix(args)
     result = {"gpu": torch.cuda.get_device_name(), "command": shlex.join([sys.executable] + sys.argv),
               "peak_bw_gbs": copy_bw_gbs(), "rows": [], "skipped": []}  # fmt: skip
     if args.append and os.path.exists(args.out):
@@ -346,6 +363,8 @@ def main() -> None:
             for ctx in ctxs:
                 for impl in args.impls:
                     attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
+        if args.decode_only:
+            continue
         prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
         for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
             attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)

@@ -77,3 +77,13 @@ def test_decode_config_applies_to_decode_launches_only_and_is_undone(bench):
     assert A._choose_config is orig
     with bench.decode_config(None):
         assert A._choose_config is orig
+
+
+def test_decode_matrix_defaults_and_a_single_point(bench) -> None:
+    full = bench.decode_matrix(bench.parse_args([]))
+    assert full == (bench.SHAPES, [1, 8, 32, 128], [1024, 4096, 8192, 32768])
+    quick = bench.decode_matrix(bench.parse_args(["--quick"]))
+    assert quick == (bench.SHAPES[:1], [8, 32], [1024, 8192])
+    argv = ["--shapes", "2", "--batches", "1024", "--ctxs", "1024", "--decode-only"]
+    args = bench.parse_args(argv)
+    assert bench.decode_matrix(args) == ([(9, 3, 64)], [1024], [1024]) and args.decode_only
