@@ -1,8 +1,11 @@
 """Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
 
     python benchmarks/kernels.py --out benchmarks/results/kernels.json [--quick] [--impls ...]
-    python benchmarks/kernels.py --shapes 2 --batches 1024 --ctxs 1024 --decode-only \
-        --impls bf16_fa2 int8 --out /tmp/smol_b1024.json    # one decode point, off the matrix
+
+One decode point off the matrix (here SmolLM2's heads with 1024 sequences at 1K context):
+
+    python benchmarks/kernels.py --shapes 2 --batches 1024 --ctxs 1024 --decode-only
+        --impls bf16_fa2 int8 --out /tmp/smol_b1024.json
 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
 Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
