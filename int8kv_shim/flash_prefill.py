@@ -96,6 +96,16 @@ class Subset:
             return x[self.token_range[0] : self.token_range[1]]
         return x.index_select(0, self.token_index)
 
+    def output_rows(self, output: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Where this subset's attention writes: its rows of ``output`` when contiguous (a view),
+        else a temporary shaped like its queries ``q``, put back by :meth:`put_rows`."""
+        return self.rows(output) if self.token_range is not None else torch.empty_like(q)
+
+    def put_rows(self, output: torch.Tensor, out: torch.Tensor) -> None:
+        """Scatter ``out`` (from :meth:`output_rows`) into ``output``; nothing for a view."""
+        if self.token_range is None:
+            output.index_copy_(0, self.token_index, out)
+
 
 @dataclass
 class PrefillSplit:
@@ -291,17 +301,15 @@ def forward_split(
     q, k, v = (flash.rows(x) for x in (query, key, value))
     if flash.context_tokens:
         k, v = gather_context(k, v, flash)
-    out = flash.rows(output) if flash.token_range is not None else torch.empty_like(q)
+    out = flash.output_rows(output, q)
     flash_attention(q, k, v, out, flash.query_start_loc, flash.key_start_loc, flash.max_query_len,
                     flash.max_key_len, softmax_scale, sliding_window, soft_cap)  # fmt: skip
-    if flash.token_range is None:
-        output.index_copy_(0, flash.token_index, out)
+    flash.put_rows(output, out)
     for rest in split.our_kernels():
         q = rest.rows(query)
-        out = rest.rows(output) if rest.token_range is not None else torch.empty_like(q)
+        out = rest.output_rows(output, q)
         paged(q, out, rest)
-        if rest.token_range is None:
-            output.index_copy_(0, rest.token_index, out)
+        rest.put_rows(output, out)
     return output
 
 

@@ -38,7 +38,8 @@ _TILE_T = 16
 # program writes one token of one kv-head, with one warp: scattered slots share no sectors, so
 # the 16-token tile gains nothing there and leaves only 8 programs per 16 tokens (H200: 256
 # random slots took 6.0 us against 2.8 us for vLLM's BF16 write, where one program per token
-# for all heads took 4.7 us). Prefill chunks, past it, keep the tile. Not yet timed.
+# for all heads took 4.7 us). Prefill chunks, past it, keep the tile. With this launch the same
+# 256 slots took 4.1 us (benchmarks/results/kernels.json).
 SMALL_BATCH_TOKENS = 512
 
 

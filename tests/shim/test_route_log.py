@@ -19,13 +19,19 @@ def _split(num_flash: int, context_tokens: int, num_ours: int) -> SimpleNamespac
     return SimpleNamespace(flash=flash, our_kernels=lambda: ours)
 
 
-def test_each_route_is_logged_the_first_time_it_runs(monkeypatch) -> None:
+@pytest.fixture
+def route_log(monkeypatch):
+    """(the builder's _log_route, the lines it logged) in a fresh process state."""
     lines: list[str] = []
     monkeypatch.setattr(attention_impl, "_routes_logged", set())
     monkeypatch.setattr(
         attention_impl, "logger", SimpleNamespace(info=lambda f, *a: lines.append(f % a))
     )
-    log = attention_impl.Int8KVAttentionMetadataBuilder._log_route
+    return attention_impl.Int8KVAttentionMetadataBuilder._log_route, lines
+
+
+def test_each_route_is_logged_the_first_time_it_runs(route_log) -> None:
+    log, lines = route_log
     steps = [
         (None, "our kernels (no sequence qualifies for FlashAttention-2)"),
         (None, "our kernels (no sequence qualifies for FlashAttention-2)"),
@@ -46,13 +52,8 @@ def test_each_route_is_logged_the_first_time_it_runs(monkeypatch) -> None:
     ]
 
 
-def test_a_first_step_with_context_says_everything_at_once(monkeypatch) -> None:
-    lines: list[str] = []
-    monkeypatch.setattr(attention_impl, "_routes_logged", set())
-    monkeypatch.setattr(
-        attention_impl, "logger", SimpleNamespace(info=lambda f, *a: lines.append(f % a))
-    )
-    log = attention_impl.Int8KVAttentionMetadataBuilder._log_route
+def test_a_first_step_with_context_says_everything_at_once(route_log) -> None:
+    log, lines = route_log
     for split in (_split(2, 65, 0), _split(1, 0, 0), None):
         log(None, split, "our kernels (FlashAttention-2 failed earlier in this process)")
     assert lines == [
