@@ -1,8 +1,9 @@
 """Host time per call of the kernel wrappers (write_kv_cache, paged_attention) at vLLM's shapes.
 
 The GPU work is made tiny (16-token contexts) so the host side, Python + Triton launch, is what is
-timed; a trivial Triton kernel's launch is timed alongside as the floor. Also writes a cProfile of
-paged_attention's host path. Run on a GPU:
+timed; a trivial Triton kernel's launch is timed alongside as the floor. Each is timed through
+kernels/launch.py's DirectLauncher (what the wrappers use) and through Triton's ``kernel[grid]``.
+Also writes a cProfile of the host path through ``kernel[grid]``. Run on a GPU:
 
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
 """
@@ -22,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from int8kv_kernels.attention import make_workspace, paged_attention
-from int8kv_kernels.cache_write import write_kv_cache
+from int8kv_kernels.attention import launch_attn, make_workspace, paged_attention
+from int8kv_kernels.cache_write import launch_write, write_kv_cache
+from int8kv_kernels.launch import DirectLauncher
 from int8kv_kernels.page_layout import get_page_bytes
 
 
@@ -31,6 +33,9 @@ from int8kv_kernels.page_layout import get_page_bytes
 def _noop(x_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+launch_noop = DirectLauncher(_noop)
 
 
 def host_us(fn, iters: int = 300) -> float:
@@ -67,7 +72,7 @@ def main() -> None:
     x = torch.zeros(1024, device=dev)
 
     def noop():
-        _noop[(1,)](x, 1024, BLOCK=1024)
+        launch_noop((1,), x, 1024, BLOCK=1024)
 
     def write():
         write_kv_cache(k, v, cache, slots, kv_dtype="int8", block_size=bs)
@@ -85,55 +90,17 @@ def main() -> None:
         "triton": triton.__version__,
         "batch": b,
     }
-    for name, fn in (("noop", noop), ("write_kv_cache", write), ("paged_attention", attn)):
-        res[name + "_host_us"] = host_us(fn)
-        print(name, round(res[name + "_host_us"], 1), "us/call", flush=True)
-    # Direct launch: the CompiledKernel that Triton's run() picked, called with the same arguments.
-    from triton.runtime.driver import driver
-
-    import int8kv_kernels.attention as A
-
-    seen = {}
-    orig = A._attn_fwd.run
-
-    def capture(*a, grid, warmup, **kw):
-        k = orig(*a, grid=grid, warmup=warmup, **kw)
-        binder = A._attn_fwd.device_caches[torch.cuda.current_device()][4]
-        bound, _, _ = binder(*a, **kw)
-        seen.update(kernel=k, grid=grid, args=tuple(bound.values()))
-        return k
-
-    A._attn_fwd.run = capture
-    attn()
-    A._attn_fwd.run = orig
-    ck, grid, all_args = seen["kernel"], seen["grid"], seen["args"]
-
-    def direct():
-        dev = driver.active.get_current_device()
-        stream = driver.active.get_current_stream(dev)
-        ck.run(
-            grid[0],
-            grid[1],
-            grid[2],
-            stream,
-            ck.function,
-            ck.packed_metadata,
-            None,
-            None,
-            None,
-            *all_args,
-        )
-
-    out.zero_()
-    direct()
-    torch.cuda.synchronize()
-    ref = out.clone()
-    out.zero_()
-    attn()
-    torch.cuda.synchronize()
-    res["direct_equal"] = bool(torch.equal(ref, out))
-    res["attn_direct_host_us"] = host_us(direct)
-    print("direct", round(res["attn_direct_host_us"], 1), "us/call, equal:", res["direct_equal"])
+    calls = (("noop", noop), ("write_kv_cache", write), ("paged_attention", attn))
+    launchers = (launch_noop, launch_write, launch_attn)
+    # "_host_us": Triton's own launch path (kernel[grid](...)); "_direct_host_us": DirectLauncher's.
+    for direct, suffix in ((False, "_host_us"), (True, "_direct_host_us")):
+        for launcher in launchers:
+            launcher.direct = direct
+        for name, fn in calls:
+            res[name + suffix] = host_us(fn)
+            print(f"{name}{suffix}: {res[name + suffix]:.1f}", flush=True)
+    for launcher in launchers:
+        launcher.direct = False  # the profile shows where kernel[grid]'s time goes
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(200):

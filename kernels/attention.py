@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
+from .launch import DirectLauncher
 from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -559,6 +560,9 @@ def _attn_fwd(
         )
 
 
+launch_attn = DirectLauncher(_attn_fwd)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # as _attn_fwd
 def _merge_splits(
     out_ptr,
@@ -590,6 +594,9 @@ def _merge_splits(
     w = tl.exp2(m - tl.max(m, axis=0))  # splits that saw no key hold m = -1e30: weight 0
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+launch_merge = DirectLauncher(_merge_splits)
 
 
 @dataclass(frozen=True)
@@ -821,7 +828,8 @@ def paged_attention(
     )
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = seq_lens
-    _attn_fwd[(num_q_blocks, num_kv_heads, splits)](
+    launch_attn(
+        (num_q_blocks, num_kv_heads, splits),
         query,
         output,
         kv_cache,
@@ -872,7 +880,8 @@ def _launch_merge(
 ) -> None:
     """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size]."""
     num_tokens, num_q_heads, head_size = output.shape
-    _merge_splits[(num_tokens, num_q_heads)](
+    launch_merge(
+        (num_tokens, num_q_heads),
         output,
         workspace.acc,
         workspace.m,

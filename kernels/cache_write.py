@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import check_v_format, e4m3_encode
+from .launch import DirectLauncher
 from .page_layout import INT4_DTYPES, cached_page_layout
 from .reference import QMAX, SCALE_MAX, SCALE_MIN
 
@@ -177,6 +178,9 @@ def _write_kv_kernel(
     )  # fmt: skip
 
 
+launch_write = DirectLauncher(_write_kv_kernel)
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -226,7 +230,8 @@ def write_kv_cache(
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
     tile, warps = write_launch(num_tokens)
-    _write_kv_kernel[(-(-num_tokens // tile), num_kv_heads)](
+    launch_write(
+        (-(-num_tokens // tile), num_kv_heads),
         key,
         value,
         kv_cache,

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .attention import v_column
 from .e4m3 import check_v_format, e4m3_decode
+from .launch import DirectLauncher
 from .page_layout import cached_page_layout
 
 # Rows (tokens of one kv head) per program: 16-byte loads of whole rows, and few enough programs
@@ -124,6 +125,9 @@ def _gather_kv_kernel(
     )
 
 
+launch_gather = DirectLauncher(_gather_kv_kernel)
+
+
 def gather_kv_context(
     kv_cache: torch.Tensor,
     new_key: torch.Tensor,
@@ -174,7 +178,8 @@ def gather_kv_context(
         return k_out, v_out
     dummy = cu_seqlens_q
     grid = (-(-max_seqlen_k // _BLOCK_T), num_seqs, num_kv_heads)  # no triton.cdiv: ~2 us per call
-    _gather_kv_kernel[grid](
+    launch_gather(
+        grid,
         kv_cache,
         kv_cache.view(torch.float16) if dynamic else kv_cache,
         new_key,

@@ -54,7 +54,8 @@ def main(spec_path: str, result_path: str) -> int:
             temperature=0.0,
             max_tokens=ph["max_tokens"],
             ignore_eos=True,  # fixed-length outputs, comparable position by position
-            logprobs=ph.get("logprobs", 5),
+            # top-20 (vLLM's default max_logprobs): compare_greedy's near-tie window, see there
+            logprobs=ph.get("logprobs", 20),
             detokenize=False,
             skip_reading_prefix_cache=ph.get("skip_reading_prefix_cache"),
         )

@@ -1,0 +1,163 @@
+"""DirectLauncher: the cached-binary launch must run exactly what ``kernel[grid](...)`` would.
+
+CPU: the caching logic against a stand-in kernel (the interpreter has no binaries). GPU: real
+kernels launched both ways give bit-identical outputs, and the cached path is the one taken.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvbatch import make_batch, make_cache, run_attention
+
+import int8kv_kernels.launch as launch
+from int8kv_kernels.attention import launch_attn
+from int8kv_kernels.cache_write import launch_write
+from int8kv_kernels.launch import DirectLauncher
+
+
+class _Kernel:
+    """Stands in for a CompiledKernel: records its launches."""
+
+    def __init__(self, spec):
+        self.spec, self.function, self.packed_metadata, self.launches = spec, object(), object(), []
+
+    def run(self, *args):
+        self.launches.append(args)
+
+
+class _Jit:
+    """Stands in for a JITFunction: a binder specializing ints as Triton does (1, %16), and a
+    run() that 'compiles' one _Kernel per specialization."""
+
+    def __init__(self):
+        self.device_caches = {0: (None, None, None, None, self._bind)}
+        self.compiled: list[_Kernel] = []
+        self.indexed: list[tuple] = []
+
+    @staticmethod
+    def _bind(x, n, BLOCK=None, **options):
+        spec = [("*fp32", "D"), ("constexpr", 1) if n == 1 else ("i32", "D" if n % 16 == 0 else "")]
+        return {"x": x, "n": n, "BLOCK": BLOCK}, [*spec, ("constexpr", BLOCK)], options
+
+    def run(self, *args, grid, warmup, **kwargs):
+        assert not warmup
+        kernel = _Kernel(self._bind(*args, **kwargs)[1])
+        self.compiled.append(kernel)
+        return kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.indexed.append((grid, args, kwargs))
+
+
+class _CudaArg:
+    device = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda index: 1234)
+    jit = _Jit()
+    launcher = DirectLauncher(jit)
+    launcher.direct = True  # a stand-in is not a JITFunction
+    return jit, launcher
+
+
+def test_second_launch_of_a_specialization_uses_the_cached_binary(fake):
+    jit, launcher = fake
+    x = _CudaArg()
+    launcher((3, 2), x, 32, BLOCK=64, num_warps=4)
+    assert len(jit.compiled) == 1 and not jit.compiled[0].launches  # run() launched it
+    launcher((5,), x, 48, BLOCK=64, num_warps=4)  # 48 % 16 == 0: same specialization
+    (kernel,) = jit.compiled
+    (args,) = kernel.launches
+    assert args[:9] == (5, 1, 1, 1234, kernel.function, kernel.packed_metadata, None, None, None)
+    assert args[9:] == (x, 48, 64)  # every parameter in signature order, as run() passes them
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(n=33),  # not a multiple of 16
+        dict(n=1),  # Triton makes 1 a constant
+        dict(BLOCK=128),  # another constexpr
+        dict(num_warps=8),  # another launch option
+    ],
+)
+def test_any_change_of_specialization_or_options_compiles_again(fake, change):
+    jit, launcher = fake
+    base = dict(n=32, BLOCK=64, num_warps=4)
+    launcher((1,), _CudaArg(), **base)
+    launcher((1,), _CudaArg(), **{**base, **change})
+    assert len(jit.compiled) == 2
+    assert not any(k.launches for k in jit.compiled)
+
+
+def test_cpu_tensors_launch_hooks_and_disabled_go_through_triton(fake, monkeypatch):
+    jit, launcher = fake
+    launcher((2,), torch.zeros(1), 32, BLOCK=64)  # interpreter / CPU
+    launcher.direct = False
+    launcher((2,), _CudaArg(), 32, BLOCK=64)
+    launcher.direct = True
+    monkeypatch.setattr(launch, "_launch_hooks_set", lambda: True)  # e.g. proton profiling
+    launcher((2,), _CudaArg(), 32, BLOCK=64)
+    assert len(jit.indexed) == 3 and not jit.compiled
+
+
+def test_interpreted_kernels_are_never_launched_directly():
+    # Under TRITON_INTERPRET=1 (the CPU test run) the kernels are InterpretedFunctions.
+    if not torch.cuda.is_available():
+        assert not launch_attn.direct and not launch_write.direct
+
+
+@pytest.mark.gpu
+def test_direct_launches_match_triton_launches_gpu(monkeypatch):
+    nq, nkv, d, bs = 8, 2, 128, 16
+    b = make_batch([1, 1, 1, 7], [300, 40, 1000, 77], nq, d, bs, "cuda")
+    cache, _, _ = make_cache("int8", bs, nkv, d, b.num_blocks, "cuda")
+    args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
+    assert launch_attn.direct, "Triton is not the supported release: direct launches are off"
+    for splits in (1, 4):  # 4: the merge kernel too
+        first = run_attention(b, cache, **args, num_splits=splits)  # compiles through run()
+        cached = run_attention(b, cache, **args, num_splits=splits)  # the cached binary
+        monkeypatch.setattr(launch_attn, "direct", False)
+        plain = run_attention(b, cache, **args, num_splits=splits)  # kernel[grid](...)
+        monkeypatch.undo()
+        assert torch.equal(first, cached) and torch.equal(first, plain)
+    assert launch_attn._kernels, "the cached path was never taken"
+
+
+@pytest.mark.gpu
+def test_direct_cache_writes_match_triton_launches_gpu(monkeypatch):
+    from int8kv_kernels import get_page_bytes, write_kv_cache
+
+    nkv, d, bs, n = 4, 128, 16, 300
+    key = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    slots = torch.randperm(64 * bs, device="cuda")[:n]
+    pages = get_page_bytes("int8", bs, nkv, d)
+    caches = []
+    for direct in (True, True, False):  # compile, cached binary, kernel[grid](...)
+        monkeypatch.setattr(launch_write, "direct", direct)
+        cache = torch.zeros(64, pages, dtype=torch.int8, device="cuda")
+        write_kv_cache(key, value, cache, slots, kv_dtype="int8", block_size=bs)
+        caches.append(cache)
+    assert torch.equal(caches[0], caches[1]) and torch.equal(caches[0], caches[2])
+    assert launch_write._kernels
+
+
+def test_launch_hooks_count_only_when_a_hook_is_registered():
+    import triton
+
+    chain = triton.knobs.runtime.launch_enter_hook
+    assert not launch._launch_hooks_set()  # Triton's empty chains
+
+    def hook(metadata):
+        pass
+
+    chain.add(hook)
+    try:
+        assert launch._launch_hooks_set()
+    finally:
+        chain.remove(hook)
