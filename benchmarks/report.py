@@ -3,6 +3,9 @@
     python benchmarks/report.py kernels     # "Kernel speed", from benchmarks/results/kernels.json
     python benchmarks/report.py accuracy    # "Accuracy", from accuracy.json (+ accuracy_details.json)
     python benchmarks/report.py throughput  # "Throughput", from throughput.json
+    python benchmarks/report.py profile_1k  # "Throughput", 1K: the profiled pair and its profiles
+    python benchmarks/report.py kernels_smol_b1024  # "Kernel speed", SmolLM2's heads at 1024 seqs
+    python benchmarks/report.py launch_overhead     # "Kernel speed", host time per launch
 
 tests/test_readme_results.py checks that the README holds exactly what this prints.
 """
@@ -155,6 +158,86 @@ def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
     return "\n".join(lines)
 
 
+# vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
+_PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total", "cpu_avg",
+                 "self_cuda", "self_cuda_pct", "cuda_total", "cuda_avg", "calls")  # fmt: skip
+# our backend's custom ops and FlashAttention-2's: where each configuration's attention host time
+# shows up (vLLM lists only the rows with the most CUDA time, so one may be missing)
+_ATTENTION_OPS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update",
+                  "_vllm_fa2_C::varlen_fwd", "_C_cache_ops::reshape_and_cache_flash")  # fmt: skip
+
+
+def _seconds(text: str) -> float:
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(f"not a time: {text!r}")
+
+
+def parse_profile(path: Path) -> dict:
+    """Wall time, total GPU kernel time and per-op host time of a ``throughput.py --profile`` table."""
+    import re
+
+    lines = path.read_text().splitlines()
+    wall = float(re.search(r"([\d.]+) s wall", lines[0]).group(1))
+    ops: dict[str, dict] = {}
+    for line in lines:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(_PROFILE_COLS) or not cells[-1].isdigit():
+            continue
+        row = dict(zip(_PROFILE_COLS, cells, strict=True))
+        ops.setdefault(row["name"], row)  # the first (largest) row of a repeated name
+    gpu = _seconds(re.search(r"Self CUDA time total: (\S+)", "\n".join(lines[-3:])).group(1))
+    return {"wall_s": wall, "gpu_s": gpu, "ops": ops}
+
+
+def profile_table(
+    throughput_path: Path = RESULTS / "throughput_profiled_1k.json",
+    logs: Path = RESULTS / "logs",
+) -> str:
+    """The profiled 1K pair: throughput, and per configuration GPU busy time against wall time
+    and the host time of the attention ops, from the profile tables next to it."""
+    result = json.loads(throughput_path.read_text())
+    lines = [
+        throughput_table(throughput_path),
+        "",
+        "| config | profiled generate, wall s | GPU kernel time, s | GPU busy | host time per call "
+        "of the attention ops listed (CPU total) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in sorted(result["rows"], key=lambda r: r["dtype"]):
+        prof = parse_profile(logs / f"profile_{row['dtype']}_{row['ctx']}.txt")
+        host = ", ".join(
+            f"`{name}` {_seconds(op['cpu_total']) * 1e3 / int(op['calls']) * 1e3:.0f} µs"
+            for name in _ATTENTION_OPS
+            if (op := prof["ops"].get(name))
+        )
+        lines.append(
+            f"| `{row['dtype']}` | {prof['wall_s']:.2f} | {prof['gpu_s']:.2f} | "
+            f"{100 * prof['gpu_s'] / prof['wall_s']:.0f}% | {host} |"
+        )
+    return "\n".join(lines)
+
+
+def launch_overhead_table(path: Path = RESULTS / "launch_overhead.json") -> str:
+    """Host time per call of the kernel wrappers (benchmarks/launch_overhead.py)."""
+    result = json.loads(path.read_text())
+    paths = (("_host_us", "Triton's `kernel[grid]`"), ("_direct_host_us", "`DirectLauncher`"))
+    present = [(suffix, label) for suffix, label in paths if f"noop{suffix}" in result]
+    lines = [
+        f"{result['gpu']}, Triton {result['triton']}, `{_short(result['command'])}`.",
+        "",
+        "| call | " + " | ".join(f"host µs, {label}" for _, label in present) + " |",
+        "|---|" + "---|" * len(present),
+    ]
+    for name, label in (("noop", "a 2-argument Triton kernel"),
+                        ("write_kv_cache", "`write_kv_cache`"),
+                        ("paged_attention", "`paged_attention` (decode)")):  # fmt: skip
+        cells = " | ".join(f"{result[name + suffix]:.1f}" for suffix, _ in present)
+        lines.append(f"| {label} | {cells} |")
+    return "\n".join(lines)
+
+
 def reliability_table(
     soak_path: Path = RESULTS / "soak.json", long_path: Path = RESULTS / "long_context.json"
 ) -> str:
@@ -235,6 +318,9 @@ TABLES = {
     "kernels": kernels_table,
     "accuracy": accuracy_table,
     "throughput": throughput_table,
+    "profile_1k": profile_table,
+    "kernels_smol_b1024": lambda: kernels_table(RESULTS / "kernels_smol_b1024.json"),
+    "launch_overhead": launch_overhead_table,
     "reliability": reliability_table,
     "kv_quant_sim": kv_quant_sim_table,
     "issue_budget": issue_budget_table,

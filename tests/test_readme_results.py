@@ -17,7 +17,18 @@ def _report():
 
 
 @pytest.mark.parametrize(
-    "table", ["kernels", "accuracy", "throughput", "reliability", "kv_quant_sim", "issue_budget"]
+    "table",
+    [
+        "kernels",
+        "accuracy",
+        "throughput",
+        "reliability",
+        "kv_quant_sim",
+        "issue_budget",
+        "profile_1k",
+        "kernels_smol_b1024",
+        "launch_overhead",
+    ],
 )
 def test_readme_quotes_result_file(table: str) -> None:
     generated = _report().TABLES[table]()
@@ -51,3 +62,44 @@ def test_kernels_table_rows_for_the_fa2_prefill_path_and_consecutive_writes(tmp_
     assert "| 2000.0 | - | 0.50x |" in lines[0]
     assert "| 1250.0 | - | 0.80x |" in lines[1] and lines[1].endswith("| 0.91x | n/a |")
     assert "| 16384 | - | 20.0 | - | 1.50x |" in lines[3]
+
+
+def test_parse_profile_reads_wall_gpu_total_and_op_rows(tmp_path) -> None:
+    cells = ["vllm::unified_kv_cache_update", "5.00%", "700.000ms", "6.00%", "800.000ms",
+             "261.438us", "0.000us", "0.00%", "0.000us", "0.000us", "3060"]  # fmt: skip
+    kernel = ["_attn_fwd", "0.00%", "0.000us", "0.00%", "0.000us", "0.000us", "532.363ms",
+              "35.31%", "532.363ms", "124.968us", "4260"]  # fmt: skip
+    text = "\n".join(
+        [
+            "profiled generate: 1100 prompts, 64 output tokens each, 6.16 s wall (profiler ...)",
+            "",
+            "-----  -----",
+            "  ".join(cells),
+            "  ".join(kernel),
+            "-----  -----",
+            "Self CPU time total: 4.772s",
+            "Self CUDA time total: 1.508s",
+        ]
+    )
+    path = tmp_path / "profile_int8_1024.txt"
+    path.write_text(text)
+    prof = _report().parse_profile(path)
+    assert prof["wall_s"] == 6.16 and prof["gpu_s"] == 1.508
+    assert prof["ops"]["vllm::unified_kv_cache_update"]["cpu_total"] == "800.000ms"
+    assert prof["ops"]["_attn_fwd"]["calls"] == "4260"
+
+
+def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None:
+    base = {"command": "python3 benchmarks/launch_overhead.py", "gpu": "G", "triton": "3.6.0"}
+    old = {f"{n}_host_us": v for n, v in (("noop", 17.6), ("write_kv_cache", 46.3),
+                                          ("paged_attention", 87.6))}  # fmt: skip
+    path = tmp_path / "lo.json"
+    path.write_text(json.dumps(base | old))
+    assert _report().launch_overhead_table(path).splitlines()[-1] == (
+        "| `paged_attention` (decode) | 87.6 |"
+    )
+    path.write_text(json.dumps(base | old | {k.replace("_host", "_direct_host"): v / 4
+                                             for k, v in old.items()}))  # fmt: skip
+    assert _report().launch_overhead_table(path).splitlines()[-1] == (
+        "| `paged_attention` (decode) | 87.6 | 21.9 |"
+    )
