@@ -49,6 +49,7 @@ from .attention import (
 )
 from .e4m3 import check_v_format
 from .hadamard import rotate
+from .launch import DirectLauncher
 from .page_layout import Int4PageLayout
 
 
@@ -385,6 +386,9 @@ def int4_attn_constexprs(layout: Int4PageLayout) -> dict:
     return dict(QGROUP=layout.group_size, **layout.kernel_constexprs())
 
 
+launch_attn_int4 = DirectLauncher(_attn_int4_fwd)
+
+
 def paged_attention_int4(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -435,7 +439,8 @@ def paged_attention_int4(
     ws = plan.workspace
     ws_acc, ws_m, ws_l = (ws.acc, ws.m, ws.l) if use_split else (o_rot, o_rot, o_rot)
     dummy_window = int(sliding_window) if sliding_window else 0
-    _attn_int4_fwd[(plan.num_q_blocks, num_kv_heads, plan.splits)](
+    launch_attn_int4(
+        (plan.num_q_blocks, num_kv_heads, plan.splits),
         q_rot,
         o_rot,
         kv_cache.view(torch.uint8),

@@ -14,6 +14,7 @@ import triton.language as tl
 from .cache_write import _rint, _store_key_major
 from .e4m3 import check_v_format
 from .hadamard import rotate
+from .launch import DirectLauncher
 from .page_layout import Int4PageLayout
 from .reference_int4 import FP16_MAX, INT4_LEVELS
 
@@ -161,6 +162,9 @@ def int4_write_constexprs(layout: Int4PageLayout) -> dict:
     )
 
 
+launch_write_int4 = DirectLauncher(_write_kv_int4_kernel)
+
+
 def write_kv_cache_int4(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -192,7 +196,8 @@ def write_kv_cache_int4(
         return
     k_rot = rotate(key[:num_tokens])  # fp32, contiguous [n, H, D]
     v_rot = rotate(value[:num_tokens])
-    _write_kv_int4_kernel[(-(-num_tokens // _TILE_T), num_kv_heads)](
+    launch_write_int4(
+        (-(-num_tokens // _TILE_T), num_kv_heads),
         k_rot,
         v_rot,
         kv_cache.view(torch.uint8),

@@ -105,10 +105,23 @@ def test_cpu_tensors_launch_hooks_and_disabled_go_through_triton(fake, monkeypat
     assert len(jit.indexed) == 3 and not jit.compiled
 
 
-def test_interpreted_kernels_are_never_launched_directly():
-    # Under TRITON_INTERPRET=1 (the CPU test run) the kernels are InterpretedFunctions.
-    if not torch.cuda.is_available():
-        assert not launch_attn.direct and not launch_write.direct
+def _all_launchers() -> list[DirectLauncher]:
+    import importlib
+    import pkgutil
+
+    import int8kv_kernels
+
+    modules = [importlib.import_module(f"int8kv_kernels.{m.name}")
+               for m in pkgutil.iter_modules(int8kv_kernels.__path__)]  # fmt: skip
+    return [v for m in modules for v in vars(m).values() if isinstance(v, DirectLauncher)]
+
+
+def test_every_kernel_launcher_is_found_and_interpreted_ones_never_launch_directly():
+    launchers = _all_launchers()
+    # attention, merge, write, gather, and int4's attention and write
+    assert len({id(x) for x in launchers}) == 6
+    if not torch.cuda.is_available():  # TRITON_INTERPRET=1: the kernels are InterpretedFunctions
+        assert not any(x.direct for x in launchers)
 
 
 @pytest.mark.gpu
