@@ -1,11 +1,17 @@
 """Host time per call of the kernel wrappers (write_kv_cache, paged_attention) at vLLM's shapes.
 
-The GPU work is made tiny (16-token contexts) so the host side, Python + Triton launch, is what is
-timed; a trivial Triton kernel's launch is timed alongside as the floor. Each is timed through
-kernels/launch.py's DirectLauncher (what the wrappers use) and through Triton's ``kernel[grid]``.
-Also writes a cProfile of the host path through ``kernel[grid]``. Run on a GPU:
+SmolLM2's heads (9/3, D=64) and 1024 one-token decodes over 16-token contexts: the GPU work is tiny,
+so what is timed is the host side, our wrapper's Python plus the launch. A trivial two-argument
+Triton kernel is timed alongside as the floor of a launch. On a GPU each call is timed through
+Triton's ``kernel[grid]`` ("_host_us") and through kernels/launch.py's DirectLauncher, which the
+wrappers use ("_direct_host_us"), and a cProfile of the ``kernel[grid]`` path is kept:
 
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
+
+``--stub-launches`` (no GPU needed) replaces every launch with a no-op on CPU tensors, leaving our
+wrappers' own Python ("_wrapper_us"):
+
+    python3 benchmarks/launch_overhead.py --stub-launches --out launch_overhead_wrappers.json
 """
 
 from __future__ import annotations
@@ -14,17 +20,19 @@ import argparse
 import cProfile
 import io
 import json
+import platform
 import pstats
 import shlex
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from int8kv_kernels.attention import launch_attn, make_workspace, paged_attention
-from int8kv_kernels.cache_write import launch_write, write_kv_cache
+import int8kv_kernels.attention as attention
+import int8kv_kernels.cache_write as cache_write
 from int8kv_kernels.launch import DirectLauncher
 from int8kv_kernels.page_layout import get_page_bytes
 
@@ -38,80 +46,101 @@ def _noop(x_ptr, n, BLOCK: tl.constexpr):
 launch_noop = DirectLauncher(_noop)
 
 
-def host_us(fn, iters: int = 300) -> float:
+def host_us(fn: Callable[[], None], iters: int = 300) -> float:
+    """Mean host time of ``fn``: the GPU work is tiny, so the launch queue never fills."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     t1 = time.perf_counter()
-    torch.cuda.synchronize()
+    sync()
     return (t1 - t0) / iters * 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="launch_overhead.json")
-    ap.add_argument("--batch", type=int, default=1024)
-    args = ap.parse_args()
-    dev = "cuda"
-    nq, nkv, d, bs, ctx, b = 9, 3, 64, 16, 16, args.batch
+def make_calls(dev: str, batch: int) -> dict[str, Callable[[], None]]:
+    """The three timed calls: name -> a no-argument function."""
+    nq, nkv, d, bs, ctx = 9, 3, 64, 16, 16
     pages = get_page_bytes("int8", bs, nkv, d)
-    nblocks = b * (ctx // bs) + 8
-    cache = torch.zeros(nblocks, pages, dtype=torch.int8, device=dev)
-    k = torch.randn(b, nkv, d, dtype=torch.bfloat16, device=dev)
+    cache = torch.zeros(batch * (ctx // bs) + 8, pages, dtype=torch.int8, device=dev)
+    k = torch.randn(batch, nkv, d, dtype=torch.bfloat16, device=dev)
     v = torch.randn_like(k)
-    slots = torch.arange(b, device=dev, dtype=torch.int64) * bs + (ctx - 1)
-    q = torch.randn(b, nq, d, dtype=torch.bfloat16, device=dev)
+    slots = torch.arange(batch, device=dev, dtype=torch.int64) * bs + (ctx - 1)
+    q = torch.randn(batch, nq, d, dtype=torch.bfloat16, device=dev)
     out = torch.empty_like(q)
-    qsl = torch.arange(b + 1, device=dev, dtype=torch.int32)
-    seq_lens = torch.full((b,), ctx, device=dev, dtype=torch.int32)
-    bt = torch.arange(b, device=dev, dtype=torch.int32)[:, None]
-    ws = make_workspace(b, nq, d, device=dev)
+    qsl = torch.arange(batch + 1, device=dev, dtype=torch.int32)
+    seq_lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
+    bt = torch.arange(batch, device=dev, dtype=torch.int32)[:, None]
+    ws = attention.make_workspace(batch, nq, d, device=dev)
     x = torch.zeros(1024, device=dev)
 
-    def noop():
+    def noop() -> None:
         launch_noop((1,), x, 1024, BLOCK=1024)
 
-    def write():
-        write_kv_cache(k, v, cache, slots, kv_dtype="int8", block_size=bs)
+    def write() -> None:
+        cache_write.write_kv_cache(k, v, cache, slots, kv_dtype="int8", block_size=bs)
 
-    def attn():
-        paged_attention(
+    def attn() -> None:
+        attention.paged_attention(
             q, cache, out, kv_dtype="int8", block_size=bs, num_kv_heads=nkv,
             query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=1,
             max_seq_len=ctx, softmax_scale=0.125, workspace=ws,
         )  # fmt: skip
 
-    res = {
-        "command": shlex.join(["python3", *sys.argv]),
-        "gpu": torch.cuda.get_device_name(),
-        "triton": triton.__version__,
-        "batch": b,
-    }
-    calls = (("noop", noop), ("write_kv_cache", write), ("paged_attention", attn))
-    launchers = (launch_noop, launch_write, launch_attn)
-    # "_host_us": Triton's own launch path (kernel[grid](...)); "_direct_host_us": DirectLauncher's.
-    for direct, suffix in ((False, "_host_us"), (True, "_direct_host_us")):
+    return {"noop": noop, "write_kv_cache": write, "paged_attention": attn}
+
+
+def stub_launches() -> None:
+    """Every launch the timed calls make becomes a no-op (the wrappers look them up per call)."""
+
+    def stub(*args: object, **kwargs: object) -> None:
+        pass
+
+    globals()["launch_noop"] = stub
+    attention.launch_attn = attention.launch_merge = cache_write.launch_write = stub
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="launch_overhead.json")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--stub-launches", action="store_true", help="CPU: our wrappers' Python only")
+    args = ap.parse_args()
+    res = {"command": shlex.join(["python3", *sys.argv]), "batch": args.batch}
+    if args.stub_launches:
+        stub_launches()
+        calls = make_calls("cpu", args.batch)
+        res |= {"gpu": None, "cpu": platform.processor() or platform.machine()}
+        for name, fn in calls.items():
+            res[name + "_wrapper_us"] = host_us(fn, iters=3000)
+            print(f"{name}_wrapper_us: {res[name + '_wrapper_us']:.1f}", flush=True)
+    else:
+        calls = make_calls("cuda", args.batch)
+        res |= {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__}
+        launchers = (launch_noop, cache_write.launch_write, attention.launch_attn)
+        paths = ((False, "_host_us"), (True, "_direct_host_us"))
+        if not attention.launch_attn.direct:  # another Triton release: no direct launches
+            paths = paths[:1]
+        for direct, suffix in paths:
+            for launcher in launchers:
+                launcher.direct = direct
+            for name, fn in calls.items():
+                res[name + suffix] = host_us(fn)
+                print(f"{name}{suffix}: {res[name + suffix]:.1f}", flush=True)
         for launcher in launchers:
-            launcher.direct = direct
-        for name, fn in calls:
-            res[name + suffix] = host_us(fn)
-            print(f"{name}{suffix}: {res[name + suffix]:.1f}", flush=True)
-    for launcher in launchers:
-        launcher.direct = False  # the profile shows where kernel[grid]'s time goes
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        attn()
-        write()
-    prof.disable()
-    torch.cuda.synchronize()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-    res["cprofile"] = s.getvalue()
-    print(s.getvalue())
+            launcher.direct = False  # the profile shows where kernel[grid]'s time goes
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            calls["paged_attention"]()
+            calls["write_kv_cache"]()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        res["cprofile"] = text.getvalue()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

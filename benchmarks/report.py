@@ -219,21 +219,32 @@ def profile_table(
     return "\n".join(lines)
 
 
-def launch_overhead_table(path: Path = RESULTS / "launch_overhead.json") -> str:
-    """Host time per call of the kernel wrappers (benchmarks/launch_overhead.py)."""
+def launch_overhead_table(
+    path: Path = RESULTS / "launch_overhead.json",
+    wrappers_path: Path = RESULTS / "launch_overhead_wrappers.json",
+) -> str:
+    """Host time per call of the kernel wrappers (benchmarks/launch_overhead.py): on the GPU per
+    launch path, and our wrappers' own Python (``--stub-launches``, on a CPU)."""
     result = json.loads(path.read_text())
-    paths = (("_host_us", "Triton's `kernel[grid]`"), ("_direct_host_us", "`DirectLauncher`"))
-    present = [(suffix, label) for suffix, label in paths if f"noop{suffix}" in result]
+    wrappers = json.loads(wrappers_path.read_text()) if wrappers_path.exists() else {}
+    columns = [
+        (result, "_host_us", "GPU host, Triton's `kernel[grid]`"),
+        (result, "_direct_host_us", "GPU host, `DirectLauncher`"),
+        (wrappers, "_wrapper_us", "our wrapper's Python (CPU, launches stubbed)"),
+    ]
+    columns = [c for c in columns if f"noop{c[1]}" in c[0]]
     lines = [
-        f"{result['gpu']}, Triton {result['triton']}, `{_short(result['command'])}`.",
+        f"{result['gpu']}, Triton {result['triton']}, `{_short(result['command'])}`"
+        + (f"; `{_short(wrappers['command'])}` on a CPU" if wrappers else "")
+        + ". Microseconds per call:",
         "",
-        "| call | " + " | ".join(f"host µs, {label}" for _, label in present) + " |",
-        "|---|" + "---|" * len(present),
+        "| call | " + " | ".join(label for _, _, label in columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
     for name, label in (("noop", "a 2-argument Triton kernel"),
                         ("write_kv_cache", "`write_kv_cache`"),
                         ("paged_attention", "`paged_attention` (decode)")):  # fmt: skip
-        cells = " | ".join(f"{result[name + suffix]:.1f}" for suffix, _ in present)
+        cells = " | ".join(f"{res[name + suffix]:.1f}" for res, suffix, _ in columns)
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 

@@ -93,13 +93,16 @@ def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None
     base = {"command": "python3 benchmarks/launch_overhead.py", "gpu": "G", "triton": "3.6.0"}
     old = {f"{n}_host_us": v for n, v in (("noop", 17.6), ("write_kv_cache", 46.3),
                                           ("paged_attention", 87.6))}  # fmt: skip
-    path = tmp_path / "lo.json"
+    path, wrappers = tmp_path / "lo.json", tmp_path / "missing.json"
     path.write_text(json.dumps(base | old))
-    assert _report().launch_overhead_table(path).splitlines()[-1] == (
+    assert _report().launch_overhead_table(path, wrappers).splitlines()[-1] == (
         "| `paged_attention` (decode) | 87.6 |"
     )
     path.write_text(json.dumps(base | old | {k.replace("_host", "_direct_host"): v / 4
                                              for k, v in old.items()}))  # fmt: skip
-    assert _report().launch_overhead_table(path).splitlines()[-1] == (
-        "| `paged_attention` (decode) | 87.6 | 21.9 |"
-    )
+    wrappers.write_text(json.dumps({"command": "python3 x --stub-launches", "noop_wrapper_us": 0.1,
+                                    "write_kv_cache_wrapper_us": 5.0,
+                                    "paged_attention_wrapper_us": 10.0}))  # fmt: skip
+    lines = _report().launch_overhead_table(path, wrappers).splitlines()
+    assert lines[2].count("|") == 5  # call + three columns
+    assert lines[-1] == "| `paged_attention` (decode) | 87.6 | 21.9 | 10.0 |"

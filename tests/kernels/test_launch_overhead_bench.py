@@ -1,0 +1,26 @@
+"""benchmarks/launch_overhead.py --stub-launches: every launch the wrappers make must be stubbed
+(a launcher renamed or added without it would run the kernel here, or fail), and the JSON holds
+the three calls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "launch_overhead.py"
+
+
+def test_stub_launches_times_the_wrappers_only(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a kernel that ran would now fail
+    out = tmp_path / "w.json"
+    subprocess.run(
+        [sys.executable, str(BENCH), "--stub-launches", "--batch", "8", "--out", str(out)],
+        check=True,
+        timeout=300,
+    )
+    result = json.loads(out.read_text())
+    for name in ("noop", "write_kv_cache", "paged_attention"):
+        assert 0 < result[f"{name}_wrapper_us"] < 1000
+    assert result["gpu"] is None and "--stub-launches" in result["command"]
