@@ -66,6 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fill", type=float, default=1.0, help="prompts = fill x cache / seq len")
     p.add_argument("--num-prompts", type=int, default=0, help="fixed count instead of --fill")
     p.add_argument("--max-num-seqs", type=int, default=0, help="0 = vLLM's default")
+    p.add_argument(
+        "--max-cudagraph-capture-size",
+        type=int,
+        default=0,
+        help="largest batch vLLM captures in a CUDA graph; 0 = vLLM's default, min(2 x "
+        "max_num_seqs, 512): int8 holds twice the sequences, so its decode batches pass 512 and "
+        "run eagerly where BF16's stay in graphs",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1200, help="seconds per configuration")
     p.add_argument(
@@ -152,6 +160,10 @@ def worker(args: argparse.Namespace) -> int:
     )
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.max_cudagraph_capture_size:
+        kwargs["compilation_config"] = {
+            "max_cudagraph_capture_size": args.max_cudagraph_capture_size
+        }
     profile_dir = Path(args.result).with_name(f"profile_{args.label}")
     if args.profile:
         kwargs["profiler_config"] = {
@@ -205,6 +217,9 @@ def worker(args: argparse.Namespace) -> int:
                 "block_size": block_size,
                 "max_num_seqs": sched.max_num_seqs,
                 "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "max_cudagraph_capture_size": (
+                    llm.llm_engine.vllm_config.compilation_config.max_cudagraph_capture_size
+                ),
                 "engine_start_s": round(start_s, 1),
                 "llm_kwargs": common.llm_kwargs_for(args.label),
                 "shim": os.environ.get(common.SHIM_ENV, ""),
@@ -310,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             str(args.num_prompts),
             "--max-num-seqs",
             str(args.max_num_seqs),
+            "--max-cudagraph-capture-size",
+            str(args.max_cudagraph_capture_size),
             "--seed",
             str(args.seed),
             "--gpu-memory-utilization",
@@ -351,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             "fill": args.fill,
             "num_prompts": args.num_prompts or None,
             "max_num_seqs": args.max_num_seqs or "vLLM default",
+            "max_cudagraph_capture_size": args.max_cudagraph_capture_size or "vLLM default",
             "seed": args.seed,
             "prompts": "uniform random token ids in [1000, vocab)",
             "gen_tok_s": "output tokens / wall time of LLM.generate (prefill included)",

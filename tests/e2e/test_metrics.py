@@ -770,3 +770,25 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
     with pytest.raises(ValueError, match="corpus differs"):
         accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
+
+
+def test_throughput_passes_the_cudagraph_capture_size_to_every_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
+    sizes = []
+
+    def fake_child(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        sizes.append(throughput.parse_args(argv[2:]).max_cudagraph_capture_size)
+        return 1, 0.1, "failed"
+
+    monkeypatch.setattr(throughput.common, "run_child", fake_child)
+    out = tmp_path / "throughput.json"
+    base = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
+    throughput.main([*base, "--configs", "auto_fa2,int8", "--max-cudagraph-capture-size", "1024"])
+    assert sizes == [1024, 1024]
+    details = json.loads((tmp_path / "throughput_details.json").read_text())
+    assert details["settings"]["max_cudagraph_capture_size"] == 1024
