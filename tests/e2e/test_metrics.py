@@ -574,10 +574,18 @@ def test_accuracy_main_end_to_end_with_faked_engines(
     assert details["runs"]["int8"]["kv_cache_tokens"] == 1000
 
 
-def test_throughput_main_append_merges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def throughput_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A fake model folder for throughput.main (no GPU name, no $OUT): its base arguments."""
     monkeypatch.delenv("OUT", raising=False)
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
     monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
+    return ["--model", str(tmp_path), "--workdir", str(tmp_path / "w")]
+
+
+def test_throughput_main_append_merges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
+) -> None:
     speed = {"auto_fa2": 100.0, "int8": 150.0, "auto_triton": 90.0}
 
     def fake_child(argv, env, timeout_s, log_path):
@@ -602,7 +610,7 @@ def test_throughput_main_append_merges(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(throughput.common, "run_child", fake_child)
     out = tmp_path / "res" / "throughput.json"
-    base = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
+    base = [*throughput_model, "--out", str(out)]
     assert throughput.main([*base, "--configs", "auto_fa2,int8", "--ctx", "1024,8192,32768"]) == 0
     assert (
         throughput.main([*base, "--configs", "auto_triton,int8", "--ctx", "8192", "--append"]) == 0
@@ -625,12 +633,9 @@ def test_throughput_main_append_merges(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_throughput_keeps_rows_of_a_timed_out_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
 ) -> None:
     """A worker killed by --timeout after its first context still contributes that row."""
-    monkeypatch.delenv("OUT", raising=False)
-    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
 
     seen_argv = []
 
@@ -646,14 +651,17 @@ def test_throughput_keeps_rows_of_a_timed_out_config(
 
     monkeypatch.setattr(throughput.common, "run_child", fake_child)
     out = tmp_path / "throughput.json"
-    argv = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
+    argv = [*throughput_model, "--out", str(out), "--max-cudagraph-capture-size", "1024"]
     profile = ["--profile", "--profile-prompts", "1100"]
     assert throughput.main([*argv, "--configs", "int8", "--ctx", "1024,8192", *profile]) == 1
-    # the worker is asked to profile too, with as many prompts
+    # the worker is asked to profile too, with as many prompts, and gets the capture size
     worker = throughput.parse_args(seen_argv[0][2:])
     assert worker.profile and worker.profile_prompts == 1100
+    assert worker.max_cudagraph_capture_size == 1024
     assert [(r["dtype"], r["ctx"]) for r in json.loads(out.read_text())["rows"]] == [("int8", 1024)]
-    run = json.loads((tmp_path / "throughput_details.json").read_text())["runs"]["int8"]
+    details = json.loads((tmp_path / "throughput_details.json").read_text())
+    assert details["settings"]["max_cudagraph_capture_size"] == 1024
+    run = details["runs"]["int8"]
     assert run["error"] == "timeout" and run["ctx_done"] == [1024]
 
 
@@ -770,25 +778,3 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
     with pytest.raises(ValueError, match="corpus differs"):
         accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
-
-
-def test_throughput_passes_the_cudagraph_capture_size_to_every_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("OUT", raising=False)
-    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    monkeypatch.setattr(throughput.common, "gpu_name", lambda: "FakeGPU")
-    sizes = []
-
-    def fake_child(argv, env, timeout_s, log_path):
-        argv = list(argv)
-        sizes.append(throughput.parse_args(argv[2:]).max_cudagraph_capture_size)
-        return 1, 0.1, "failed"
-
-    monkeypatch.setattr(throughput.common, "run_child", fake_child)
-    out = tmp_path / "throughput.json"
-    base = ["--model", str(tmp_path), "--out", str(out), "--workdir", str(tmp_path / "w")]
-    throughput.main([*base, "--configs", "auto_fa2,int8", "--max-cudagraph-capture-size", "1024"])
-    assert sizes == [1024, 1024]
-    details = json.loads((tmp_path / "throughput_details.json").read_text())
-    assert details["settings"]["max_cudagraph_capture_size"] == 1024
