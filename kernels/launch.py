@@ -13,8 +13,10 @@ arguments.
 generated function ``run`` calls, so the specialization is Triton's, bit for bit), and keys its own
 cache on that specialization. A key seen before launches the cached ``CompiledKernel`` directly; a
 new one goes through ``JITFunction.run``, which compiles (or loads) and launches, and returns the
-kernel to cache. Anything else, the interpreter, another Triton version, a launch hook (a
-profiler such as proton) is set, takes ``kernel[grid](...)`` unchanged: the same results.
+kernel to cache. What the direct path skips besides the Python: the check that the globals a
+kernel read have not changed since it compiled (ours are module constants). Under the
+interpreter, on another Triton release, or while a launch hook (a profiler such as proton) is
+registered, it calls ``kernel[grid](...)`` unchanged.
 """
 
 from __future__ import annotations
