@@ -32,11 +32,17 @@ from int8kv_kernels import (
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import get_dtype
 from int8kv_kernels.hadamard import hadamard, set_rotation
+from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
 from int8kv_shim._logging import get_logger
 from int8kv_shim.calibration import active_recorder
-from int8kv_shim.environment_variables import INT8KV_INT4_ROTATION, int4_rotation_enabled
+from int8kv_shim.environment_variables import (
+    INT8KV_DIRECT_LAUNCH,
+    INT8KV_INT4_ROTATION,
+    direct_launch_enabled,
+    int4_rotation_enabled,
+)
 from int8kv_shim.flash_prefill import (
     CONTEXT_BUFFER_BYTES,
     MIN_CONTINUATION_TOKENS,
@@ -286,6 +292,12 @@ class Int8KVAttentionImpl(AttentionImpl):
         refuse = _refusal(kv_cache_dtype, head_size, alibi_slopes, attn_type, sinks, unsupported)
         if refuse:
             raise ValueError(f"int8kv-shim: {refuse}")
+        if not direct_launch_enabled():
+            set_direct_launches(False)
+            logger.info_once(
+                "int8kv-shim: %s=0: kernels launch through Triton's kernel[grid]",
+                INT8KV_DIRECT_LAUNCH,
+            )
         if kv_cache_dtype == "int4" and not int4_rotation_enabled():
             set_rotation(False)
             logger.warning_once(

@@ -56,6 +56,18 @@ def prefill_mode(environ: Mapping[str, str] | None = None) -> str:
     return mode
 
 
+INT8KV_DIRECT_LAUNCH = "INT8KV_DIRECT_LAUNCH"
+"""``0`` / ``off`` / ``false`` / ``no``: launch our kernels through Triton's ``kernel[grid](...)``
+instead of ``int8kv_kernels.launch``'s direct path (the same results, more host time per launch),
+should the direct path ever fail. Unset or anything else: direct launches on."""
+
+
+def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether our kernels launch directly (``INT8KV_DIRECT_LAUNCH``; on unless switched off)."""
+    env = os.environ if environ is None else environ
+    return (env.get(INT8KV_DIRECT_LAUNCH) or "").strip().lower() not in FALSY_VALUES
+
+
 INT8KV_INT4_ROTATION = "INT8KV_INT4_ROTATION"
 """``int4`` only, for accuracy ablations: ``0`` / ``off`` / ``false`` / ``no`` store K/V without the
 Hadamard rotation (worse accuracy; ``benchmarks/accuracy.py``'s ``int4_no_rotation`` row). Unset or

@@ -31,6 +31,14 @@ import triton
 # are those of this release; vLLM 0.24.0 pins torch 2.11, which pins it.
 SUPPORTED_TRITON = "3.6.0"
 _TRITON_OK = triton.__version__.split("+")[0] == SUPPORTED_TRITON
+_ENABLED = True
+
+
+def set_direct_launches(enabled: bool) -> None:
+    """Turn direct launches off (every launcher then calls ``kernel[grid](...)``: the same results,
+    more host time) or back on, for the whole process. A safety valve."""
+    global _ENABLED
+    _ENABLED = bool(enabled)
 
 
 def _launch_hooks_set() -> bool:
@@ -59,7 +67,7 @@ class DirectLauncher:
         self._kernels: dict[tuple, Any] = {}
 
     def __call__(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
-        if not self.direct or args[0].device.type != "cuda" or _launch_hooks_set():
+        if not (self.direct and _ENABLED) or args[0].device.type != "cuda" or _launch_hooks_set():
             self.fn[tuple(grid)](*args, **kwargs)
             return
         index = _current_device()

@@ -100,9 +100,14 @@ def test_cpu_tensors_launch_hooks_and_disabled_go_through_triton(fake, monkeypat
     launcher.direct = False
     launcher((2,), _CudaArg(), 32, BLOCK=64)
     launcher.direct = True
+    launch.set_direct_launches(False)  # INT8KV_DIRECT_LAUNCH=0
+    try:
+        launcher((2,), _CudaArg(), 32, BLOCK=64)
+    finally:
+        launch.set_direct_launches(True)
     monkeypatch.setattr(launch, "_launch_hooks_set", lambda: True)  # e.g. proton profiling
     launcher((2,), _CudaArg(), 32, BLOCK=64)
-    assert len(jit.indexed) == 3 and not jit.compiled
+    assert len(jit.indexed) == 4 and not jit.compiled
 
 
 def _all_launchers() -> list[DirectLauncher]:
