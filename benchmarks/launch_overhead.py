@@ -4,7 +4,8 @@ SmolLM2's heads (9/3, D=64) and 1024 one-token decodes over 16-token contexts: t
 so what is timed is the host side, our wrapper's Python plus the launch. A trivial two-argument
 Triton kernel is timed alongside as the floor of a launch. On a GPU each call is timed through
 Triton's ``kernel[grid]`` ("_host_us") and through kernels/launch.py's DirectLauncher, which the
-wrappers use ("_direct_host_us"), and a cProfile of the ``kernel[grid]`` path is kept:
+wrappers use ("_direct_host_us"), and a cProfile of the ``kernel[grid]`` path is kept; also
+whether a small host-to-device copy waits for queued GPU work ("h2d_*_wait_ms"):
 
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
 
@@ -92,6 +93,30 @@ def make_calls(dev: str, batch: int) -> dict[str, Callable[[], None]]:
     return {"noop": noop, "write_kv_cache": write, "paged_attention": attn}
 
 
+def h2d_wait_ms(sleep_cycles: int = 400_000_000) -> dict[str, float]:
+    """Host time of a small host-to-device copy (``non_blocking=True``) made while a ~0.2 s kernel
+    is queued: from pageable memory (``tensor.to``) and from pinned memory
+    (``int8kv_shim.flash_prefill.to_device``). A copy that waits for the queue takes ~the sleep."""
+    from int8kv_shim.flash_prefill import to_device
+
+    dev = torch.device("cuda")
+    host = torch.arange(1024)
+    to_device(host, dev)  # warm the caching host allocator
+    out = {}
+    for name, copy in (
+        ("h2d_pageable_wait_ms", lambda: host.to(dev, non_blocking=True)),
+        ("h2d_pinned_wait_ms", lambda: to_device(host, dev)),
+    ):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(sleep_cycles)
+        t0 = time.perf_counter()
+        copy()
+        out[name] = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        print(f"{name}: {out[name]:.2f}", flush=True)
+    return out
+
+
 def stub_launches() -> None:
     """Every launch the timed calls make becomes a no-op (the wrappers look them up per call)."""
 
@@ -129,6 +154,7 @@ def main() -> None:
             for name, fn in calls.items():
                 res[name + suffix] = host_us(fn)
                 print(f"{name}{suffix}: {res[name + suffix]:.1f}", flush=True)
+        res |= h2d_wait_ms()
         for launcher in launchers:
             launcher.direct = False  # the profile shows where kernel[grid]'s time goes
         prof = cProfile.Profile()
