@@ -208,7 +208,7 @@ def profile_table(
     for row in sorted(result["rows"], key=lambda r: r["dtype"]):
         prof = parse_profile(logs / f"profile_{row['dtype']}_{row['ctx']}.txt")
         host = ", ".join(
-            f"`{name}` {_seconds(op['cpu_total']) * 1e3 / int(op['calls']) * 1e3:.0f} µs"
+            f"`{name}` {_seconds(op['cpu_total']) * 1e6 / int(op['calls']):.0f} µs"
             for name in _ATTENTION_OPS
             if (op := prof["ops"].get(name))
         )
