@@ -4,7 +4,8 @@ SmolLM2's heads (9/3, D=64) and 1024 one-token decodes over 16-token contexts: t
 so what is timed is the host side, our wrapper's Python plus the launch. A trivial two-argument
 Triton kernel is timed alongside as the floor of a launch. On a GPU each call is timed through
 Triton's ``kernel[grid]`` ("_host_us") and through kernels/launch.py's DirectLauncher, which the
-wrappers use ("_direct_host_us"), and a cProfile of the ``kernel[grid]`` path is kept; also
+wrappers use ("_direct_host_us"), as the median of ``--rounds`` rounds in which the two paths
+alternate ("_spread_us": max - min), and a cProfile of the ``kernel[grid]`` path is kept; also
 whether a small host-to-device copy waits for queued GPU work ("h2d_*_wait_ms"):
 
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
@@ -24,6 +25,7 @@ import json
 import platform
 import pstats
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -95,18 +97,17 @@ def make_calls(dev: str, batch: int) -> dict[str, Callable[[], None]]:
 
 def h2d_wait_ms(sleep_cycles: int = 400_000_000) -> dict[str, float]:
     """Host time of a small host-to-device copy (``non_blocking=True``) made while a ~0.2 s kernel
-    is queued: from pageable memory (``tensor.to``) and from pinned memory
-    (``int8kv_shim.flash_prefill.to_device``). A copy that waits for the queue takes ~the sleep."""
-    from int8kv_shim.flash_prefill import to_device
-
+    is queued, from pageable memory (what the split's copies use) and from pinned memory. A copy
+    that waits for the queue takes ~the sleep."""
     dev = torch.device("cuda")
     host = torch.arange(1024)
-    to_device(host, dev)  # warm the caching host allocator
+    pinned = host.pin_memory()
     out = {}
     for name, copy in (
         ("h2d_pageable_wait_ms", lambda: host.to(dev, non_blocking=True)),
-        ("h2d_pinned_wait_ms", lambda: to_device(host, dev)),
+        ("h2d_pinned_wait_ms", lambda: pinned.to(dev, non_blocking=True)),
     ):
+        copy()  # warm
         torch.cuda.synchronize()
         torch.cuda._sleep(sleep_cycles)
         t0 = time.perf_counter()
@@ -131,6 +132,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="launch_overhead.json")
     ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5, help="GPU: medians over this many rounds")
     ap.add_argument("--stub-launches", action="store_true", help="CPU: our wrappers' Python only")
     args = ap.parse_args()
     res = {"command": shlex.join(["python3", *sys.argv]), "batch": args.batch}
@@ -148,12 +150,19 @@ def main() -> None:
         paths = ((False, "_host_us"), (True, "_direct_host_us"))
         if not attention.launch_attn.direct:  # another Triton release: no direct launches
             paths = paths[:1]
-        for direct, suffix in paths:
-            for launcher in launchers:
-                launcher.direct = direct
-            for name, fn in calls.items():
-                res[name + suffix] = host_us(fn)
-                print(f"{name}{suffix}: {res[name + suffix]:.1f}", flush=True)
+        # Rounds alternate the two paths, so a drift of the host (clocks, other load) shows up as
+        # spread in both columns rather than as a difference between them.
+        samples: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for direct, suffix in paths:
+                for launcher in launchers:
+                    launcher.direct = direct
+                for name, fn in calls.items():
+                    samples.setdefault(name + suffix, []).append(host_us(fn))
+        for key, values in samples.items():
+            res[key] = statistics.median(values)
+            res[key.replace("_us", "_spread_us")] = max(values) - min(values)
+            print(f"{key}: {res[key]:.1f} (spread {max(values) - min(values):.1f})", flush=True)
         res |= h2d_wait_ms()
         for launcher in launchers:
             launcher.direct = False  # the profile shows where kernel[grid]'s time goes

@@ -332,6 +332,7 @@ TABLES = {
     "profile_1k": profile_table,
     "kernels_smol_b1024": lambda: kernels_table(RESULTS / "kernels_smol_b1024.json"),
     "launch_overhead": launch_overhead_table,
+    "throughput_1k_direct": lambda: throughput_table(RESULTS / "throughput_1k_direct.json"),
     "reliability": reliability_table,
     "kv_quant_sim": kv_quant_sim_table,
     "issue_budget": issue_budget_table,

@@ -28,6 +28,7 @@ def _report():
         "profile_1k",
         "kernels_smol_b1024",
         "launch_overhead",
+        "throughput_1k_direct",
     ],
 )
 def test_readme_quotes_result_file(table: str) -> None:

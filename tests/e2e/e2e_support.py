@@ -52,6 +52,9 @@ SHARED_SUFFIX_LENS = (17, 50, 90, 200)
 TINY_ATTN_OUT_SCALE = 1.0  # standard init; see build_tiny_llama
 MAX_MODEL_LEN = 2560  # longest prompt (2300) + generated tokens, rounded up to a block multiple
 GEN_TOKENS = 32
+# Logprobs each generated position records: compare_greedy's near-tie window (its docstring says
+# why 20; it is also vLLM's default max_logprobs, the most a request may ask for).
+NEAR_TIE_TOPK = 20
 # Rounds of 24 prompts. The tests compare how many prompts stay identical with a control's count,
 # allowing a slack of 0.15 (SLACK below); the standard error of the difference of two such
 # fractions near 0.3 is sqrt(2 * 0.21 / n): 0.13 for n = 24 (the slack is ~1 s.e., so an equally good
@@ -231,6 +234,22 @@ class Comparison:
         return "[" + ", ".join(f"p{i}@t{self.first_divergence[i]}" for i in idx) + "]"
 
 
+def generation_phase(
+    name: str,
+    prompts: list[list[int]],
+    max_tokens: int = GEN_TOKENS,
+    skip_reading_prefix_cache: bool | None = None,
+) -> dict[str, Any]:
+    """One phase of a ``vllm_worker`` spec: greedy generation recording NEAR_TIE_TOPK logprobs."""
+    return {
+        "name": name,
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "logprobs": NEAR_TIE_TOPK,
+        "skip_reading_prefix_cache": skip_reading_prefix_cache,
+    }
+
+
 def compare_greedy(
     ref: Mapping[str, Any], other: Mapping[str, Any], n: int = GEN_TOKENS
 ) -> Comparison:
@@ -242,7 +261,7 @@ def compare_greedy(
     (batch composition, CUDA graph padding, a quantized cache). Otherwise it is a *mismatch*: one
     run picked a token the other considered unlikely, which points at a real difference.
 
-    The runs record k = 20 (vllm_worker.py). With k = 5 the window was a rank, not a probability:
+    The runs record k = NEAR_TIE_TOPK = 20 (generation_phase). With k = 5 the window was a rank, not a probability:
     SmolLM2 continuing a novel often has five candidates within 0.2 nats, so a token 0.3 nats
     down fell outside it (the GPU run of session 7, p12@t4: ref's top-5 spanned 0.19 nats, the
     other's 0.31), while near ties the same rule accepted elsewhere reached 0.69 nats. A broken

@@ -460,6 +460,45 @@ def test_compare_greedy_identical_near_tie_and_mismatch() -> None:
     assert e2e_support.compare_greedy(ref, other, n=1).identical == 3
 
 
+def test_gpu_tests_record_the_near_tie_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine the GPU tests start records NEAR_TIE_TOPK logprobs per position: in session 7
+    the window was widened to 20 in one place while the tests' phases still asked for 5, so the
+    GPU run judged with top-5 (p12@t4 below)."""
+    import test_tp2
+    import test_vllm_e2e
+
+    specs: list[list[dict]] = []
+
+    def engine(name, kwargs, phases, shim, env=None):
+        specs.append(phases)
+        return {}
+
+    prompts = [[1, 2, 3]]
+    for dtype in ("auto", "int8", "int8_per_token_head"):
+        test_vllm_e2e._tiny(engine, "tiny", prompts, dtype)
+        test_vllm_e2e._smol_eager(engine, "smol", prompts, dtype)
+        test_vllm_e2e._smol_eager(engine, "smol", prompts, dtype, through_cache=True)
+        test_vllm_e2e._smol_graphs(engine, "smol", prompts, dtype)
+        test_vllm_e2e._smol_preempt(engine, "smol", prompts, dtype)
+        test_tp2._run_tp(engine, Path("tiny"), prompts, dtype, 2, monkeypatch, None)
+    assert len(specs) == 18
+    assert {ph["logprobs"] for phases in specs for ph in phases} == {e2e_support.NEAR_TIE_TOPK}
+
+
+def test_flat_distribution_flip_is_a_near_tie_within_top20() -> None:
+    """The GPU run's p12@t4 (session 8 log): five candidates within 0.19 nats; int8 picked the
+    fourth. Top-5 records miss the other run's token, top-20 ones hold it (its logprob here is an
+    assumed -3.1: the recorded lists stop at -3.015)."""
+    ref_top5 = [[198, -2.637], [1188, -2.699], [4571, -2.762], [5344, -2.762], [685, -2.824]]
+    int8_top5 = [[5344, -2.702], [4571, -2.765], [1188, -2.765], [685, -2.827], [919, -3.015]]
+    int8_top20 = int8_top5 + [[198, -3.1]] + [[1000 + i, -3.2 - 0.1 * i] for i in range(14)]
+    ref = _run([[198]], [[ref_top5]])
+    assert e2e_support.compare_greedy(ref, _run([[5344]], [[int8_top5]]), n=1).mismatch == [0]
+    cmp = e2e_support.compare_greedy(ref, _run([[5344]], [[int8_top20]]), n=1)
+    assert cmp.near_tie == [0] and not cmp.mismatch
+    assert cmp.margin == {0: pytest.approx(0.398)}  # int8's own gap: -2.702 - (-3.1)
+
+
 def test_tiny_llama_builder(tmp_path: Path) -> None:
     """The tiny GQA model folder is loadable by transformers with the shapes vLLM will see."""
     pytest.importorskip("transformers")

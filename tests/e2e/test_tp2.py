@@ -40,10 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
+    GEN_TOKENS,
     MAX_MODEL_LEN,
     Comparison,
     assert_like_control,
     compare_greedy,
+    generation_phase,
 )
 
 pytestmark = [
@@ -55,7 +57,6 @@ TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))
 TP_DTYPES = [
     d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static").split(",")
 ]
-GEN_TOKENS = 32
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,
     "max_num_seqs": 32,
@@ -112,10 +113,6 @@ def tiny_scales(tiny_model_dir: Path, e2e_workdir: Path) -> Path:
     return out
 
 
-def _prompts_phase(prompts: list[list[int]]) -> dict[str, Any]:
-    return {"name": "ref", "prompts": prompts, "max_tokens": GEN_TOKENS, "logprobs": 5}
-
-
 def _run_tp(
     engine, tiny_model_dir: Path, prompts, dtype: str, tp: int, monkeypatch, scales: Path | None
 ) -> dict[str, Any]:
@@ -126,7 +123,7 @@ def _run_tp(
         kw["attention_backend"] = "TRITON_ATTN"  # no FA3 in the H200 bundle (see CONFIGS)
     if scales is not None:
         monkeypatch.setenv("INT8KV_SCALES", str(scales))
-    return engine(f"tp_tiny_{dtype}_tp{tp}", kw, [_prompts_phase(prompts)], shim)
+    return engine(f"tp_tiny_{dtype}_tp{tp}", kw, [generation_phase("ref", prompts)], shim)
 
 
 def _tp2_vs_tp1(request, engine, tiny_model_dir, prompts, dtype: str, monkeypatch) -> Comparison:

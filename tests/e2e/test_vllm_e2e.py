@@ -40,11 +40,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
-    GEN_TOKENS,
     MAX_MODEL_LEN,
     Comparison,
     assert_like_control,
     compare_greedy,
+    generation_phase,
 )
 
 pytestmark = pytest.mark.gpu
@@ -92,18 +92,6 @@ def _kv(dtype: str) -> tuple[dict[str, Any], bool]:
     return {"kv_cache_dtype": dtype}, True
 
 
-def _phase(
-    name: str, prompts: list[list[int]], skip_reading: bool | None, max_tokens: int = GEN_TOKENS
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "prompts": prompts,
-        "max_tokens": max_tokens,
-        "logprobs": 5,
-        "skip_reading_prefix_cache": skip_reading,
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # engines (each started once per session; see conftest.engine)
 
@@ -118,7 +106,12 @@ def _tiny(engine, tiny_model_dir, prompts, dtype: str) -> dict[str, Any]:
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(tiny_model_dir), "enforce_eager": True}
     kw["enable_prefix_caching"] = False
-    return engine(f"tiny_{dtype}", kw, [_phase("ref", prompts, True)], shim)
+    return engine(
+        f"tiny_{dtype}",
+        kw,
+        [generation_phase("ref", prompts, skip_reading_prefix_cache=True)],
+        shim,
+    )
 
 
 def _smol_eager(
@@ -131,7 +124,10 @@ def _smol_eager(
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(smollm2_dir), "enforce_eager": True}
     kw["enable_prefix_caching"] = True
-    phases = [_phase("miss", prompts, True), _phase("hit", prompts, None)]
+    phases = [
+        generation_phase("miss", prompts, skip_reading_prefix_cache=True),
+        generation_phase("hit", prompts),
+    ]
     if through_cache and shim:
         name, env = f"smol_{dtype}_prefill_triton", {"INT8KV_PREFILL": "triton"}
         return engine(name, kw, phases, shim, env)
@@ -165,14 +161,23 @@ def _smol_graphs(engine, smollm2_dir, prompts, dtype: str) -> dict[str, Any]:
     """Default compilation (torch.compile + CUDA graphs, whatever mode the backend declares)."""
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(smollm2_dir), "enable_prefix_caching": False}
-    return engine(f"smol_{dtype}_graphs", kw, [_phase("ref", prompts, True)], shim)
+    return engine(
+        f"smol_{dtype}_graphs",
+        kw,
+        [generation_phase("ref", prompts, skip_reading_prefix_cache=True)],
+        shim,
+    )
 
 
 def _smol_preempt(engine, smollm2_dir, prompts, dtype: str) -> dict[str, Any]:
     kw, shim = _kv(dtype)
     kw |= {**COMMON, "model": str(smollm2_dir), "enforce_eager": True}
     kw |= {"enable_prefix_caching": False, "num_gpu_blocks_override": PREEMPT_BLOCKS}
-    phases = [_phase("ref", prompts[:PREEMPT_PROMPTS], True, max_tokens=PREEMPT_TOKENS)]
+    phases = [
+        generation_phase(
+            "ref", prompts[:PREEMPT_PROMPTS], PREEMPT_TOKENS, skip_reading_prefix_cache=True
+        )
+    ]
     return engine(f"smol_{dtype}_preempt", kw, phases, shim)
 
 

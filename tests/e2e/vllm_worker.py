@@ -54,8 +54,7 @@ def main(spec_path: str, result_path: str) -> int:
             temperature=0.0,
             max_tokens=ph["max_tokens"],
             ignore_eos=True,  # fixed-length outputs, comparable position by position
-            # top-20 (vLLM's default max_logprobs): compare_greedy's near-tie window, see there
-            logprobs=ph.get("logprobs", 20),
+            logprobs=ph["logprobs"],  # e2e_support.generation_phase says how many
             detokenize=False,
             skip_reading_prefix_cache=ph.get("skip_reading_prefix_cache"),
         )
