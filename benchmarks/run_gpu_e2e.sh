@@ -87,6 +87,15 @@ if [ -n "$stale" ]; then
     echo "run_gpu_e2e: WARNING leftover vLLM processes (set INT8KV_KILL_STALE=1 to kill): $stale"
   fi
 fi
+# An engine killed by an earlier call's timeout can hold its GPU memory for a while as it exits
+# (session 8: the next engine then found 68 of 140 GiB free and refused to start). Give GPU
+# processes that are not ours up to 90 s to go.
+for i in $(seq 90); do
+  apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  [ -z "$apps" ] && break
+  [ "$i" = 1 ] && echo "run_gpu_e2e: waiting for GPU processes to exit: $(echo $apps)"
+  sleep 1
+done
 run() { echo "+ $*"; "$@" 2>&1 | tee "$OUT/logs/$step.log"; return "${PIPESTATUS[0]}"; }
 case "$step" in
   stage) rc=0 ;;

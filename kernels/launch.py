@@ -14,7 +14,9 @@ generated function ``run`` calls, so the specialization is Triton's, bit for bit
 cache on that specialization. A key seen before launches the cached ``CompiledKernel`` directly; a
 new one goes through ``JITFunction.run``, which compiles (or loads) and launches, and returns the
 kernel to cache. What the direct path skips besides the Python: the check that the globals a
-kernel read have not changed since it compiled (ours are module constants). Under the
+kernel read have not changed since it compiled (ours are module constants), and one driver query
+per tensor argument: tensors go to the launcher as their addresses, after a check that each is a
+CUDA tensor. Under the
 interpreter, on another Triton release, or while a launch hook (a profiler such as proton) is
 registered, it calls ``kernel[grid](...)`` unchanged.
 """
@@ -64,7 +66,9 @@ class DirectLauncher:
         self.fn = fn
         # Interpreted kernels (TRITON_INTERPRET=1) have no binary to cache.
         self.direct = _TRITON_OK and isinstance(fn, triton.runtime.jit.JITFunction)
-        self._kernels: dict[tuple, Any] = {}
+        # key -> (compiled kernel, positions of its pointer arguments)
+        self._kernels: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
+        self.direct_launches = 0  # launches of a cached binary (tests, benchmarks)
 
     def __call__(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
         if not (self.direct and _ENABLED) or args[0].device.type != "cuda" or _launch_hooks_set():
@@ -74,12 +78,28 @@ class DirectLauncher:
         binder = self.fn.device_caches[index][4]
         bound, specialization, options = binder(*args, **kwargs)  # options: num_warps, ...
         key = (index, *options.items(), *specialization)
-        kernel = self._kernels.get(key)
-        if kernel is None:
+        cached = self._kernels.get(key)
+        if cached is None:
             kernel = self.fn.run(*args, grid=tuple(grid), warmup=False, **kwargs)
-            self._kernels[key] = kernel.result() if hasattr(kernel, "result") else kernel
+            kernel = kernel.result() if hasattr(kernel, "result") else kernel
+            pointers = tuple(
+                i for i, (ty, _) in enumerate(specialization)
+                if isinstance(ty, str) and ty.startswith("*")
+            )  # fmt: skip
+            self._kernels[key] = (kernel, pointers)
             return
+        kernel, pointers = cached
+        values = list(bound.values())
+        for i in pointers:
+            tensor = values[i]
+            if not tensor.is_cuda:  # Triton's launch raises its own error for it
+                self.fn[tuple(grid)](*args, **kwargs)
+                return
+            # Triton's launcher asks the driver where each tensor's pointer lives
+            # (cuPointerGetAttribute); for an integer it takes the address as it is.
+            values[i] = tensor.data_ptr()
         g0, g1, g2 = (*grid, 1, 1)[:3]
         stream = _current_stream(index)
+        self.direct_launches += 1
         kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *bound.values())  # fmt: skip
+                   *values)  # fmt: skip

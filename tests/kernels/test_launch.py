@@ -52,6 +52,10 @@ class _Jit:
 
 class _CudaArg:
     device = torch.device("cuda", 0)
+    is_cuda = True
+
+    def data_ptr(self) -> int:
+        return 4096
 
 
 @pytest.fixture
@@ -73,7 +77,23 @@ def test_second_launch_of_a_specialization_uses_the_cached_binary(fake):
     (kernel,) = jit.compiled
     (args,) = kernel.launches
     assert args[:9] == (5, 1, 1, 1234, kernel.function, kernel.packed_metadata, None, None, None)
-    assert args[9:] == (x, 48, 64)  # every parameter in signature order, as run() passes them
+    # every parameter in signature order, as run() passes them; tensors as their addresses
+    assert args[9:] == (4096, 48, 64)
+    assert launcher.direct_launches == 1
+
+
+def test_a_cached_launch_with_a_non_cuda_pointer_goes_through_triton(fake):
+    jit, launcher = fake
+    launcher((1,), _CudaArg(), 32, BLOCK=64)
+    launcher((1,), _CudaArg(), 32, BLOCK=64)
+    (kernel,) = jit.compiled
+    assert len(kernel.launches) == 1 and not jit.indexed
+
+    class _Misplaced(_CudaArg):  # passes the first-argument check, fails the per-pointer one
+        is_cuda = False
+
+    launcher((1,), _Misplaced(), 32, BLOCK=64)
+    assert len(kernel.launches) == 1 and len(jit.indexed) == 1
 
 
 @pytest.mark.parametrize(
@@ -136,6 +156,7 @@ def test_direct_launches_match_triton_launches_gpu(monkeypatch):
     cache, _, _ = make_cache("int8", bs, nkv, d, b.num_blocks, "cuda")
     args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
     assert launch_attn.direct, "Triton is not the supported release: direct launches are off"
+    before = launch_attn.direct_launches
     for splits in (1, 4):  # 4: the merge kernel too
         first = run_attention(b, cache, **args, num_splits=splits)  # compiles through run()
         cached = run_attention(b, cache, **args, num_splits=splits)  # the cached binary
@@ -143,7 +164,7 @@ def test_direct_launches_match_triton_launches_gpu(monkeypatch):
         plain = run_attention(b, cache, **args, num_splits=splits)  # kernel[grid](...)
         monkeypatch.undo()
         assert torch.equal(first, cached) and torch.equal(first, plain)
-    assert launch_attn._kernels, "the cached path was never taken"
+    assert launch_attn.direct_launches - before == 2, "the cached path was not taken"
 
 
 @pytest.mark.gpu
@@ -156,13 +177,14 @@ def test_direct_cache_writes_match_triton_launches_gpu(monkeypatch):
     slots = torch.randperm(64 * bs, device="cuda")[:n]
     pages = get_page_bytes("int8", bs, nkv, d)
     caches = []
+    before = launch_write.direct_launches
     for direct in (True, True, False):  # compile, cached binary, kernel[grid](...)
         monkeypatch.setattr(launch_write, "direct", direct)
         cache = torch.zeros(64, pages, dtype=torch.int8, device="cuda")
         write_kv_cache(key, value, cache, slots, kv_dtype="int8", block_size=bs)
         caches.append(cache)
     assert torch.equal(caches[0], caches[1]) and torch.equal(caches[0], caches[2])
-    assert launch_write._kernels
+    assert launch_write.direct_launches - before == 1
 
 
 def test_launch_hooks_count_only_when_a_hook_is_registered():
