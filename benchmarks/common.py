@@ -59,6 +59,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "shim": True,
         "env": {"INT8KV_PREFILL": "triton"},
     },
+    # int8 with every kernel launched through Triton's kernel[grid](...): the A/B of
+    # kernels/launch.py's direct launches in one run (host-bound at 1K context)
+    "int8_kernel_grid": {
+        "kv_cache_dtype": "int8",
+        "shim": True,
+        "env": {"INT8KV_DIRECT_LAUNCH": "0"},
+    },
     # int8_static rows need a calibration file (``ensure_scales`` makes one per V format).
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
