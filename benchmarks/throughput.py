@@ -90,6 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="prompts of the profiled run (at least max_num_seqs to profile the timed run's "
         "full batches, e.g. 1100 at 1K context)",
     )
+    p.add_argument(
+        "--step-stats",
+        action="store_true",
+        help="turn vLLM's stats on and record the timed run's engine steps, tokens per step and "
+        "ms per step (throughput_details.json): whether a configuration is slower per step or "
+        "takes more steps",
+    )
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
@@ -160,6 +167,8 @@ def worker(args: argparse.Namespace) -> int:
     )
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.step_stats:
+        kwargs["disable_log_stats"] = False
     if args.max_cudagraph_capture_size:
         kwargs["compilation_config"] = {
             "max_cudagraph_capture_size": args.max_cudagraph_capture_size
@@ -191,9 +200,11 @@ def worker(args: argparse.Namespace) -> int:
             TokensPrompt(prompt_token_ids=p)
             for p in random_prompts(n, prompt_len, vocab, args.seed + ctx)
         ]
+        steps0 = iteration_tokens(llm) if args.step_stats else None
         t1 = time.monotonic()
         outs = llm.generate(prompts, sp, use_tqdm=False)
         wall = time.monotonic() - t1
+        steps1 = iteration_tokens(llm) if args.step_stats else None
         out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         rows.append(
             {
@@ -221,6 +232,7 @@ def worker(args: argparse.Namespace) -> int:
                     llm.llm_engine.vllm_config.compilation_config.max_cudagraph_capture_size
                 ),
                 "engine_start_s": round(start_s, 1),
+                **step_stats(steps0, steps1, wall),
                 "llm_kwargs": common.llm_kwargs_for(args.label),
                 "shim": os.environ.get(common.SHIM_ENV, ""),
             }
@@ -231,6 +243,27 @@ def worker(args: argparse.Namespace) -> int:
         if args.profile:
             profile(llm, prompts[: args.profile_prompts], args, ctx, profile_dir)
     return 0
+
+
+def iteration_tokens(llm: Any) -> tuple[int, float]:
+    """(engine steps, tokens scheduled) so far: vLLM's ``vllm:iteration_tokens_total`` histogram,
+    one observation per step (needs ``disable_log_stats=False``)."""
+    hists = [m for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total"]
+    return sum(h.count for h in hists), sum(h.sum for h in hists)
+
+
+def step_stats(
+    before: tuple[int, float] | None, after: tuple[int, float] | None, wall_s: float
+) -> dict[str, Any]:
+    """Steps of a timed run from two :func:`iteration_tokens` readings ({} without them)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return {}
+    steps, tokens = after[0] - before[0], after[1] - before[1]
+    return {
+        "engine_steps": steps,
+        "tokens_per_step": round(tokens / steps, 1),
+        "ms_per_step": round(1e3 * wall_s / steps, 2),
+    }
 
 
 def profile(
@@ -336,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile
                 else []
             ),
+            *(["--step-stats"] if args.step_stats else []),
         ]
         env = common.child_env(label, args.shim_everywhere)
         rc, secs, tail = common.run_child(

@@ -397,6 +397,30 @@ def test_throughput_ctx_plan_skips_beyond_model() -> None:
     assert all(1000 <= t < 2000 for p in a for t in p)
 
 
+def test_step_stats_from_vllms_iteration_histogram() -> None:
+    from vllm.v1.metrics.reader import Counter, Histogram
+
+    class _LLM:
+        def __init__(self, count: int, total: float) -> None:
+            self.metrics = [
+                Counter(name="vllm:num_preemptions", labels={}, value=3),
+                Histogram(name="vllm:iteration_tokens_total", labels={"engine": "0"},
+                          count=count, sum=total, buckets={}),
+            ]  # fmt: skip
+
+        def get_metrics(self):
+            return self.metrics
+
+    before = throughput.iteration_tokens(_LLM(10, 500.0))
+    after = throughput.iteration_tokens(_LLM(110, 103_000.0))
+    assert (before, after) == ((10, 500.0), (110, 103_000.0))
+    assert throughput.step_stats(before, after, 2.0) == {
+        "engine_steps": 100, "tokens_per_step": 1025.0, "ms_per_step": 20.0,
+    }  # fmt: skip
+    assert throughput.step_stats(None, None, 2.0) == {}  # --step-stats off
+    assert throughput.step_stats(before, before, 2.0) == {}  # no step seen
+
+
 def test_plot_throughput(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     plot = _load("int8kv_bench_plot", REPO / "benchmarks" / "plot_throughput.py")
