@@ -5,7 +5,8 @@
 #   bash benchmarks/run_gpu_e2e.sh kernels [args]        # gpu-marked kernel tests, then
 #        benchmarks/kernels.py [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
 #   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked: over one
-#        10-minute call on an H200; split it: -k "not preempt" (~8 min) then -k preempt (~4 min)
+#        10-minute call on an H200; split it in three: -k "tiny or smollm2", -k "prefix or
+#        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min in session 8)
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
 #   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
 #   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
