@@ -92,7 +92,8 @@ class DirectLauncher:
         values = list(bound.values())
         for i in pointers:
             tensor = values[i]
-            if not tensor.is_cuda:  # Triton's launch raises its own error for it
+            # anything but a CUDA tensor: Triton's launch handles it (or raises its own error)
+            if not getattr(tensor, "is_cuda", False):
                 self.fn[tuple(grid)](*args, **kwargs)
                 return
             # Triton's launcher asks the driver where each tensor's pointer lives

@@ -92,8 +92,12 @@ def test_a_cached_launch_with_a_non_cuda_pointer_goes_through_triton(fake):
     class _Misplaced(_CudaArg):  # passes the first-argument check, fails the per-pointer one
         is_cuda = False
 
+    class _NotATensor:  # on the GPU by its device, but not a torch tensor
+        device = torch.device("cuda", 0)
+
     launcher((1,), _Misplaced(), 32, BLOCK=64)
-    assert len(kernel.launches) == 1 and len(jit.indexed) == 1
+    launcher((1,), _NotATensor(), 32, BLOCK=64)
+    assert len(kernel.launches) == 1 and len(jit.indexed) == 2
 
 
 @pytest.mark.parametrize(
