@@ -21,6 +21,11 @@ def is_truthy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in TRUTHY_VALUES
 
 
+def is_falsy(value: str | None) -> bool:
+    """Whether ``value`` is one of :data:`FALSY_VALUES` (the switches that are on unless set so)."""
+    return value is not None and value.strip().lower() in FALSY_VALUES
+
+
 def activation_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``INT8KV_SHIM`` asks for the shim to patch vLLM."""
     env = os.environ if environ is None else environ
@@ -65,7 +70,7 @@ should the direct path ever fail. Unset or anything else: direct launches on."""
 def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether our kernels launch directly (``INT8KV_DIRECT_LAUNCH``; on unless switched off)."""
     env = os.environ if environ is None else environ
-    return (env.get(INT8KV_DIRECT_LAUNCH) or "").strip().lower() not in FALSY_VALUES
+    return not is_falsy(env.get(INT8KV_DIRECT_LAUNCH))
 
 
 INT8KV_INT4_ROTATION = "INT8KV_INT4_ROTATION"
@@ -77,4 +82,4 @@ anything else: rotation on."""
 def int4_rotation_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``int4`` rotates K/V (``INT8KV_INT4_ROTATION``; on unless explicitly switched off)."""
     env = os.environ if environ is None else environ
-    return (env.get(INT8KV_INT4_ROTATION) or "").strip().lower() not in FALSY_VALUES
+    return not is_falsy(env.get(INT8KV_INT4_ROTATION))

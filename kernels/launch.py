@@ -16,9 +16,8 @@ new one goes through ``JITFunction.run``, which compiles (or loads) and launches
 kernel to cache. What the direct path skips besides the Python: the check that the globals a
 kernel read have not changed since it compiled (ours are module constants), and one driver query
 per tensor argument: tensors go to the launcher as their addresses, after a check that each is a
-CUDA tensor. Under the
-interpreter, on another Triton release, or while a launch hook (a profiler such as proton) is
-registered, it calls ``kernel[grid](...)`` unchanged.
+CUDA tensor. Under the interpreter, on another Triton release, or while a launch hook (a profiler
+such as proton) is registered, it calls ``kernel[grid](...)`` unchanged.
 """
 
 from __future__ import annotations
