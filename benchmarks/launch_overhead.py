@@ -11,7 +11,9 @@ whether a small host-to-device copy waits for queued GPU work ("h2d_*_wait_ms"):
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
 
 ``--stub-launches`` (no GPU needed) replaces every launch with a no-op on CPU tensors, leaving our
-wrappers' own Python ("_wrapper_us"):
+wrappers' own Python ("_wrapper_us"), and times Triton's binder (the specialization of every
+argument, which the direct path still runs) on the arguments each launch received, built for an
+sm80 target ("_binder_us"):
 
     python3 benchmarks/launch_overhead.py --stub-launches --out launch_overhead_wrappers.json
 """
@@ -118,14 +120,40 @@ def h2d_wait_ms(sleep_cycles: int = 400_000_000) -> dict[str, float]:
     return out
 
 
-def stub_launches() -> None:
-    """Every launch the timed calls make becomes a no-op (the wrappers look them up per call)."""
+def stub_launches() -> dict[str, Callable[[], None]]:
+    """Every launch the timed calls make becomes a no-op (the wrappers look them up per call).
 
-    def stub(*args: object, **kwargs: object) -> None:
-        pass
+    Returns, per call name, a function running Triton's binder (built for an sm80 target, no GPU
+    needed) on the arguments that call's launch received last."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
 
-    globals()["launch_noop"] = stub
-    attention.launch_attn = attention.launch_merge = cache_write.launch_write = stub
+    backend = CUDABackend(GPUTarget("cuda", 80, 32))
+    binders = {}
+    for name, launcher in (("noop", launch_noop), ("write_kv_cache", cache_write.launch_write),
+                           ("paged_attention", attention.launch_attn)):  # fmt: skip
+        fn = launcher.fn
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        received: list = []
+
+        def stub(grid, *args, _received=received, **kwargs) -> None:
+            _received[:] = [args, kwargs]
+
+        binders[name] = (binder, received)
+        if name == "noop":
+            globals()["launch_noop"] = stub
+        elif name == "write_kv_cache":
+            cache_write.launch_write = stub
+        else:
+            attention.launch_attn = stub
+    attention.launch_merge = lambda *args, **kwargs: None
+
+    def bind(name: str) -> Callable[[], None]:
+        binder, received = binders[name]
+        return lambda: binder(*received[0], **received[1])
+
+    return {name: bind(name) for name in binders}
 
 
 def main() -> None:
@@ -137,12 +165,14 @@ def main() -> None:
     args = ap.parse_args()
     res = {"command": shlex.join(["python3", *sys.argv]), "batch": args.batch}
     if args.stub_launches:
-        stub_launches()
+        binders = stub_launches()
         calls = make_calls("cpu", args.batch)
         res |= {"gpu": None, "cpu": platform.processor() or platform.machine()}
         for name, fn in calls.items():
-            res[name + "_wrapper_us"] = host_us(fn, iters=3000)
-            print(f"{name}_wrapper_us: {res[name + '_wrapper_us']:.1f}", flush=True)
+            res[name + "_wrapper_us"] = host_us(fn, iters=3000)  # also leaves the launch's args
+            res[name + "_binder_us"] = host_us(binders[name], iters=3000)
+            print(f"{name}: wrapper {res[name + '_wrapper_us']:.1f}, binder "
+                  f"{res[name + '_binder_us']:.1f}", flush=True)  # fmt: skip
     else:
         calls = make_calls("cuda", args.batch)
         res |= {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__}

@@ -231,6 +231,7 @@ def launch_overhead_table(
         (result, "_host_us", "GPU host, Triton's `kernel[grid]`"),
         (result, "_direct_host_us", "GPU host, `DirectLauncher`"),
         (wrappers, "_wrapper_us", "our wrapper's Python (CPU, launches stubbed)"),
+        (wrappers, "_binder_us", "Triton's binder alone (CPU, sm80 target)"),
     ]
     columns = [c for c in columns if f"noop{c[1]}" in c[0]]
     lines = [
