@@ -6,6 +6,7 @@
     python benchmarks/report.py profile_1k  # "Throughput", 1K: the profiled pair and its profiles
     python benchmarks/report.py kernels_smol_b1024  # "Kernel speed", SmolLM2's heads at 1024 seqs
     python benchmarks/report.py launch_overhead     # "Kernel speed", host time per launch
+    python benchmarks/report.py throughput_1k_s9_runs  # "Throughput", 1K: session 9's runs
 
 tests/test_readme_results.py checks that the README holds exactly what this prints.
 """
@@ -155,6 +156,29 @@ def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
             + " | ".join(ratios)
             + f" | {row['kv_cache_tokens']} | {cap} |"
         )
+    return "\n".join(lines)
+
+
+# Session 9's 1K runs on one H200 host, in the order they ran (each folder: one throughput.py call)
+S9_RUNS = ("throughput_int8_1k_run1", "throughput_auto_fa2_1k", "throughput_int8_1k_run2")
+
+
+def step_runs_table(folders: tuple[str, ...] = S9_RUNS) -> str:
+    """One line per timed run (``--step-stats`` details files): speed, engine steps, time per step.
+    Runs of one workload with different times per step ran on a host whose speed moved."""
+    lines = [
+        "| run (in order) | config | gen tok/s | engine steps | tokens per step | ms per step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for folder in folders:
+        details = json.loads((RESULTS / "logs" / "session9" / folder / "throughput_details.json")
+                             .read_text())  # fmt: skip
+        for r in details["rows"]:
+            speed = r["output_tokens"] / r["wall_s"]
+            lines.append(
+                f"| `{folder}` | `{r['dtype']}` | {speed:.0f} | {r['engine_steps']} "
+                f"| {r['tokens_per_step']:.0f} | {r['ms_per_step']:.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -334,6 +358,8 @@ TABLES = {
     "kernels_smol_b1024": lambda: kernels_table(RESULTS / "kernels_smol_b1024.json"),
     "launch_overhead": launch_overhead_table,
     "throughput_1k_direct": lambda: throughput_table(RESULTS / "throughput_1k_direct.json"),
+    "throughput_1k_s9": lambda: throughput_table(RESULTS / "throughput_1k_s9.json"),
+    "throughput_1k_s9_runs": step_runs_table,
     "reliability": reliability_table,
     "kv_quant_sim": kv_quant_sim_table,
     "issue_budget": issue_budget_table,

@@ -35,6 +35,8 @@ import json
 import math
 import os
 import re
+import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -97,6 +99,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ms per step (throughput_details.json): whether a configuration is slower per step or "
         "takes more steps",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs per context in the same engine, each on its own seeded prompts: the row "
+        "is the median run (the slower middle one of an even count); every run is in "
+        "throughput_details.json (its runs: gen_tok_s, ms per step, host_probe_ms). On the H200 "
+        "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs of the same "
+        "session (session 9): one run per configuration does not give a ratio",
+    )
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
@@ -107,6 +119,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="LOG",
         help="recover rows from worker logs (throughput_LABEL.log) of a run stopped before it "
         "wrote its JSON, into --out (with --append: merged into it); runs nothing",
+    )
+    p.add_argument(
+        "--gpu",
+        default="unknown",
+        help="with --rows-from-log into a new file: the GPU the logs came from (their env.log)",
+    )
+    p.add_argument(
+        "--pool",
+        action="store_true",
+        help="with --rows-from-log: rows of one (dtype, ctx) from several logs (repeated runs of "
+        "one workload) become their median run instead of the last one read",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
@@ -196,23 +219,22 @@ def worker(args: argparse.Namespace) -> int:
         )
         warm = random_prompts(WARMUP_PROMPTS, prompt_len, vocab, args.seed + 1)
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], sp, use_tqdm=False)
-        prompts = [
-            TokensPrompt(prompt_token_ids=p)
-            for p in random_prompts(n, prompt_len, vocab, args.seed + ctx)
-        ]
-        steps0 = iteration_tokens(llm) if args.step_stats else None
-        t1 = time.monotonic()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-        wall = time.monotonic() - t1
-        steps1 = iteration_tokens(llm) if args.step_stats else None
-        out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        timed: list[dict[str, Any]] = []
+        for i in range(args.repeats):
+            # the first run's prompts are those of a single-run invocation
+            seed = args.seed + ctx + 7919 * i
+            prompts = [TokensPrompt(prompt_token_ids=p)
+                       for p in random_prompts(n, prompt_len, vocab, seed)]  # fmt: skip
+            timed.append(timed_run(llm, prompts, sp, args.step_stats))
+        run = lower_median(timed)
+        wall, out_tokens = run["wall_s"], run["output_tokens"]
         rows.append(
             {
                 "dtype": args.label,
                 "ctx": ctx,
                 "num_prompts": n,
                 "output_len": args.output_len,
-                "gen_tok_s": round(out_tokens / wall, 1),
+                "gen_tok_s": run["gen_tok_s"],
                 "kv_cache_tokens": kv_tokens,
             }
         )
@@ -221,7 +243,7 @@ def worker(args: argparse.Namespace) -> int:
                 "dtype": args.label,
                 "ctx": ctx,
                 "prompt_len": prompt_len,
-                "wall_s": round(wall, 2),
+                "wall_s": wall,
                 "output_tokens": out_tokens,
                 "total_tok_s": round((out_tokens + n * prompt_len) / wall, 1),
                 "num_gpu_blocks": blocks,
@@ -232,7 +254,9 @@ def worker(args: argparse.Namespace) -> int:
                     llm.llm_engine.vllm_config.compilation_config.max_cudagraph_capture_size
                 ),
                 "engine_start_s": round(start_s, 1),
-                **step_stats(steps0, steps1, wall),
+                **{k: run[k] for k in STEP_KEYS if k in run},
+                "host_probe_ms": run["host_probe_ms"],
+                "runs": timed,
                 "llm_kwargs": common.llm_kwargs_for(args.label),
                 "shim": os.environ.get(common.SHIM_ENV, ""),
             }
@@ -245,11 +269,49 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def lower_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by gen_tok_s; of an even count the slower middle one (no invented mean)."""
+    return sorted(runs, key=lambda r: r["gen_tok_s"])[(len(runs) - 1) // 2]
+
+
+def host_probe_ms(rounds: int = 5) -> float:
+    """Median ms of a fixed pure-Python loop: the host's speed right now. A run with a slow probe
+    ran on a slow (shared) host, which a host-bound configuration feels and a GPU-bound one may not."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(times), 2)
+
+
+def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[str, Any]:
+    """One timed ``LLM.generate``: gen_tok_s, wall, output tokens, the host probe taken just
+    before it and (``with_steps``) its engine steps."""
+    probe = host_probe_ms()
+    steps0 = iteration_tokens(llm) if with_steps else None
+    t0 = time.monotonic()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    wall = time.monotonic() - t0
+    steps1 = iteration_tokens(llm) if with_steps else None
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {
+        "gen_tok_s": round(out_tokens / wall, 1),
+        "wall_s": round(wall, 2),
+        "output_tokens": out_tokens,
+        "host_probe_ms": probe,
+        **step_stats(steps0, steps1, wall),
+    }
+
+
 def iteration_tokens(llm: Any) -> tuple[int, float]:
     """(engine steps, tokens scheduled) so far: vLLM's ``vllm:iteration_tokens_total`` histogram,
     one observation per step (needs ``disable_log_stats=False``)."""
     hists = [m for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total"]
     return sum(h.count for h in hists), sum(h.sum for h in hists)
+
+
+STEP_KEYS = ("engine_steps", "tokens_per_step", "ms_per_step")
 
 
 def step_stats(
@@ -370,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                 else []
             ),
             *(["--step-stats"] if args.step_stats else []),
+            "--repeats",
+            str(args.repeats),
         ]
         env = common.child_env(label, args.shim_everywhere)
         rc, secs, tail = common.run_child(
@@ -448,16 +512,39 @@ def recover(args: argparse.Namespace) -> int:
     doc = json.loads(out.read_text()) if args.append and out.exists() else None
     rows = [r for log in args.rows_from_log for r in rows_from_log(Path(log))]
     logs = " ".join(os.path.relpath(Path(log).resolve(), common.REPO) for log in args.rows_from_log)
+    if args.pool:
+        rows = pool_rows(rows)
     if doc is None:
-        doc = {"gpu": "unknown", "command": "", "model": args.model_name, "rows": []}
+        doc = {"gpu": args.gpu, "command": "", "model": args.model_name, "rows": []}
     doc["rows"] = common.merge_rows(doc["rows"], rows, ("dtype", "ctx"))
     doc["command"] = (doc["command"] + " ; " if doc["command"] else "") + (
-        f"python benchmarks/throughput.py --rows-from-log {logs} --append"
+        f"python benchmarks/throughput.py --rows-from-log {logs}"
+        + (f" --gpu {shlex.quote(args.gpu)}" if args.gpu != "unknown" else "")
+        + " --pool" * args.pool
+        + " --append" * args.append
     )
     common.validate_throughput(doc)
     common.write_json(doc, out)
     print(f"throughput: merged {len(rows)} rows from {logs} into {out}")
     return 0
+
+
+def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of one (dtype, ctx), from separate runs of the same workload, as one: the median run
+    (:func:`lower_median`). Runs of different workloads (prompt count, output length, cache size)
+    are refused rather than pooled."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["dtype"], row["ctx"]), []).append(row)
+    pooled = []
+    for (dtype, ctx), group in groups.items():
+        workload = {(r["num_prompts"], r["output_len"], r["kv_cache_tokens"]) for r in group}
+        if len(workload) > 1:
+            raise ValueError(f"{dtype} at ctx {ctx}: runs of different workloads {workload}")
+        pooled.append(lower_median(group))
+        runs = ", ".join(f"{r['gen_tok_s']:.0f}" for r in group)
+        print(f"throughput: {dtype} ctx {ctx}: runs {runs} gen tok/s -> {pooled[-1]['gen_tok_s']}")
+    return pooled
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def _report():
         "kernels_smol_b1024",
         "launch_overhead",
         "throughput_1k_direct",
+        "throughput_1k_s9",
+        "throughput_1k_s9_runs",
     ],
 )
 def test_readme_quotes_result_file(table: str) -> None:

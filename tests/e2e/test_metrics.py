@@ -844,3 +844,77 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
     with pytest.raises(ValueError, match="corpus differs"):
         accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
+
+
+def test_throughput_worker_repeats_report_the_median_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+    import types
+
+    import vllm
+
+    walls = iter([4.0, 1.0, 2.0])  # three timed runs: 4, 1 and 2 s for the same output tokens
+    clock = [0.0]
+    seen_prompts = []
+
+    class _LLM:
+        def __init__(self, **kwargs) -> None:
+            cfg = types.SimpleNamespace(
+                cache_config=types.SimpleNamespace(num_gpu_blocks=100, block_size=16),
+                model_config=types.SimpleNamespace(get_vocab_size=lambda: 5000),
+                scheduler_config=types.SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64),
+                compilation_config=types.SimpleNamespace(max_cudagraph_capture_size=16),
+            )
+            self.llm_engine = types.SimpleNamespace(vllm_config=cfg)
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            if len(prompts) > throughput.WARMUP_PROMPTS:  # a timed run
+                seen_prompts.append(prompts[0]["prompt_token_ids"])
+                clock[0] += next(walls)
+            out = types.SimpleNamespace(token_ids=[0] * sp.max_tokens)
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    monkeypatch.setattr(vllm, "LLM", _LLM)
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], perf_counter=time.perf_counter)
+    monkeypatch.setattr(throughput, "time", fake_time)
+    result = tmp_path / "int8.json"
+    spec = {"plan": [[512, 500]], "max_model_len": 600}
+    result.with_suffix(".spec.json").write_text(json.dumps(spec))
+    args = throughput.parse_args(
+        ["--worker", "--label", "int8", "--result", str(result), "--model", str(tmp_path),
+         "--num-prompts", "10", "--output-len", "20", "--repeats", "3"]
+    )  # fmt: skip
+    assert throughput.worker(args) == 0
+    got = json.loads(result.read_text())
+    # 200 output tokens in 4, 1 and 2 s: the median run is the 2 s one
+    assert got["rows"][0]["gen_tok_s"] == 100.0
+    runs = got["extra"][0]["runs"]
+    assert [r["gen_tok_s"] for r in runs] == [50.0, 200.0, 100.0]
+    assert got["extra"][0]["wall_s"] == 2.0 and all(r["host_probe_ms"] > 0 for r in runs)
+    assert len({tuple(p) for p in seen_prompts}) == 3  # each run on its own prompts
+    assert throughput.lower_median([{"gen_tok_s": 3.0}, {"gen_tok_s": 1.0}]) == {"gen_tok_s": 1.0}
+
+
+def test_throughput_pools_repeated_runs_from_logs(tmp_path: Path) -> None:
+    row = {"dtype": "int8", "ctx": 1024, "num_prompts": 9, "output_len": 256}
+    row |= {"kv_cache_tokens": 1000}
+    logs = []
+    for i, speed in enumerate((200.0, 300.0, 100.0)):
+        logs.append(tmp_path / f"run{i}.log")
+        logs[-1].write_text(f"[int8] ctx 1024: {json.dumps(row | {'gen_tok_s': speed})} in 1s\n")
+    out = tmp_path / "t.json"
+
+    def rows(*argv: str) -> list[dict]:
+        assert throughput.main(["--rows-from-log", *argv, "--out", str(out)]) == 0
+        return json.loads(out.read_text())["rows"]
+
+    assert rows(*map(str, logs), "--pool") == [row | {"gen_tok_s": 200.0}]  # the median run
+    assert " --pool" in json.loads(out.read_text())["command"]
+    assert rows(*map(str, logs)) == [row | {"gen_tok_s": 100.0}]  # no --pool: the last log read
+    assert rows(str(logs[0]), str(logs[1]), "--pool")[0]["gen_tok_s"] == 200.0  # the slower of 2
+    logs[1].write_text(
+        f"[int8] ctx 1024: {json.dumps(row | {'gen_tok_s': 1.0, 'num_prompts': 8})} in 1s\n"
+    )
+    with pytest.raises(ValueError, match="different workloads"):
+        rows(*map(str, logs), "--pool")

@@ -160,15 +160,17 @@ def test_direct_launches_match_triton_launches_gpu(monkeypatch):
     cache, _, _ = make_cache("int8", bs, nkv, d, b.num_blocks, "cuda")
     args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
     assert launch_attn.direct, "Triton is not the supported release: direct launches are off"
-    before = launch_attn.direct_launches
     for splits in (1, 4):  # 4: the merge kernel too
-        first = run_attention(b, cache, **args, num_splits=splits)  # compiles through run()
+        first = run_attention(b, cache, **args, num_splits=splits)  # compiles (or is cached)
+        before = launch_attn.direct_launches
         cached = run_attention(b, cache, **args, num_splits=splits)  # the cached binary
+        # one attention launch per call; the split count is not part of the specialization, so
+        # the second loop's first call may already be a cached launch: count only this one
+        assert launch_attn.direct_launches - before == 1, "the cached path was not taken"
         monkeypatch.setattr(launch_attn, "direct", False)
         plain = run_attention(b, cache, **args, num_splits=splits)  # kernel[grid](...)
         monkeypatch.undo()
         assert torch.equal(first, cached) and torch.equal(first, plain)
-    assert launch_attn.direct_launches - before == 2, "the cached path was not taken"
 
 
 @pytest.mark.gpu
@@ -180,15 +182,16 @@ def test_direct_cache_writes_match_triton_launches_gpu(monkeypatch):
     value = torch.randn_like(key)
     slots = torch.randperm(64 * bs, device="cuda")[:n]
     pages = get_page_bytes("int8", bs, nkv, d)
-    caches = []
-    before = launch_write.direct_launches
-    for direct in (True, True, False):  # compile, cached binary, kernel[grid](...)
+    caches, launched = [], []
+    for direct in (True, True, False):  # compile (or cached), cached binary, kernel[grid](...)
         monkeypatch.setattr(launch_write, "direct", direct)
         cache = torch.zeros(64, pages, dtype=torch.int8, device="cuda")
+        before = launch_write.direct_launches
         write_kv_cache(key, value, cache, slots, kv_dtype="int8", block_size=bs)
+        launched.append(launch_write.direct_launches - before)
         caches.append(cache)
     assert torch.equal(caches[0], caches[1]) and torch.equal(caches[0], caches[2])
-    assert launch_write.direct_launches - before == 1
+    assert launched[1:] == [1, 0], launched
 
 
 def test_launch_hooks_count_only_when_a_hook_is_registered():
