@@ -6,6 +6,9 @@ output tokens each (``ignore_eos``), enough prompts to fill the KV cache ``--fil
 vLLM sized it. ``gen_tok_s`` = output tokens / wall time of that ``generate`` call (prefill
 included, as in vLLM's own throughput benchmark); an untimed warm-up ``generate`` on a few prompts
 of the same length comes first so lazy kernel compilation/autotuning is not timed.
+``--repeats N`` times N such generates per context on fresh prompts and reports the median run;
+host-bound rows (1K context on the H200 host) move by over 1.5x between runs, so compare those
+only as medians of runs in alternating order (``--rows-from-log ... --pool`` pools separate calls).
 
 The KV budget is fixed through one ``--gpu-memory-utilization`` for every configuration, so a
 cache format that needs fewer bytes per token gets more tokens (``kv_cache_tokens``, vLLM's own
