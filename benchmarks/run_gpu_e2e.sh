@@ -10,7 +10,11 @@
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
 #   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
 #   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
-#        --configs auto_fa2,auto_triton  then  --configs int8_per_token_head,int8 --append)
+#        --configs auto_fa2,auto_triton  then  --configs int8_per_token_head,int8 --append).
+#        1K rows are host-bound and moved 1.67x between identical runs (session 9): time them as
+#        --configs auto_fa2 --ctx 1024 --repeats 2 --step-stats (~310 s on a fresh host), then
+#        --configs int8 ... --repeats 3 (~200 s), then pool the calls' logs on this side with
+#        throughput.py --rows-from-log LOGS --pool --gpu "NVIDIA H200" --out FILE
 #
 # Issue 7's reliability steps:
 #
