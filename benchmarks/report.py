@@ -164,20 +164,21 @@ S9_RUNS = ("throughput_int8_1k_run1", "throughput_auto_fa2_1k", "throughput_int8
 
 
 def step_runs_table(folders: tuple[str, ...] = S9_RUNS) -> str:
-    """One line per timed run (``--step-stats`` details files): speed, engine steps, time per step.
+    """One line per timed run (each call's throughput.json and ``--step-stats`` details file):
+    speed, engine steps, time per step.
     Runs of one workload with different times per step ran on a host whose speed moved."""
     lines = [
         "| run (in order) | config | gen tok/s | engine steps | tokens per step | ms per step |",
         "|---|---|---|---|---|---|",
     ]
     for folder in folders:
-        details = json.loads((RESULTS / "logs" / "session9" / folder / "throughput_details.json")
-                             .read_text())  # fmt: skip
-        for r in details["rows"]:
-            speed = r["output_tokens"] / r["wall_s"]
+        run = RESULTS / "logs" / "session9" / folder
+        speed = {(r["dtype"], r["ctx"]): r["gen_tok_s"]
+                 for r in json.loads((run / "throughput.json").read_text())["rows"]}  # fmt: skip
+        for r in json.loads((run / "throughput_details.json").read_text())["rows"]:
             lines.append(
-                f"| `{folder}` | `{r['dtype']}` | {speed:.0f} | {r['engine_steps']} "
-                f"| {r['tokens_per_step']:.0f} | {r['ms_per_step']:.1f} |"
+                f"| `{folder}` | `{r['dtype']}` | {speed[r['dtype'], r['ctx']]:.0f} "
+                f"| {r['engine_steps']} | {r['tokens_per_step']:.0f} | {r['ms_per_step']:.1f} |"
             )
     return "\n".join(lines)
 
