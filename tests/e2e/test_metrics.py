@@ -896,6 +896,12 @@ def test_throughput_worker_repeats_report_the_median_run(
     assert throughput.lower_median([{"gen_tok_s": 3.0}, {"gen_tok_s": 1.0}]) == {"gen_tok_s": 1.0}
 
 
+def test_throughput_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_throughput_pools_repeated_runs_from_logs(tmp_path: Path) -> None:
     row = {"dtype": "int8", "ctx": 1024, "num_prompts": 9, "output_len": 256}
     row |= {"kv_cache_tokens": 1000}
