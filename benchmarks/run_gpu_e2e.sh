@@ -102,6 +102,8 @@ for i in $(seq 90); do
   sleep 1
 done
 run() { echo "+ $*"; "$@" 2>&1 | tee "$OUT/logs/$step.log"; return "${PIPESTATUS[0]}"; }
+# what this call writes under benchmarks/results is copied to $OUT at the end (see there)
+started="$OUT/logs/.call_started"; touch "$started"
 case "$step" in
   stage) rc=0 ;;
   kernels) run python3 -m pytest tests/kernels -m gpu -q -rfE; rc=$?
@@ -121,7 +123,11 @@ case "$step" in
        NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} VLLM_ALLREDUCE_USE_SYMM_MEM=0 \
        run python3 -m pytest tests/e2e/test_tp2.py -m gpu -v -rA -s "$@"; rc=$? ;;
 esac
-cp benchmarks/results/*.json benchmarks/results/*.png "$OUT/" 2>/dev/null
+# Results this call wrote to benchmarks/results (the scripts' default --out) go to $OUT too; only
+# those, and never over a file already in $OUT: session 10's accuracy run wrote --out
+# $OUT/accuracy.json and this copy replaced it with the committed file of the same name.
+find benchmarks/results -maxdepth 1 \( -name '*.json' -o -name '*.png' \) -newer "$started" \
+  -exec cp -n {} "$OUT/" \; 2>/dev/null
 # Where each engine's prefills ran (FlashAttention-2 or our kernels, and why): one line per process
 # in the logs, gathered here so a call's output shows it without opening them.
 grep -rhoa "int8kv-shim: first [A-Za-z0-9-]* *step with prefills: .*" "$OUT/logs" 2>/dev/null \

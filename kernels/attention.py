@@ -10,12 +10,14 @@ One Triton kernel, two launch shapes chosen on the host from Python ints only:
 * **prefill / mixed**: grid (query blocks, kv-heads) with 64-128 rows of (query token, head) per
   program and no split.
 
-Dequantization never multiplies K/V elements: int8 is cast to the query dtype in registers, the
-per-token K scale multiplies the score column, the per-token V scale multiplies the P column before
-the PV product, and static per-head scales fold into the softmax scale / the output once. Dots are
-bf16/fp16 ``tl.dot`` with fp32 accumulation (runs on sm80 mma; nothing Hopper-specific is asked
-for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when ``workspace``
-is given.
+Dequantization never multiplies K/V elements. QK runs on int8 tensor cores: the query is split
+into two int8 halves per row (``_split_q_i8``, a 16-bit grid) and dotted with the cached K bytes
+as they are; the row's unit and the softmax scale multiply the score rows, the per-token K scale
+the score columns. PV is an fp16 ``tl.dot``: V's int8 is pasted into fp16 in registers and the
+per-token V scale multiplies the P column first. Static per-head scales fold into the softmax
+scale / the output once. Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is
+asked for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
+``workspace`` is given.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .cache_write import _rint
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
 from .launch import DirectLauncher
 from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
@@ -36,8 +39,6 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 # alpha = exp2(0) = 1 instead of NaN from (-inf) - (-inf).
 _M_INIT = tl.constexpr(-1.0e30)
 _E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
-# int8 K enters the QK dot as x + K_BIAS: 1152 = 1024 + 128, what the fp16 byte-paste leaves
-K_BIAS = tl.constexpr(1152.0)
 
 # Upper bound on KV splits of one (sequence, kv-head); workspaces are sized with it.
 MAX_SPLITS = 32
@@ -46,12 +47,12 @@ MIN_TOKENS_PER_SPLIT = 128
 
 
 @triton.jit
-def _i8_to_f16_biased(x):
-    # int8 -> fp16 + 1152 without the conversion unit (cvt runs at 16/clk/SM, a quarter of what
-    # the bandwidth needs): flip the sign bit (offset binary u = x + 128) and paste each byte under
-    # the fp16 exponent of 1024 with a byte permute (0x64uu = 1024 + u = 1152 + x), two lanes at a
-    # time. 3 ALU instructions per 4 elements; exact for every int8.
-    return tl.inline_asm_elementwise(
+def _i8_to_f16(x):
+    # int8 -> fp16 without the conversion unit (cvt runs at 16/clk/SM, a quarter of what the
+    # bandwidth needs): flip the sign bit (offset binary u = x + 128), paste each byte under the
+    # fp16 exponent of 1024 with a byte permute (0x64uu = 1024 + u = 1152 + x), two lanes at a
+    # time, then subtract 1152 in fp16x2. 5 instructions per 4 elements; exact for every int8.
+    pasted = tl.inline_asm_elementwise(
         asm="""
         {
         .reg .b32 t, b;
@@ -67,36 +68,39 @@ def _i8_to_f16_biased(x):
         is_pure=True,
         pack=4,
     )
+    return pasted - tl.full([], 1152.0, tl.float16)
 
 
 @triton.jit
-def _i8_to_f16(x):
-    """int8 -> fp16, exact: the biased paste minus 1152 (two more fp16x2 subtractions per four
-    elements, 5 instructions in all)."""
-    return _i8_to_f16_biased(x) - tl.full([], K_BIAS, tl.float16)
+def _split_q_i8(q, DOT_F32: tl.constexpr):
+    """q [M, D] -> (hi, lo, unit): q ~= unit * (256 * hi + lo) per row, hi and lo int8.
+
+    unit = max|q_row| / (127 * 256), so 256 * hi + lo is q on a 16-bit grid: the error per
+    element is at most max|q_row| / 65024 (clamping lo at 127 costs at most twice that). In a
+    score that is at most sqrt(D) * 254 / 65024 (4% at D=128) of the error K's own int8 rounding
+    (max|k| / 254 per element) already makes, outlier channels or not. With it the QK product
+    runs on int8 tensor cores straight from the cached K bytes: no K conversion at all, and hi
+    and lo each take half the MMA time of one fp16 dot."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), axis=1)
+    step = tl.where(amax > 0.0, amax / 127.0, 1.0)
+    x = qf / step[:, None]
+    hi = _rint(x)
+    lo = tl.minimum(_rint((x - hi) * 256.0), 127.0)
+    if not DOT_F32:
+        hi = hi.to(tl.int8)
+        lo = lo.to(tl.int8)
+    return hi, lo, step * (1.0 / 256.0)
 
 
 @triton.jit
-def _k_to_dot(k, DOT_F32: tl.constexpr):
-    """K bytes -> the QK dot operand, biased: int8 x becomes x + K_BIAS (exact in fp16 and fp32).
-
-    The bias saves the two fp16 subtractions of _i8_to_f16 per four elements (a fifth of the
-    decode loop's conversion work): q . (k + K_BIAS) = q . k + K_BIAS * sum(q), and the second
-    term is one number per query row (_k_bias_of), subtracted from the scores. The interpreter
-    takes the same biased path, so CPU tests check the correction, not only the asm.
-    """
+def _qk_i8(q_hi, q_lo, k, DOT_F32: tl.constexpr):
+    """256 * (q_hi . k) + q_lo . k as fp32: int32 MMAs, exact until the final conversion."""
     if DOT_F32:
-        return k.to(tl.float32) + K_BIAS
-    return _i8_to_f16_biased(k)
-
-
-@triton.jit
-def _k_bias_of(q):
-    """What the K bias adds to every score of a query row: K_BIAS * sum(q), from the dot operand q
-    itself (its fp16 values), in fp32 like the dot's accumulator. The products of the dot are
-    exact and this sum is at most 1152 * 128 * 2^14 ~ 2^31, so the correction leaves an error of
-    a few fp32 ulps of that sum: under 1% of what rounding K to int8 already costs a score."""
-    return tl.sum(q.to(tl.float32), axis=1) * K_BIAS
+        kf = k.to(tl.float32)  # the interpreter's fp32 dot is exact on these integers
+        return tl.dot(q_hi, kf) * 256.0 + tl.dot(q_lo, kf)
+    hi = tl.dot(q_hi, k, out_dtype=tl.int32)
+    return tl.dot(q_lo, k, hi * 256, out_dtype=tl.int32).to(tl.float32)
 
 
 @triton.jit
@@ -281,8 +285,8 @@ def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _chunked_kv_loop(
-    q, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh, stride_block, window,
-    score_scale, soft_cap,
+    q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
+    stride_block, window, soft_cap,
     BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     CHUNKS: tl.constexpr, K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr, USE_WINDOW: tl.constexpr,
@@ -299,8 +303,8 @@ def _chunked_kv_loop(
     C: tl.constexpr = TILE_N // CHUNKS
     offs_d = tl.arange(0, HEAD_SIZE)
     offs_k = tl.arange(0, CHUNKS)[:, None] * C + tl.arange(0, C)[None, :]  # [CHUNKS, C]
-    q3 = tl.broadcast_to(q[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
-    k_bias = _k_bias_of(q)
+    q3_hi = tl.broadcast_to(q_hi[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
+    q3_lo = tl.broadcast_to(q_lo[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
     m_i = tl.full([CHUNKS, BLOCK_M], _M_INIT, tl.float32)
     l_i = tl.zeros([CHUNKS, BLOCK_M], tl.float32)
     acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_SIZE], tl.float32)
@@ -329,11 +333,9 @@ def _chunked_kv_loop(
             mask=key_ok[:, None, :],
             other=0,
         )  # [CHUNKS, HEAD_SIZE, C]
-        s = tl.dot(q3, _k_to_dot(k, DOT_F32)) - k_bias[None, :, None]  # [CHUNKS, BLOCK_M, C]
+        s = _qk_i8(q3_hi, q3_lo, k, DOT_F32) * row_scale[None, :, None]  # [CHUNKS, BLOCK_M, C]
         if DYNAMIC:
-            s = s * (k_sc.to(tl.float32) * score_scale)[:, None, :]
-        else:
-            s = s * score_scale
+            s = s * k_sc.to(tl.float32)[:, None, :]
         if USE_SOFTCAP:
             s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
         visible = key_ok[:, None, :] & (key[:, None, :] <= pos[None, :, None])
@@ -435,19 +437,6 @@ def _attn_fwd(
         mask=row_ok[:, None],
         other=0.0,
     )
-    score_scale = softmax_scale
-    if DOT_F32:
-        # Triton interpreter (CPU tests): its bf16 tl.dot is wrong and inline asm does not exist,
-        # so the dots run in fp32 on plainly converted int8.
-        q = q.to(tl.float32)
-    elif q.dtype == tl.bfloat16:
-        # The dots run in fp16 (int8 -> fp16 is exact and cheap, int8 -> bf16 is not). bf16 q is
-        # scaled so its largest element is <= 2^14, inside fp16 range; 1/c folds into the score.
-        q_f = q.to(tl.float32)
-        q_max = tl.maximum(tl.max(tl.max(tl.abs(q_f), axis=1), axis=0), 1.0e-30)
-        c = tl.exp2(14.0 - tl.ceil(tl.log2(q_max)))
-        q = (q_f * c).to(tl.float16)
-        score_scale = score_scale / c
     pos = ctx + q_idx  # absolute position of each row's query token
 
     # Keys this query block can see: [key_lo, key_hi).
@@ -462,24 +451,27 @@ def _attn_fwd(
         key_lo = key_lo + split * per_split
         key_hi = tl.minimum(key_lo + per_split, key_hi)
 
+    score_scale = softmax_scale
     if not DYNAMIC:
         score_scale = score_scale * tl.load(static_k_ptr + kvh)
     if not USE_SOFTCAP:
         score_scale = score_scale * _LOG2E
+    # q as two int8 halves; each row's unit and the softmax (and static K) scale fold into one
+    # factor per row, the per-token K scales into one per column.
+    q_hi, q_lo, q_unit = _split_q_i8(q, DOT_F32)
+    row_scale = q_unit * score_scale
 
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     if CHUNKS > 1:
         m_i, l_i, acc = _chunked_kv_loop(
-            q, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh, stride_block, window,
-            score_scale, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS, K_DATA, V_DATA,
+            q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
+            stride_block, window, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS, K_DATA, V_DATA,
             K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
         )  # fmt: skip
     else:
         m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
-        # the dot starts from -bias: the correction costs no instruction in the loop
-        k_bias = tl.zeros([BLOCK_M, TILE_N], tl.float32) - _k_bias_of(q)[:, None]
         offs_n = tl.arange(0, TILE_N)
         # Per-token scales are 2-byte gathers, too narrow for the pipeliner's asynchronous copies.
         # On the (memory-bound) decode path they are prefetched by hand, two deep: iteration i
@@ -521,11 +513,9 @@ def _attn_fwd(
             k = tl.load(
                 cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
             )
-            s = tl.dot(q, _k_to_dot(k, DOT_F32), k_bias)
+            s = _qk_i8(q_hi, q_lo, k, DOT_F32) * row_scale[:, None]
             if DYNAMIC:
-                s = s * (k_sc.to(tl.float32) * score_scale)[None, :]
-            else:
-                s = s * score_scale
+                s = s * k_sc.to(tl.float32)[None, :]
             p, alpha, m_i, l_i = _softmax_step(
                 s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
             )
