@@ -9,6 +9,9 @@ per clock, the sm80/sm86/sm90 rate). A share near or above ~50% means instructio
 memory, limits how close the kernel can get to the bandwidth: the latency of every instruction
 then has to be hidden too.
 
+Also records the compiled program's registers and shared memory and how many programs each GPU
+keeps resident per SM (``programs_per_sm``): the warps it has to hide latency with.
+
 PTX is not SASS (ptxas may fuse or split a little), and the GPU figures are vendor specs (boost
 clock, peak bandwidth), so this is an estimate of where the bound lies, not a measurement.
 
@@ -22,27 +25,60 @@ import collections
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
+import triton  # noqa: E402
 from compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
 
 from int8kv_kernels import PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
 
-# name: (SMs, boost clock GHz, peak memory bandwidth GB/s), from the vendors' spec sheets.
+# name: (SMs, boost clock GHz, peak memory bandwidth GB/s, compute capability), from the vendors'
+# spec sheets.
 GPUS = {
-    "H200 (sm90)": (132, 1.98, 4800),
-    "A100 80GB SXM (sm80)": (108, 1.41, 2039),
-    "A6000 (sm86)": (84, 1.80, 768),
-    "A40 (sm86)": (84, 1.74, 696),
-    "RTX 3090 (sm86)": (82, 1.70, 936),
-    "A10 (sm86)": (72, 1.70, 600),
+    "H200 (sm90)": (132, 1.98, 4800, "sm90"),
+    "A100 80GB SXM (sm80)": (108, 1.41, 2039, "sm80"),
+    "A6000 (sm86)": (84, 1.80, 768, "sm86"),
+    "A40 (sm86)": (84, 1.74, 696, "sm86"),
+    "RTX 3090 (sm86)": (82, 1.70, 936, "sm86"),
+    "A10 (sm86)": (72, 1.70, 600, "sm86"),
 }
+# Per SM (CUDA C Programming Guide, "Technical Specifications per Compute Capability"): 32-bit
+# registers, shared memory in bytes, resident threads. Each resident block also takes 1 KiB of
+# shared memory for the system, and registers are allocated per warp in units of 256.
+SM_LIMITS = {
+    "sm80": (65536, 164 * 1024, 2048),
+    "sm86": (65536, 100 * 1024, 1536),
+    "sm90": (65536, 228 * 1024, 2048),
+}
+
+
+def programs_per_sm(registers: int, shared_bytes: int, num_warps: int, arch: str) -> int:
+    """Resident programs (thread blocks) per SM, the least of what registers, shared memory and
+    threads allow: how many warps the SM has to hide one another's latency."""
+    regs, smem, threads = SM_LIMITS[arch]
+    warp_regs = -(-registers * 32 // 256) * 256
+    return min(
+        regs // (warp_regs * num_warps), smem // (shared_bytes + 1024), threads // (32 * num_warps)
+    )
+
+
+def resource_usage(kernel) -> int:
+    """Registers per thread of a compiled kernel, from its cubin (cuobjdump ships with Triton)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    return int(re.search(r"REG:(\d+)", out).group(1))
 
 
 def main_loop_ops(ptx: str) -> collections.Counter:
@@ -105,7 +141,12 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
         families[family(op)] += n
     share = {
         gpu: round(bw * 1e9 / 1024 * per_kib / (sms * 4 * ghz * 1e9), 3)
-        for gpu, (sms, ghz, bw) in GPUS.items()
+        for gpu, (sms, ghz, bw, _) in GPUS.items()
+    }
+    registers, shared = resource_usage(k), k.metadata.shared
+    resident = {
+        gpu: programs_per_sm(registers, shared, cfg.num_warps, arch)
+        for gpu, (*_, arch) in GPUS.items()
     }
     return {
         "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d,
@@ -114,6 +155,7 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
         "warp_instructions_per_kib": round(per_kib, 1),
         "loop_share": {f: round(n / per_thread, 3) for f, n in families.most_common()},
         "issue_share_at_peak_bandwidth": share,
+        "registers": registers, "shared_bytes": shared, "programs_per_sm": resident,
     }  # fmt: skip
 
 

@@ -344,6 +344,15 @@ def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str
         share = r["issue_share_at_peak_bandwidth"]
         cells = " | ".join(f"{100 * share[g]:.0f}%" for g in gpus)
         lines.append(f"| `{r['kv_dtype']}` | {r['warp_instructions_per_kib']:.0f} | {cells} |")
+    # files written before the occupancy columns have no programs_per_sm
+    for r in (r for r in rows if "programs_per_sm" in r):
+        per_sm = r["programs_per_sm"]
+        lines.append(
+            f"| `{r['kv_dtype']}` programs per SM ({r['registers']} registers, "
+            f"{r['shared_bytes'] / 1024:.0f} KiB shared memory) | - | "
+            + " | ".join(str(per_sm[g]) for g in gpus)
+            + " |"
+        )
     return "\n".join(lines)
 
 

@@ -646,20 +646,36 @@ class _Config:
     chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
 
 
+# Shared memory one program may use on sm86 (A10, A40, A6000, RTX 3090), the smallest of the
+# targets (sm80: 163 KiB, sm90: 227 KiB). A program above it does not launch there ("out of
+# resources"); tests/kernels/compile_sm80.py checks every default specialisation against it.
+MAX_SHARED_BYTES = 99 * 1024
+
+
 @functools.cache  # on the host path of every launch
-def _choose_config(group: int, head_size: int, max_query_len: int, cc_major: int = 8) -> _Config:
+def _choose_config(
+    group: int, head_size: int, max_query_len: int, cc_major: int = 8, v_e4m3: bool = False
+) -> _Config:
+    # Shared memory grows with tile_n * head_size (K and V tiles, two buffers of each): at head
+    # size 256, 128-key decode tiles took 141-205 KB and 64-key prefill tiles up to 104 KB, past
+    # MAX_SHARED_BYTES; 32-key tiles take 41-68 KB (compiled for sm80).
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = max(16, next_power_of_2(group * max_query_len))
         # 128-token tiles, 4 warps, 5 stages (two K/V buffers): the best int8 config at the large
         # decode shapes of benchmarks/tune_decode.py on an H200 (same code path as sm80: mma.sync).
-        return _Config(block_m, tile_n=128, num_warps=4, num_stages=5, split=True)
+        # E4M3 V's decode keeps a third tile buffer at 5 stages (107 KB at head size 128); 4
+        # stages keep two (74 KB)
+        tile_n = 128 if head_size <= 128 else 32
+        stages = 4 if v_e4m3 else 5
+        return _Config(block_m, tile_n=tile_n, num_warps=4, num_stages=stages, split=True)
     block_m = 64 if head_size > 128 else 128
     block_m = max(block_m, next_power_of_2(group))
+    tile_n = 64 if head_size <= 128 else 32
     # A 128x128 fp32 accumulator over 4 warps spills on sm80 (ptxas: ~700 bytes) but not over 8;
     # Hopper's wgmma keeps it in fewer registers, and 4 warps measured fastest on the H200
     # (benchmarks/tune_kernels.py prefill sweep).
     num_warps = 4 if cc_major >= 9 else 8
-    return _Config(block_m, tile_n=64, num_warps=num_warps, num_stages=2, split=False)
+    return _Config(block_m, tile_n=tile_n, num_warps=num_warps, num_stages=2, split=False)
 
 
 @functools.cache
@@ -727,10 +743,12 @@ def _plan_launch(
     num_kv_heads: int,
     workspace: AttentionWorkspace | None,
     num_splits: int | None,
+    v_e4m3: bool = False,
 ) -> _Plan:
     """Launch shape of the attention kernel from Python ints only (shared by int8 and int4)."""
     num_tokens, num_q_heads, head_size = query.shape
-    cfg = _choose_config(group, head_size, max_query_len, _device_cc_major(query.device))
+    cc_major = _device_cc_major(query.device)
+    cfg = _choose_config(group, head_size, max_query_len, cc_major, v_e4m3=v_e4m3)
     block_q = cfg.block_m // group
     splits = 1
     if cfg.split:
@@ -807,8 +825,9 @@ def paged_attention(
         return
     group = num_q_heads // num_kv_heads
     plan = _plan_launch(
-        query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits
-    )
+        query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits,
+        v_e4m3=v_e4m3,
+    )  # fmt: skip
     cfg, block_q, num_q_blocks, splits = plan.cfg, plan.block_q, plan.num_q_blocks, plan.splits
     use_split = splits > 1
     ws_acc, ws_m, ws_l = (

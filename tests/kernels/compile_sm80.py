@@ -19,7 +19,12 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
-from int8kv_kernels.attention import _attn_fwd, _choose_config, _merge_splits  # noqa: E402
+from int8kv_kernels.attention import (  # noqa: E402
+    MAX_SHARED_BYTES,
+    _attn_fwd,
+    _choose_config,
+    _merge_splits,
+)
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
 from int8kv_kernels.cache_write import _write_kv_kernel, write_launch  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _TILE_T as _TILE_T_INT4  # noqa: E402
@@ -35,7 +40,10 @@ ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
 
 
-def compile_one(fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stages: int = 3):
+def compile_one(
+    fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stages: int = 3,
+    max_shared: int | None = MAX_SHARED_BYTES,
+):  # fmt: skip
     sig = {}
     for name in fn.arg_names:
         if name in consts:
@@ -56,6 +64,9 @@ def compile_one(fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stag
     assert ".target sm_80" in ptx
     assert "wgmma" not in ptx and "cp.async.bulk" not in ptx  # nothing Hopper-only
     assert "e4m3x2" not in ptx  # no FP8 conversion instruction (sm89+); the E4M3 codec is bit ops
+    # launchable on every target (sm86 allows a block the least shared memory)
+    shared = k.metadata.shared
+    assert max_shared is None or shared <= max_shared, f"{fn.__name__}: {shared} B shared memory"
     return k
 
 
@@ -158,7 +169,7 @@ def main() -> int:
         kv_dtype, _, v_fmt = name.partition("+")
         lay = PageLayout(kv_dtype, bs, nkv, d)
         group = nq // nkv
-        cfg = _choose_config(group, d, mq)
+        cfg = _choose_config(group, d, mq, v_e4m3=v_fmt == "e4m3")
         if chunks:  # the split-K-inside-the-program decode loop, off by default
             cfg = dataclasses.replace(cfg, chunks=chunks[0])
         k = compile_one(
@@ -167,6 +178,8 @@ def main() -> int:
                  TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=window, USE_SOFTCAP=softcap,
                  SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            # the in-program split-K loop is a tuning option, off by default: not held to sm86
+            max_shared=None if chunks else MAX_SHARED_BYTES,
         )  # fmt: skip
         n += 1
         check_pipelined(k, dynamic=lay.has_scales, decode=cfg.split, chunks=cfg.chunks)

@@ -32,6 +32,9 @@ CASES = [
     ("gqa1_head128_bs32", [3, 1], [64, 100], 2, 2, 128, 32, {}),
     # pages larger than the prefill tile: scales gathered per key instead of a page at a time
     ("mixed_bs128", [1, 30], [200, 150], 4, 1, 64, 128, {}),
+    # head size 256 takes 32-key tiles on both paths (shared memory, see _choose_config)
+    ("decode_d256_bs32", [1, 1], [70, 33], 4, 2, 256, 32, {}),
+    ("mixed_d256", [9, 1], [40, 50], 2, 1, 256, 16, {}),
 ]
 
 
@@ -59,7 +62,11 @@ def test_chunked_decode_loop_matches_reference(case, kv_dtype, device, monkeypat
     monkeypatch.setattr(
         attention,
         "_choose_config",
-        lambda *a: dataclasses.replace(choose(*a), chunks=4) if choose(*a).split else choose(*a),
+        lambda *a, **k: (
+            dataclasses.replace(choose(*a, **k), chunks=4)
+            if choose(*a, **k).split
+            else choose(*a, **k)
+        ),
     )
     _, q_lens, seq_lens, nq, nkv, d, bs, kw = case
     b = make_batch(q_lens, seq_lens, nq, d, bs, device, q_std=2.0 if "soft_cap" in kw else 1.0)

@@ -23,6 +23,17 @@ def test_issue_budget_counts_the_tile_loop(tmp_path):
         assert row["loop_share"]["tensor-core MMA and operand loads"] > 0.02
         assert row["loop_share"]["int8 -> fp16 conversion and casts"] > 0.1
         assert abs(sum(row["loop_share"].values()) - 1) < 0.01
+    # resident programs per SM: the most that the SM's registers (allocated per warp in units of
+    # 256), shared memory (+1 KiB per block) and threads allow, for 4-warp programs
+    limits = {"sm80": (65536, 164 * 1024, 2048), "sm86": (65536, 100 * 1024, 1536),
+              "sm90": (65536, 228 * 1024, 2048)}  # fmt: skip
+    for row in rows.values():
+        regs = -(-row["registers"] * 32 // 256) * 256 * 4
+        smem = row["shared_bytes"] + 1024
+        for gpu, n in row["programs_per_sm"].items():
+            r, s, t = limits[gpu[gpu.index("(") + 1 : -1]]
+            assert n * regs <= r and n * smem <= s and n * 128 <= t, gpu
+            assert (n + 1) * regs > r or (n + 1) * smem > s or (n + 1) * 128 > t, gpu
     # dynamic scales cost instructions that static scales do not
     assert (
         rows["int8"]["loop_instructions_per_thread"]

@@ -254,7 +254,11 @@ def test_chunked_decode_loop_e4m3(case, device, monkeypatch):
     monkeypatch.setattr(
         attention,
         "_choose_config",
-        lambda *a: dataclasses.replace(choose(*a), chunks=4) if choose(*a).split else choose(*a),
+        lambda *a, **k: (
+            dataclasses.replace(choose(*a, **k), chunks=4)
+            if choose(*a, **k).split
+            else choose(*a, **k)
+        ),
     )
     _attention_case(case, device)
 
