@@ -457,7 +457,9 @@ def _attn_fwd(
     if not USE_SOFTCAP:
         score_scale = score_scale * _LOG2E
     # q as two int8 halves; each row's unit and the softmax (and static K) scale fold into one
-    # factor per row, the per-token K scales into one per column.
+    # factor per row, the per-token K scales into one per column. DOT_F32 (the Triton interpreter
+    # of the CPU tests: no inline asm, a wrong bf16 tl.dot) runs the same arithmetic in fp32
+    # dots, exact on these integers.
     q_hi, q_lo, q_unit = _split_q_i8(q, DOT_F32)
     row_scale = q_unit * score_scale
 
@@ -465,8 +467,8 @@ def _attn_fwd(
     if CHUNKS > 1:
         m_i, l_i, acc = _chunked_kv_loop(
             q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
-            stride_block, window, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS, K_DATA, V_DATA,
-            K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
+            stride_block, window, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS,
+            K_DATA, V_DATA, K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
         )  # fmt: skip
     else:
         m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
@@ -663,8 +665,8 @@ def _choose_config(
         block_m = max(16, next_power_of_2(group * max_query_len))
         # 128-token tiles, 4 warps, 5 stages (two K/V buffers): the best int8 config at the large
         # decode shapes of benchmarks/tune_decode.py on an H200 (same code path as sm80: mma.sync).
-        # E4M3 V's decode keeps a third tile buffer at 5 stages (107 KB at head size 128); 4
-        # stages keep two (74 KB)
+        # E4M3 V's decode keeps a third tile buffer at 5 stages (105 KB at head size 128); 4
+        # stages keep two (73 KB)
         tile_n = 128 if head_size <= 128 else 32
         stages = 4 if v_e4m3 else 5
         return _Config(block_m, tile_n=tile_n, num_warps=4, num_stages=stages, split=True)
