@@ -70,7 +70,7 @@ def programs_per_sm(registers: int, shared_bytes: int, num_warps: int, arch: str
     )
 
 
-def resource_usage(kernel) -> int:
+def registers_per_thread(kernel) -> int:
     """Registers per thread of a compiled kernel, from its cubin (cuobjdump ships with Triton)."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -143,7 +143,7 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
         gpu: round(bw * 1e9 / 1024 * per_kib / (sms * 4 * ghz * 1e9), 3)
         for gpu, (sms, ghz, bw, _) in GPUS.items()
     }
-    registers, shared = resource_usage(k), k.metadata.shared
+    registers, shared = registers_per_thread(k), k.metadata.shared
     resident = {
         gpu: programs_per_sm(registers, shared, cfg.num_warps, arch)
         for gpu, (*_, arch) in GPUS.items()

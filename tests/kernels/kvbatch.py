@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -227,3 +228,17 @@ def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor) -> None:
     tol = 4e-3 + 2.0**-7 * ref.abs()
     bad = err > tol
     assert not bad.any(), f"{int(bad.sum())} elements off, max err {err.max().item():.4g}"
+
+
+def force_chunked_decode(monkeypatch, chunks: int = 4) -> None:
+    """Make the decode launches use the split-K-inside-the-program loop (``chunks`` > 1, off by
+    default); prefill launches keep their config."""
+    import int8kv_kernels.attention as attention
+
+    choose = attention._choose_config
+
+    def chunked(*args, **kwargs):
+        cfg = choose(*args, **kwargs)
+        return dataclasses.replace(cfg, chunks=chunks) if cfg.split else cfg
+
+    monkeypatch.setattr(attention, "_choose_config", chunked)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from kvbatch import GPU_CASES as KV_GPU_CASES
 from kvbatch import (
     assert_close_bf16,
+    force_chunked_decode,
     make_batch,
     make_cache,
     reference,
@@ -54,20 +55,7 @@ def test_attention_matches_reference(case, kv_dtype, device):
 @pytest.mark.parametrize("case", CASES[:2] + CASES[5:8], ids=lambda c: c[0])
 def test_chunked_decode_loop_matches_reference(case, kv_dtype, device, monkeypatch):
     # The split-K-inside-the-program loop (chunks > 1) is off by default: force it.
-    import dataclasses
-
-    import int8kv_kernels.attention as attention
-
-    choose = attention._choose_config
-    monkeypatch.setattr(
-        attention,
-        "_choose_config",
-        lambda *a, **k: (
-            dataclasses.replace(choose(*a, **k), chunks=4)
-            if choose(*a, **k).split
-            else choose(*a, **k)
-        ),
-    )
+    force_chunked_decode(monkeypatch)
     _, q_lens, seq_lens, nq, nkv, d, bs, kw = case
     b = make_batch(q_lens, seq_lens, nq, d, bs, device, q_std=2.0 if "soft_cap" in kw else 1.0)
     cache, ks, vs = make_cache(kv_dtype, bs, nkv, d, b.num_blocks, device)

@@ -10,6 +10,7 @@ import triton.language as tl
 from kvbatch import (
     GPU_CASES,
     assert_close_bf16,
+    force_chunked_decode,
     make_batch,
     make_cache,
     reference,
@@ -246,20 +247,7 @@ def test_attention_e4m3_matches_reference(case, device):
 @pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=lambda c: c[0])
 def test_chunked_decode_loop_e4m3(case, device, monkeypatch):
     # The split-K-inside-the-program loop (chunks > 1, off by default) decodes V separately.
-    import dataclasses
-
-    import int8kv_kernels.attention as attention
-
-    choose = attention._choose_config
-    monkeypatch.setattr(
-        attention,
-        "_choose_config",
-        lambda *a, **k: (
-            dataclasses.replace(choose(*a, **k), chunks=4)
-            if choose(*a, **k).split
-            else choose(*a, **k)
-        ),
-    )
+    force_chunked_decode(monkeypatch)
     _attention_case(case, device)
 
 
