@@ -3,9 +3,12 @@
 SmolLM2's heads (9/3, D=64) and 1024 one-token decodes over 16-token contexts: the GPU work is tiny,
 so what is timed is the host side, our wrapper's Python plus the launch. A trivial two-argument
 Triton kernel is timed alongside as the floor of a launch. On a GPU each call is timed through
-Triton's ``kernel[grid]`` ("_host_us") and through kernels/launch.py's DirectLauncher, which the
-wrappers use ("_direct_host_us"), as the median of ``--rounds`` rounds in which the two paths
-alternate ("_spread_us": max - min), and a cProfile of the ``kernel[grid]`` path is kept; also
+Triton's ``kernel[grid]`` ("_host_us"), through kernels/launch.py's DirectLauncher with the
+wrappers' replay caches emptied before every call ("_direct_host_us": a call no earlier one
+recorded), and as a replay of the previous call's launch ("_replay_host_us": what every layer but
+the first of a step takes, the wrappers' default), as the median of ``--rounds`` rounds in which
+the paths alternate ("_spread_us": max - min), and a cProfile of the ``kernel[grid]`` path is
+kept; also
 whether a small host-to-device copy waits for queued GPU work ("h2d_*_wait_ms"):
 
     python3 benchmarks/launch_overhead.py --out launch_overhead.json
@@ -120,6 +123,20 @@ def h2d_wait_ms(sleep_cycles: int = 400_000_000) -> dict[str, float]:
     return out
 
 
+class _Stub:
+    """A launcher that launches nothing: ``record`` (DirectLauncher's) returns no replay, so every
+    call runs the whole wrapper."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def __call__(self, grid, *args, **kwargs) -> None:
+        self.fn(grid, *args, **kwargs)
+
+    def record(self, swap, grid, *args, **kwargs) -> None:
+        self.fn(grid, *args, **kwargs)
+
+
 def stub_launches() -> dict[str, Callable[[], None]]:
     """Every launch the timed calls make becomes a no-op (the wrappers look them up per call).
 
@@ -142,12 +159,12 @@ def stub_launches() -> dict[str, Callable[[], None]]:
 
         binders[name] = (binder, received)
         if name == "noop":
-            globals()["launch_noop"] = stub
+            globals()["launch_noop"] = _Stub(stub)
         elif name == "write_kv_cache":
-            cache_write.launch_write = stub
+            cache_write.launch_write = _Stub(stub)
         else:
-            attention.launch_attn = stub
-    attention.launch_merge = lambda *args, **kwargs: None
+            attention.launch_attn = _Stub(stub)
+    attention.launch_merge = _Stub(lambda *args, **kwargs: None)
 
     def bind(name: str) -> Callable[[], None]:
         binder, received = binders[name]
@@ -177,18 +194,32 @@ def main() -> None:
         calls = make_calls("cuda", args.batch)
         res |= {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__}
         launchers = (launch_noop, cache_write.launch_write, attention.launch_attn)
-        paths = ((False, "_host_us"), (True, "_direct_host_us"))
+
+        def unrecorded(fn: Callable[[], None]) -> Callable[[], None]:
+            def call() -> None:
+                attention._replays.clear()
+                cache_write._replays.clear()
+                fn()
+
+            return call
+
+        # (direct launches, replays, suffix); the 2-argument kernel has no wrapper to replay
+        paths = ((False, False, "_host_us"), (True, False, "_direct_host_us"),
+                 (True, True, "_replay_host_us"))  # fmt: skip
         if not attention.launch_attn.direct:  # another Triton release: no direct launches
             paths = paths[:1]
-        # Rounds alternate the two paths, so a drift of the host (clocks, other load) shows up as
-        # spread in both columns rather than as a difference between them.
+        # Rounds alternate the paths, so a drift of the host (clocks, other load) shows up as
+        # spread in every column rather than as a difference between them.
         samples: dict[str, list[float]] = {}
         for _ in range(args.rounds):
-            for direct, suffix in paths:
+            for direct, replay, suffix in paths:
                 for launcher in launchers:
                     launcher.direct = direct
                 for name, fn in calls.items():
-                    samples.setdefault(name + suffix, []).append(host_us(fn))
+                    if replay and name == "noop":
+                        continue
+                    timed = fn if replay or name == "noop" else unrecorded(fn)
+                    samples.setdefault(name + suffix, []).append(host_us(timed))
         for key, values in samples.items():
             res[key] = statistics.median(values)
             res[key.replace("_us", "_spread_us")] = max(values) - min(values)

@@ -183,6 +183,30 @@ def step_runs_table(folders: tuple[str, ...] = S9_RUNS) -> str:
     return "\n".join(lines)
 
 
+# Session 11's 1K calls on one H200 host, in order (throughput.py --repeats: several runs each)
+S11_RUNS = ("5_throughput_1k_fa2", "6_throughput_1k_int8", "9_throughput_1k_int8_fa2")
+
+
+def repeat_runs_table(folders: tuple[str, ...] = S11_RUNS, session: str = "session11") -> str:
+    """One line per timed run of ``throughput.py --repeats`` calls (their details files), in the
+    order they ran, with the host probe (a fixed Python loop timed just before each run)."""
+    lines = [
+        "| call (in order) | config | run | gen tok/s | engine steps | tokens per step "
+        "| ms per step | host probe ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for folder in folders:
+        details = RESULTS / "logs" / session / folder / "throughput_details.json"
+        for r in json.loads(details.read_text())["rows"]:
+            for i, run in enumerate(r["runs"], 1):
+                lines.append(
+                    f"| `{folder}` | `{r['dtype']}` | {i} | {run['gen_tok_s']:.0f} "
+                    f"| {run['engine_steps']} | {run['tokens_per_step']:.0f} "
+                    f"| {run['ms_per_step']:.1f} | {run['host_probe_ms']:.1f} |"
+                )
+    return "\n".join(lines)
+
+
 # vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
 _PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total", "cpu_avg",
                  "self_cuda", "self_cuda_pct", "cuda_total", "cuda_avg", "calls")  # fmt: skip
@@ -255,10 +279,11 @@ def launch_overhead_table(
     columns = [
         (result, "_host_us", "GPU host, Triton's `kernel[grid]`"),
         (result, "_direct_host_us", "GPU host, `DirectLauncher`"),
+        (result, "_replay_host_us", "GPU host, replay (layers after the first)"),
         (wrappers, "_wrapper_us", "our wrapper's Python (CPU, launches stubbed)"),
         (wrappers, "_binder_us", "Triton's binder alone (CPU, sm80 target)"),
     ]
-    columns = [c for c in columns if f"noop{c[1]}" in c[0]]
+    columns = [c for c in columns if f"write_kv_cache{c[1]}" in c[0]]
     lines = [
         f"{result['gpu']}, Triton {result['triton']}, `{_short(result['command'])}`"
         + (f"; `{_short(wrappers['command'])}` on a CPU" if wrappers else "")
@@ -270,7 +295,10 @@ def launch_overhead_table(
     for name, label in (("noop", "a 2-argument Triton kernel"),
                         ("write_kv_cache", "`write_kv_cache`"),
                         ("paged_attention", "`paged_attention` (decode)")):  # fmt: skip
-        cells = " | ".join(f"{res[name + suffix]:.1f}" for res, suffix, _ in columns)
+        cells = " | ".join(
+            f"{res[name + suffix]:.1f}" if name + suffix in res else "-"  # no replay of noop
+            for res, suffix, _ in columns
+        )
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 
@@ -356,6 +384,39 @@ def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str
     return "\n".join(lines)
 
 
+# Decode launch configs compared (tile, warps, stages; tune_decode.py): the default first
+TUNE_CONFIGS = ((128, 4, 5), (128, 4, 4), (64, 4, 5), (64, 4, 4))
+
+
+def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
+    """Per decode shape, the int8 kernel's bandwidth fraction under each of TUNE_CONFIGS (its best
+    split count, no in-program split-K) and the sweep's best config."""
+    result = json.loads(path.read_text())
+    best: dict[tuple, dict[tuple, float]] = {}
+    for r in result["rows"]:
+        if r["dtype"] == "int8" and r["chunks"] == 1:
+            shape = best.setdefault((r["batch"], r["ctx"]), {})
+            config = (r["tile"], r["warps"], r["stages"])
+            shape[config] = max(shape.get(config, 0.0), r["frac"])
+    q, kv, d = result["shape"]
+    lines = [
+        f"{result['gpu']}, {q}/{kv} heads, D={d}, copy bandwidth {result['copy_gbs']:.0f} GB/s, "
+        f"`{_short(result['command'])}`. Per cell: % of copy bandwidth (tile, warps, stages).",
+        "",
+        "| batch | ctx | "
+        + " | ".join("/".join(map(str, c)) for c in TUNE_CONFIGS)
+        + " | best of the sweep |",
+        "|---|---|" + "---|" * (len(TUNE_CONFIGS) + 1),
+    ]
+    for (batch, ctx), fracs in best.items():
+        top = max(fracs, key=fracs.get)
+        cells = " | ".join(f"{100 * fracs[c]:.0f}%" if c in fracs else "-" for c in TUNE_CONFIGS)
+        lines.append(
+            f"| {batch} | {ctx} | {cells} | {'/'.join(map(str, top))}: {100 * fracs[top]:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -373,6 +434,10 @@ TABLES = {
     "reliability": reliability_table,
     "kv_quant_sim": kv_quant_sim_table,
     "issue_budget": issue_budget_table,
+    "throughput_1k_s11": lambda: throughput_table(RESULTS / "throughput_1k_s11.json"),
+    "throughput_1k_s11_runs": repeat_runs_table,
+    "tune_decode": tune_decode_table,
+    "tune_decode_9_3_64": lambda: tune_decode_table(RESULTS / "tune_decode_9_3_64.json"),
 }
 
 if __name__ == "__main__":

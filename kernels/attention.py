@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .cache_write import _rint
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
-from .launch import DirectLauncher
+from .launch import DirectLauncher, Replay, ReplayCache
 from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -553,6 +553,7 @@ def _attn_fwd(
 
 
 launch_attn = DirectLauncher(_attn_fwd)
+_replays = ReplayCache()
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # as _attn_fwd
@@ -815,6 +816,19 @@ def paged_attention(
             k_scale=k_scale, v_scale=v_scale, workspace=workspace, num_splits=num_splits,
             v_format=v_format,
         )  # fmt: skip
+    # Everything that decides the launches (checks, grid, binary, arguments) but the addresses of
+    # the calling layer's own tensors: a model's layers repeat one step's call with only those
+    # changed, and a replay skips this wrapper and Triton's binder (launch.py, ReplayCache).
+    key = (
+        query.shape, query.stride(), output.shape, output.stride(), kv_cache.stride(),
+        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
+        seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
+        kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
+        sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
+        v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
+    )  # fmt: skip
+    if _replays.run(key, query, output, kv_cache, k_scale, v_scale):
+        return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
@@ -839,7 +853,14 @@ def paged_attention(
     )
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = seq_lens
-    launch_attn(
+    # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split;
+    # the static scales' slots hold seq_lens, which the key covers, when there are none).
+    swap = [("q_ptr",), ("out_ptr", *(() if use_split else ("ws_acc_ptr", "ws_m_ptr", "ws_l_ptr"))),
+            ("cache_ptr", "cache16_ptr")]  # fmt: skip
+    if not dynamic:
+        swap += [("static_k_ptr",), ("static_v_ptr",)]
+    attn = launch_attn.record(
+        swap,
         (num_q_blocks, num_kv_heads, splits),
         query,
         output,
@@ -878,8 +899,16 @@ def paged_attention(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    merge = None
     if use_split:
-        _launch_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
+        merge = _launch_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
+    # A workspace made by this call would be freed under a replay of it
+    if attn is not None and (merge is not None or not use_split) and workspace is plan.workspace:
+        # run()'s tensors: query, output, kv_cache, k_scale, v_scale
+        launches = [(attn, (0, 1, 2) if dynamic else (0, 1, 2, 3, 4))]
+        if merge is not None:
+            launches.append((merge, (1,)))
+        _replays.add(key, launches, workspace)
 
 
 def _launch_merge(
@@ -888,10 +917,12 @@ def _launch_merge(
     query_start_loc: torch.Tensor,
     num_seqs: int,
     splits: int,
-) -> None:
-    """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size]."""
+) -> Replay | None:
+    """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size];
+    returns the launch's Replay (swapping ``output``) where it went direct."""
     num_tokens, num_q_heads, head_size = output.shape
-    launch_merge(
+    return launch_merge.record(
+        [("out_ptr",)],
         (num_tokens, num_q_heads),
         output,
         workspace.acc,

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import check_v_format, e4m3_encode
-from .launch import DirectLauncher
+from .launch import DirectLauncher, ReplayCache
 from .page_layout import INT4_DTYPES, cached_page_layout
 from .reference import QMAX, SCALE_MAX, SCALE_MIN
 
@@ -179,6 +179,7 @@ def _write_kv_kernel(
 
 
 launch_write = DirectLauncher(_write_kv_kernel)
+_replays = ReplayCache()
 
 
 def write_kv_cache(
@@ -212,6 +213,15 @@ def write_kv_cache(
             key, value, kv_cache, slot_mapping, kv_dtype=kv_dtype, block_size=block_size,
             k_scale=k_scale, v_scale=v_scale, v_format=v_format,
         )  # fmt: skip
+    # Everything that decides the launch but the addresses of the calling layer's tensors (see
+    # paged_attention): every layer of a step repeats the call with only those changed.
+    memo = (
+        key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
+        slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
+        k_scale is None, v_scale is None, v_format, SMALL_BATCH_TOKENS,  # tests vary it
+    )  # fmt: skip
+    if _replays.run(memo, key, value, kv_cache, k_scale, v_scale):
+        return
     _, num_kv_heads, head_size = key.shape
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
@@ -230,7 +240,11 @@ def write_kv_cache(
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
     tile, warps = write_launch(num_tokens)
-    launch_write(
+    swap = [("key_ptr",), ("value_ptr",), ("cache_ptr", "cache16_ptr")]
+    if not dynamic:
+        swap += [("k_scale_ptr",), ("v_scale_ptr",)]
+    replay = launch_write.record(
+        swap,
         (-(-num_tokens // tile), num_kv_heads),
         key,
         value,
@@ -250,3 +264,5 @@ def write_kv_cache(
         **layout.kernel_constexprs(),
         num_warps=warps,
     )
+    if replay is not None:
+        _replays.add(memo, [(replay, (0, 1, 2) if dynamic else (0, 1, 2, 3, 4))])

@@ -6,8 +6,8 @@ layer pays the host cost of our launches, and on an H200 that cost decides 1K-co
 (benchmarks/results/logs/profile_int8_1024.txt: int8 spends less GPU time than FlashAttention-2 and
 is still slower). Triton's ``JITFunction.run`` spends most of a launch in Python around the
 specialization it computes (option strings, global-value checks, knob lookups, launch metadata):
-benchmarks/launch_overhead.py measured 86 us per attention launch through it on the H200 host and
-61 us through this launcher (benchmarks/results/launch_overhead.json).
+benchmarks/launch_overhead.py measured 89 us per attention launch through it on an H200 host, 75 us
+through DirectLauncher and 17 us as a replay (benchmarks/results/launch_overhead.json).
 
 ``DirectLauncher`` keeps the part that decides which binary runs, Triton's own binder (the same
 generated function ``run`` calls, so the specialization is Triton's, bit for bit), and keys its own
@@ -18,6 +18,14 @@ kernel read have not changed since it compiled (ours are module constants), and 
 per tensor argument: tensors go to the launcher as their addresses, after a check that each is a
 CUDA tensor. Under the interpreter, on another Triton release, or while a launch hook (a profiler
 such as proton) is registered, it calls ``kernel[grid](...)`` unchanged.
+
+Replays go further, for the wrappers whose calls repeat layer after layer (paged_attention,
+write_kv_cache): ``DirectLauncher.record`` launches and returns a ``Replay`` that relaunches the
+same binary with the same arguments except some tensors, and a ``ReplayCache`` holds them under a
+key the wrapper computes from everything else that decides the launch. A replay skips the
+wrapper's own Python and the binder; it checks what the binder would have specialized the swapped
+tensors on (dtype, CUDA, 16-byte alignment), and where they differ the wrapper launches the usual
+way.
 """
 
 from __future__ import annotations
@@ -70,36 +78,151 @@ class DirectLauncher:
         self.direct_launches = 0  # launches of a cached binary (tests, benchmarks)
 
     def __call__(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
+        self._launch(grid, args, kwargs, None)
+
+    def record(
+        self, swap: Sequence[Sequence[str]], grid: Sequence[int], *args: Any, **kwargs: Any
+    ) -> Replay | None:
+        """Launch as ``self(grid, *args, **kwargs)`` and return a :class:`Replay` of that launch,
+        whose call takes one tensor per group of argument names in ``swap`` (every name of a group
+        gets that tensor's address); None where the launch did not go direct."""
+        return self._launch(grid, args, kwargs, swap)
+
+    def _launch(
+        self,
+        grid: Sequence[int],
+        args: tuple,
+        kwargs: dict[str, Any],
+        swap: Sequence[Sequence[str]] | None,
+    ) -> Replay | None:
         if not (self.direct and _ENABLED) or args[0].device.type != "cuda" or _launch_hooks_set():
             self.fn[tuple(grid)](*args, **kwargs)
-            return
+            return None
         index = _current_device()
         binder = self.fn.device_caches[index][4]
         bound, specialization, options = binder(*args, **kwargs)  # options: num_warps, ...
         key = (index, *options.items(), *specialization)
         cached = self._kernels.get(key)
-        if cached is None:
+        launched = cached is None
+        if launched:
             kernel = self.fn.run(*args, grid=tuple(grid), warmup=False, **kwargs)
             kernel = kernel.result() if hasattr(kernel, "result") else kernel
             pointers = tuple(
                 i for i, (ty, _) in enumerate(specialization)
                 if isinstance(ty, str) and ty.startswith("*")
             )  # fmt: skip
-            self._kernels[key] = (kernel, pointers)
-            return
+            self._kernels[key] = cached = (kernel, pointers)
         kernel, pointers = cached
         values = list(bound.values())
         for i in pointers:
             tensor = values[i]
             # anything but a CUDA tensor: Triton's launch handles it (or raises its own error)
             if not getattr(tensor, "is_cuda", False):
-                self.fn[tuple(grid)](*args, **kwargs)
-                return
+                if not launched:
+                    self.fn[tuple(grid)](*args, **kwargs)
+                return None
             # Triton's launcher asks the driver where each tensor's pointer lives
             # (cuPointerGetAttribute); for an integer it takes the address as it is.
             values[i] = tensor.data_ptr()
         g0, g1, g2 = (*grid, 1, 1)[:3]
-        stream = _current_stream(index)
-        self.direct_launches += 1
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *values)  # fmt: skip
+        if not launched:
+            self.direct_launches += 1
+            kernel.run(g0, g1, g2, _current_stream(index), kernel.function,
+                       kernel.packed_metadata, None, None, None, *values)  # fmt: skip
+        if swap is None:
+            return None
+        names = self.fn.arg_names
+        slots = []
+        for group in swap:
+            positions = tuple(names.index(name) for name in group)
+            # Triton specialized each pointer on whether its address is a multiple of 16 ("D"):
+            # a binary compiled for aligned addresses must never get another
+            aligned = any(specialization[i][1] == "D" for i in positions)
+            slots.append((positions, bound[group[0]].dtype, aligned))
+        return Replay(self, kernel, (g0, g1, g2), index, values, tuple(slots))
+
+
+class Replay:
+    """A direct launch to repeat with other tensors in some argument slots (``DirectLauncher.record``).
+
+    Everything else, binary, grid and every other argument, is the recorded launch's: the caller
+    keys replays on what decides those (``ReplayCache``). ``bind(tensors)`` gives the argument
+    values for ``launch``, or None where the recorded binary does not fit the tensors (another
+    dtype, an address Triton would have specialized differently, not on the recorded device) or
+    direct launches are off now: the caller then launches the usual way.
+    """
+
+    __slots__ = ("launcher", "kernel", "grid", "index", "values", "slots")
+
+    def __init__(
+        self,
+        launcher: DirectLauncher,
+        kernel: Any,
+        grid: tuple[int, int, int],
+        index: int,
+        values: list,
+        slots: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...],
+    ) -> None:
+        self.launcher, self.kernel, self.grid, self.index = launcher, kernel, grid, index
+        self.values, self.slots = values, slots
+
+    def bind(self, tensors: Sequence[torch.Tensor]) -> list | None:
+        """The launch's argument values with ``tensors`` swapped in; None where they do not fit."""
+        if not (self.launcher.direct and _ENABLED) or _launch_hooks_set():
+            return None
+        if _current_device() != self.index:
+            return None
+        values = self.values.copy()
+        for tensor, (positions, dtype, aligned) in zip(tensors, self.slots, strict=True):
+            if tensor.dtype != dtype or not tensor.is_cuda:
+                return None
+            address = tensor.data_ptr()
+            if aligned != (address % 16 == 0):
+                return None
+            for i in positions:
+                values[i] = address
+        return values
+
+    def launch(self, values: list) -> None:
+        kernel = self.kernel
+        self.launcher.direct_launches += 1
+        kernel.run(*self.grid, _current_stream(self.index), kernel.function,
+                   kernel.packed_metadata, None, None, None, *values)  # fmt: skip
+
+
+class ReplayCache:
+    """A wrapper's recorded launches by the wrapper's key: everything that decides them but the
+    tensors the replays swap. Bounded (emptied when full: a decode step's key changes every step).
+    """
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[tuple, tuple] = {}
+
+    def add(
+        self, key: tuple, launches: Sequence[tuple[Replay, tuple[int, ...]]], *keep: Any
+    ) -> None:
+        """Record ``launches`` under ``key``: each a Replay and which of run()'s tensors it takes.
+        ``keep``: objects the launches' arguments point into, kept alive with the entry."""
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key] = (tuple(launches), keep)
+
+    def run(self, key: tuple, *tensors: torch.Tensor | None) -> bool:
+        """Replay the launches recorded under ``key`` with ``tensors``; False (nothing launched)
+        where there are none or one does not fit."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        bound = []
+        for replay, which in entry[0]:
+            values = replay.bind([tensors[i] for i in which])
+            if values is None:
+                return False
+            bound.append((replay, values))
+        for replay, values in bound:
+            replay.launch(values)
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -31,6 +31,10 @@ def _report():
         "throughput_1k_direct",
         "throughput_1k_s9",
         "throughput_1k_s9_runs",
+        "throughput_1k_s11",
+        "throughput_1k_s11_runs",
+        "tune_decode",
+        "tune_decode_9_3_64",
     ],
 )
 def test_readme_quotes_result_file(table: str) -> None:
@@ -109,3 +113,8 @@ def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None
     lines = _report().launch_overhead_table(path, wrappers).splitlines()
     assert lines[2].count("|") == 5  # call + three columns
     assert lines[-1] == "| `paged_attention` (decode) | 87.6 | 21.9 | 10.0 |"
+    replays = {"write_kv_cache_replay_host_us": 8.0, "paged_attention_replay_host_us": 9.0}
+    path.write_text(json.dumps(json.loads(path.read_text()) | replays))
+    lines = _report().launch_overhead_table(path, wrappers).splitlines()
+    assert lines[-3] == "| a 2-argument Triton kernel | 17.6 | 4.4 | - | 0.1 |"  # no replay
+    assert lines[-1] == "| `paged_attention` (decode) | 87.6 | 21.9 | 9.0 | 10.0 |"

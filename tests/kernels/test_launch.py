@@ -11,9 +11,9 @@ import torch
 from kvbatch import make_batch, make_cache, run_attention
 
 import int8kv_kernels.launch as launch
-from int8kv_kernels.attention import launch_attn
+from int8kv_kernels.attention import launch_attn, launch_merge
 from int8kv_kernels.cache_write import launch_write
-from int8kv_kernels.launch import DirectLauncher
+from int8kv_kernels.launch import DirectLauncher, ReplayCache
 
 
 class _Kernel:
@@ -29,6 +29,8 @@ class _Kernel:
 class _Jit:
     """Stands in for a JITFunction: a binder specializing ints as Triton does (1, %16), and a
     run() that 'compiles' one _Kernel per specialization."""
+
+    arg_names = ["x", "n", "BLOCK"]
 
     def __init__(self):
         self.device_caches = {0: (None, None, None, None, self._bind)}
@@ -53,9 +55,13 @@ class _Jit:
 class _CudaArg:
     device = torch.device("cuda", 0)
     is_cuda = True
+    dtype = torch.float32
+
+    def __init__(self, address: int = 4096):
+        self.address = address
 
     def data_ptr(self) -> int:
-        return 4096
+        return self.address
 
 
 @pytest.fixture
@@ -134,6 +140,68 @@ def test_cpu_tensors_launch_hooks_and_disabled_go_through_triton(fake, monkeypat
     assert len(jit.indexed) == 4 and not jit.compiled
 
 
+def test_a_replay_relaunches_the_recorded_binary_with_the_swapped_tensor(fake, monkeypatch):
+    jit, launcher = fake
+    launcher((3, 2), _CudaArg(), 48, BLOCK=64)  # compiles
+    replay = launcher.record([("x",)], (3, 2), _CudaArg(), 48, BLOCK=64)  # the cached binary
+    (kernel,) = jit.compiled
+    monkeypatch.setattr(launch, "_current_stream", lambda index: 99)  # replays ask for it anew
+    replay.launch(replay.bind([_CudaArg(8192)]))
+    assert kernel.launches[-1] == (3, 2, 1, 99, kernel.function, kernel.packed_metadata, None,
+                                   None, None, 8192, 48, 64)  # fmt: skip
+    assert launcher.direct_launches == 2
+
+
+def test_a_replay_refuses_tensors_its_binary_does_not_fit(fake, monkeypatch):
+    jit, launcher = fake
+    launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)  # compiles
+    replay = launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)
+    assert replay.bind([_CudaArg(4096 + 512)]) is not None
+
+    class _Half(_CudaArg):
+        dtype = torch.float16
+
+    class _Host(_CudaArg):
+        is_cuda = False
+
+    misaligned = _CudaArg(4100)  # Triton specialized x on a multiple of 16 ("D")
+    for tensor in (_Half(), _Host(), misaligned):
+        assert replay.bind([tensor]) is None
+    launcher.direct = False
+    assert replay.bind([_CudaArg()]) is None
+    launcher.direct = True
+    launch.set_direct_launches(False)
+    try:
+        assert replay.bind([_CudaArg()]) is None
+    finally:
+        launch.set_direct_launches(True)
+    monkeypatch.setattr(launch, "_launch_hooks_set", lambda: True)
+    assert replay.bind([_CudaArg()]) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(launch, "_current_device", lambda: 1)
+    assert replay.bind([_CudaArg()]) is None
+
+
+def test_replay_cache_launches_all_of_an_entry_or_nothing(fake):
+    jit, launcher = fake
+    launcher((1,), _CudaArg(), 32, BLOCK=64)  # compiles
+    first = launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)
+    second = launcher.record([("x",)], (2,), _CudaArg(), 32, BLOCK=64)
+    (kernel,) = jit.compiled
+    cache = ReplayCache(max_entries=2)
+    cache.add("k", [(first, (0,)), (second, (1,))])
+    before = len(kernel.launches)
+    assert not cache.run("other", _CudaArg(), _CudaArg())
+    assert not cache.run("k", _CudaArg(), _CudaArg(4100))  # the second does not fit: neither runs
+    assert len(kernel.launches) == before
+    assert cache.run("k", _CudaArg(1024), _CudaArg(2048))
+    assert [a[0] for a in kernel.launches[before:]] == [1, 2]
+    assert [a[9] for a in kernel.launches[before:]] == [1024, 2048]
+    cache.add("k2", [])
+    cache.add("k3", [])  # full: emptied first
+    assert not cache.run("k", _CudaArg(), _CudaArg())
+
+
 def _all_launchers() -> list[DirectLauncher]:
     import importlib
     import pkgutil
@@ -192,6 +260,47 @@ def test_direct_cache_writes_match_triton_launches_gpu(monkeypatch):
         caches.append(cache)
     assert torch.equal(caches[0], caches[1]) and torch.equal(caches[0], caches[2])
     assert launched[1:] == [1, 0], launched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+@pytest.mark.parametrize("splits", [1, 4])  # 4: the merge kernel is replayed too
+def test_replays_across_layers_match_triton_launches_gpu(kv_dtype, splits, monkeypatch):
+    """Layers of one step: the same batch metadata, each layer with its own query, cache, output
+    and static scales. From the second layer on the launches are replays (paged_attention,
+    write_kv_cache); every output equals a plain ``kernel[grid]`` launch's."""
+    from dataclasses import replace
+
+    from int8kv_kernels import make_workspace, write_kv_cache
+
+    nq, nkv, d, bs = 8, 2, 128, 16
+    b = make_batch([1, 1, 1, 1], [300, 40, 1000, 77], nq, d, bs, "cuda")
+    ws = make_workspace(8, nq, d, device="cuda")
+    layers = [(make_cache(kv_dtype, bs, nkv, d, b.num_blocks, "cuda"),
+               torch.randn_like(b.query)) for _ in range(3)]  # fmt: skip
+    slots = torch.randperm(b.num_blocks * bs, device="cuda")[:64]
+    kv = torch.randn(64, nkv, d, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        outs = []
+        for (cache, k_scale, v_scale), q in layers:
+            write_kv_cache(kv, kv * 0.5, cache, slots, kv_dtype=kv_dtype, block_size=bs,
+                           k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+            outs.append(run_attention(replace(b, query=q), cache, kv_dtype=kv_dtype,
+                                      block_size=bs, nkv=nkv, k_scale=k_scale, v_scale=v_scale,
+                                      workspace=ws, num_splits=splits))  # fmt: skip
+        return outs, [c.clone() for (c, _, _), _ in layers]
+
+    step()  # compiles, records
+    attn0, write0 = launch_attn.direct_launches, launch_write.direct_launches
+    outs, caches = step()  # every launch a replay
+    assert launch_attn.direct_launches - attn0 == len(layers)
+    assert launch_write.direct_launches - write0 == len(layers)
+    for launcher in (launch_attn, launch_write, launch_merge):
+        monkeypatch.setattr(launcher, "direct", False)
+    plain_outs, plain_caches = step()
+    for x, y in zip(outs + caches, plain_outs + plain_caches, strict=True):
+        assert torch.equal(x, y)
 
 
 def test_launch_hooks_count_only_when_a_hook_is_registered():

@@ -1,0 +1,145 @@
+"""The keys under which paged_attention and write_kv_cache replay a launch (kernels/launch.py,
+ReplayCache) must tell apart every call that would launch differently.
+
+A replay reuses everything of the recorded launch but the calling layer's own tensors (query,
+output, cache, static scales), whose dtype, device and alignment it checks itself. So any other
+argument, and the shapes and strides of the swapped tensors, must change the key; the swapped
+tensors' storage alone must not. The calls here stop at the key (a stub cache answers "replayed"),
+so they need no GPU and launch nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import int8kv_kernels.attention as attention
+import int8kv_kernels.cache_write as cache_write
+from int8kv_kernels import get_page_bytes, make_workspace
+
+NQ, NKV, D, BS = 8, 2, 64, 16
+
+
+def _int32(*shape: int, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """An int32 tensor at the start of an int64 buffer, so that _as_int64 can give one with the same
+    address, shape and strides which only the dtype tells apart."""
+    buffer = torch.zeros(64, dtype=torch.int64)
+    t = buffer.view(torch.int32)[: torch.Size(shape).numel()].view(shape)
+    if fill is not None:
+        t.copy_(fill)
+    t.buffer = buffer
+    return t
+
+
+def _as_int64(t: torch.Tensor) -> torch.Tensor:
+    out = t.buffer[: t.numel()].view(t.shape)
+    assert out.data_ptr() == t.data_ptr() and out.stride() == t.stride()
+    return out
+
+
+class _KeyRecorder:
+    def __init__(self):
+        self.keys = []
+
+    def run(self, key, *tensors):
+        self.keys.append(key)
+        return True  # "replayed": the wrapper returns before any check or launch
+
+
+def _attention_args():
+    pages = get_page_bytes("int8", BS, NKV, D)
+    q = torch.randn(4, NQ, D, dtype=torch.bfloat16)
+    return dict(
+        query=q, kv_cache=torch.zeros(8, pages, dtype=torch.int8), output=torch.empty_like(q),
+        kv_dtype="int8", block_size=BS, num_kv_heads=NKV,
+        query_start_loc=_int32(5, fill=torch.arange(5)), seq_lens=_int32(4, fill=torch.tensor(20)),
+        block_table=_int32(4, 2, fill=torch.arange(8).view(4, 2)), max_query_len=1,
+        max_seq_len=20, softmax_scale=0.125, sliding_window=None, soft_cap=None, k_scale=None,
+        v_scale=None, workspace=None, num_splits=None, v_format="int8",
+    )  # fmt: skip
+
+
+def _attention_changes(a):
+    """Per parameter of paged_attention, calls that must get another key than ``a``."""
+    q, out, cache = a["query"], a["output"], a["kv_cache"]
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
+    return {
+        "query": [q[:3], torch.randn(4, 2 * NQ, D, dtype=q.dtype)[:, ::2]],
+        "output": [torch.empty(4, 2 * NQ, D, dtype=out.dtype)[:, ::2], out[:3]],
+        "kv_cache": [wide[:, : cache.shape[1]]],
+        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
+        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
+        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
+                        _as_int64(a["block_table"])],
+        "kv_dtype": ["int8_static"], "block_size": [32], "num_kv_heads": [4],
+        "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
+        "sliding_window": [8], "soft_cap": [30.0], "k_scale": [torch.ones(NKV)],
+        "v_scale": [torch.ones(NKV)], "workspace": [make_workspace(4, NQ, D, device="cpu")],
+        "num_splits": [2], "v_format": ["e4m3"],
+    }  # fmt: skip
+
+
+def _write_args():
+    pages = get_page_bytes("int8", BS, NKV, D)
+    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
+    return dict(
+        key=k, value=torch.randn_like(k), kv_cache=torch.zeros(8, pages, dtype=torch.int8),
+        slot_mapping=_int32(4, fill=torch.arange(4)), kv_dtype="int8", block_size=BS, k_scale=None,
+        v_scale=None, v_format="int8",
+    )  # fmt: skip
+
+
+def _write_changes(a):
+    k, cache = a["key"], a["kv_cache"]
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
+    strided = torch.randn(4, 2 * NKV, D, dtype=k.dtype)[:, ::2]
+    return {
+        "key": [k[:3], strided], "value": [a["value"][:3], strided], "kv_cache": [wide[:, :-16]],
+        "slot_mapping": [a["slot_mapping"].clone(), a["slot_mapping"][:3],
+                         _as_int64(a["slot_mapping"])],
+        "kv_dtype": ["int8_static"], "block_size": [32], "k_scale": [torch.ones(NKV)],
+        "v_scale": [torch.ones(NKV)], "v_format": ["e4m3"],
+    }  # fmt: skip
+
+
+CASES = {
+    "paged_attention": (attention, attention.paged_attention, _attention_args, _attention_changes,
+                        ("query", "output", "kv_cache", "k_scale", "v_scale")),
+    "write_kv_cache": (cache_write, cache_write.write_kv_cache, _write_args, _write_changes,
+                       ("key", "value", "kv_cache", "k_scale", "v_scale")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_argument_is_in_the_replay_key(name, monkeypatch):
+    module, fn, make_args, make_changes, swapped = CASES[name]
+    recorder = _KeyRecorder()
+    monkeypatch.setattr(module, "_replays", recorder)
+    base = make_args()
+    changes = make_changes(base)
+    # a parameter added later must come with a change here
+    assert set(changes) == set(inspect.signature(fn).parameters), "a parameter has no change"
+    fn(**base)
+    for param, values in changes.items():
+        for value in values:
+            fn(**{**base, param: value})
+            assert recorder.keys[-1] != recorder.keys[0], f"{param}: {value!r:.60} kept the key"
+    # the swapped tensors' storage alone (same dtype, shape, strides) keeps the key
+    fn(**{**base, **{p: base[p].clone() for p in swapped if base[p] is not None}})
+    assert recorder.keys[-1] == recorder.keys[0]
+
+
+def test_a_swapped_config_chooser_or_write_launch_changes_the_key(monkeypatch):
+    recorder = _KeyRecorder()
+    monkeypatch.setattr(attention, "_replays", recorder)
+    monkeypatch.setattr(cache_write, "_replays", recorder)
+    for module, fn, make_args, *_ in CASES.values():
+        fn(**make_args())
+        if module is attention:  # tune_decode.py, kvbatch.force_chunked_decode
+            monkeypatch.setattr(attention, "_choose_config", lambda *a, **k: None)
+        else:  # test_cache_write.py's launch fixture
+            monkeypatch.setattr(cache_write, "SMALL_BATCH_TOKENS", 0)
+        fn(**make_args())
+        assert recorder.keys[-1] != recorder.keys[-2]
