@@ -827,7 +827,8 @@ def paged_attention(
         sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
     )  # fmt: skip
-    if _replays.run(key, query, output, kv_cache, k_scale, v_scale):
+    if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
+                    static_v_ptr=v_scale):  # fmt: skip
         return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
@@ -904,11 +905,7 @@ def paged_attention(
         merge = _launch_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
     # A workspace made by this call would be freed under a replay of it
     if attn is not None and (merge is not None or not use_split) and workspace is plan.workspace:
-        # run()'s tensors: query, output, kv_cache, k_scale, v_scale
-        launches = [(attn, (0, 1, 2) if dynamic else (0, 1, 2, 3, 4))]
-        if merge is not None:
-            launches.append((merge, (1,)))
-        _replays.add(key, launches, workspace)
+        _replays.add(key, [attn] if merge is None else [attn, merge], workspace)
 
 
 def _launch_merge(

@@ -220,7 +220,8 @@ def write_kv_cache(
         slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
         k_scale is None, v_scale is None, v_format, SMALL_BATCH_TOKENS,  # tests vary it
     )  # fmt: skip
-    if _replays.run(memo, key, value, kv_cache, k_scale, v_scale):
+    if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache, k_scale_ptr=k_scale,
+                    v_scale_ptr=v_scale):  # fmt: skip
         return
     _, num_kv_heads, head_size = key.shape
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
@@ -265,4 +266,4 @@ def write_kv_cache(
         num_warps=warps,
     )
     if replay is not None:
-        _replays.add(memo, [(replay, (0, 1, 2) if dynamic else (0, 1, 2, 3, 4))])
+        _replays.add(memo, [replay])

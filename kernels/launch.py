@@ -30,7 +30,7 @@ way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -83,9 +83,10 @@ class DirectLauncher:
     def record(
         self, swap: Sequence[Sequence[str]], grid: Sequence[int], *args: Any, **kwargs: Any
     ) -> Replay | None:
-        """Launch as ``self(grid, *args, **kwargs)`` and return a :class:`Replay` of that launch,
-        whose call takes one tensor per group of argument names in ``swap`` (every name of a group
-        gets that tensor's address); None where the launch did not go direct."""
+        """Launch as ``self(grid, *args, **kwargs)`` and return a :class:`Replay` of that launch
+        that takes a new tensor for each group of argument names in ``swap``, by the group's first
+        name (every name of the group gets that tensor's address); None where the launch did not
+        go direct."""
         return self._launch(grid, args, kwargs, swap)
 
     def _launch(
@@ -138,7 +139,7 @@ class DirectLauncher:
             # Triton specialized each pointer on whether its address is a multiple of 16 ("D"):
             # a binary compiled for aligned addresses must never get another
             aligned = any(specialization[i][1] == "D" for i in positions)
-            slots.append((positions, bound[group[0]].dtype, aligned))
+            slots.append((group[0], positions, bound[group[0]].dtype, aligned))
         return Replay(self, kernel, (g0, g1, g2), index, values, tuple(slots))
 
 
@@ -161,19 +162,21 @@ class Replay:
         grid: tuple[int, int, int],
         index: int,
         values: list,
-        slots: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...],
+        slots: tuple[tuple[str, tuple[int, ...], torch.dtype, bool], ...],
     ) -> None:
         self.launcher, self.kernel, self.grid, self.index = launcher, kernel, grid, index
         self.values, self.slots = values, slots
 
-    def bind(self, tensors: Sequence[torch.Tensor]) -> list | None:
-        """The launch's argument values with ``tensors`` swapped in; None where they do not fit."""
+    def bind(self, tensors: Mapping[str, torch.Tensor]) -> list | None:
+        """The launch's argument values with ``tensors`` (by argument name, see ``record``)
+        swapped in; None where they do not fit."""
         if not (self.launcher.direct and _ENABLED) or _launch_hooks_set():
             return None
         if _current_device() != self.index:
             return None
         values = self.values.copy()
-        for tensor, (positions, dtype, aligned) in zip(tensors, self.slots, strict=True):
+        for name, positions, dtype, aligned in self.slots:
+            tensor = tensors[name]
             if tensor.dtype != dtype or not tensor.is_cuda:
                 return None
             address = tensor.data_ptr()
@@ -199,24 +202,23 @@ class ReplayCache:
         self.max_entries = max_entries
         self._entries: dict[tuple, tuple] = {}
 
-    def add(
-        self, key: tuple, launches: Sequence[tuple[Replay, tuple[int, ...]]], *keep: Any
-    ) -> None:
-        """Record ``launches`` under ``key``: each a Replay and which of run()'s tensors it takes.
-        ``keep``: objects the launches' arguments point into, kept alive with the entry."""
+    def add(self, key: tuple, replays: Sequence[Replay], *keep: Any) -> None:
+        """Record ``replays`` under ``key``, launched in that order; ``keep``: objects the
+        launches' arguments point into, kept alive with the entry."""
         if len(self._entries) >= self.max_entries:
             self._entries.clear()
-        self._entries[key] = (tuple(launches), keep)
+        self._entries[key] = (tuple(replays), keep)
 
-    def run(self, key: tuple, *tensors: torch.Tensor | None) -> bool:
-        """Replay the launches recorded under ``key`` with ``tensors``; False (nothing launched)
-        where there are none or one does not fit."""
+    def run(self, key: tuple, **tensors: torch.Tensor | None) -> bool:
+        """Replay the launches recorded under ``key`` with ``tensors`` by argument name (each
+        replay takes those it swaps); False (nothing launched) where there are none or one does
+        not fit."""
         entry = self._entries.get(key)
         if entry is None:
             return False
         bound = []
-        for replay, which in entry[0]:
-            values = replay.bind([tensors[i] for i in which])
+        for replay in entry[0]:
+            values = replay.bind(tensors)
             if values is None:
                 return False
             bound.append((replay, values))

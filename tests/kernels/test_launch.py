@@ -28,19 +28,22 @@ class _Kernel:
 
 class _Jit:
     """Stands in for a JITFunction: a binder specializing ints as Triton does (1, %16), and a
-    run() that 'compiles' one _Kernel per specialization."""
+    run() that 'compiles' one _Kernel per specialization. ``pointer``: the name of its first
+    (pointer) argument."""
 
-    arg_names = ["x", "n", "BLOCK"]
-
-    def __init__(self):
+    def __init__(self, pointer: str = "x"):
+        self.arg_names = [pointer, "n", "BLOCK"]
         self.device_caches = {0: (None, None, None, None, self._bind)}
         self.compiled: list[_Kernel] = []
         self.indexed: list[tuple] = []
 
-    @staticmethod
-    def _bind(x, n, BLOCK=None, **options):
+    def _bind(self, x, n, BLOCK=None, **options):
         spec = [("*fp32", "D"), ("constexpr", 1) if n == 1 else ("i32", "D" if n % 16 == 0 else "")]
-        return {"x": x, "n": n, "BLOCK": BLOCK}, [*spec, ("constexpr", BLOCK)], options
+        return (
+            {self.arg_names[0]: x, "n": n, "BLOCK": BLOCK},
+            [*spec, ("constexpr", BLOCK)],
+            options,
+        )
 
     def run(self, *args, grid, warmup, **kwargs):
         assert not warmup
@@ -146,7 +149,7 @@ def test_a_replay_relaunches_the_recorded_binary_with_the_swapped_tensor(fake, m
     replay = launcher.record([("x",)], (3, 2), _CudaArg(), 48, BLOCK=64)  # the cached binary
     (kernel,) = jit.compiled
     monkeypatch.setattr(launch, "_current_stream", lambda index: 99)  # replays ask for it anew
-    replay.launch(replay.bind([_CudaArg(8192)]))
+    replay.launch(replay.bind({"x": _CudaArg(8192)}))
     assert kernel.launches[-1] == (3, 2, 1, 99, kernel.function, kernel.packed_metadata, None,
                                    None, None, 8192, 48, 64)  # fmt: skip
     assert launcher.direct_launches == 2
@@ -156,7 +159,7 @@ def test_a_replay_refuses_tensors_its_binary_does_not_fit(fake, monkeypatch):
     jit, launcher = fake
     launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)  # compiles
     replay = launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)
-    assert replay.bind([_CudaArg(4096 + 512)]) is not None
+    assert replay.bind({"x": _CudaArg(4096 + 512)}) is not None
 
     class _Half(_CudaArg):
         dtype = torch.float16
@@ -166,40 +169,44 @@ def test_a_replay_refuses_tensors_its_binary_does_not_fit(fake, monkeypatch):
 
     misaligned = _CudaArg(4100)  # Triton specialized x on a multiple of 16 ("D")
     for tensor in (_Half(), _Host(), misaligned):
-        assert replay.bind([tensor]) is None
+        assert replay.bind({"x": tensor}) is None
     launcher.direct = False
-    assert replay.bind([_CudaArg()]) is None
+    assert replay.bind({"x": _CudaArg()}) is None
     launcher.direct = True
     launch.set_direct_launches(False)
     try:
-        assert replay.bind([_CudaArg()]) is None
+        assert replay.bind({"x": _CudaArg()}) is None
     finally:
         launch.set_direct_launches(True)
     monkeypatch.setattr(launch, "_launch_hooks_set", lambda: True)
-    assert replay.bind([_CudaArg()]) is None
+    assert replay.bind({"x": _CudaArg()}) is None
     monkeypatch.undo()
     monkeypatch.setattr(launch, "_current_device", lambda: 1)
-    assert replay.bind([_CudaArg()]) is None
+    assert replay.bind({"x": _CudaArg()}) is None
 
 
 def test_replay_cache_launches_all_of_an_entry_or_nothing(fake):
     jit, launcher = fake
-    launcher((1,), _CudaArg(), 32, BLOCK=64)  # compiles
+    jit_y = _Jit("y")  # a second kernel, whose pointer argument is named y
+    launcher_y = DirectLauncher(jit_y)
+    launcher_y.direct = True
+    for lau in (launcher, launcher_y):
+        lau((1,), _CudaArg(), 32, BLOCK=64)  # compiles
     first = launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)
-    second = launcher.record([("x",)], (2,), _CudaArg(), 32, BLOCK=64)
-    (kernel,) = jit.compiled
+    second = launcher_y.record([("y",)], (2,), _CudaArg(), 32, BLOCK=64)
+    kernels = [*jit.compiled, *jit_y.compiled]
     cache = ReplayCache(max_entries=2)
-    cache.add("k", [(first, (0,)), (second, (1,))])
-    before = len(kernel.launches)
-    assert not cache.run("other", _CudaArg(), _CudaArg())
-    assert not cache.run("k", _CudaArg(), _CudaArg(4100))  # the second does not fit: neither runs
-    assert len(kernel.launches) == before
-    assert cache.run("k", _CudaArg(1024), _CudaArg(2048))
-    assert [a[0] for a in kernel.launches[before:]] == [1, 2]
-    assert [a[9] for a in kernel.launches[before:]] == [1024, 2048]
+    cache.add("k", [first, second])
+    before = [len(k.launches) for k in kernels]
+    assert not cache.run("other", x=_CudaArg(), y=_CudaArg())
+    assert not cache.run("k", x=_CudaArg(), y=_CudaArg(4100))  # y does not fit: neither runs
+    assert [len(k.launches) for k in kernels] == before
+    assert cache.run("k", x=_CudaArg(1024), y=_CudaArg(2048))
+    assert [(k.launches[-1][0], k.launches[-1][9]) for k in kernels] == [(1, 1024), (2, 2048)]
+    assert [len(k.launches) for k in kernels] == [b + 1 for b in before]
     cache.add("k2", [])
     cache.add("k3", [])  # full: emptied first
-    assert not cache.run("k", _CudaArg(), _CudaArg())
+    assert not cache.run("k", x=_CudaArg(), y=_CudaArg())
 
 
 def _all_launchers() -> list[DirectLauncher]:

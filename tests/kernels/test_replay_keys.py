@@ -43,7 +43,7 @@ class _KeyRecorder:
     def __init__(self):
         self.keys = []
 
-    def run(self, key, *tensors):
+    def run(self, key, **tensors):
         self.keys.append(key)
         return True  # "replayed": the wrapper returns before any check or launch
 
@@ -143,3 +143,40 @@ def test_a_swapped_config_chooser_or_write_launch_changes_the_key(monkeypatch):
             monkeypatch.setattr(cache_write, "SMALL_BATCH_TOKENS", 0)
         fn(**make_args())
         assert recorder.keys[-1] != recorder.keys[-2]
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monkeypatch):
+    """A replay takes its tensors by the first argument name of each group ``record`` got; the
+    wrapper must hand ``ReplayCache.run`` a tensor under each of those names (a missing one would
+    raise on the GPU only, at the second layer)."""
+    module, fn, make_args, *_ = CASES[name]
+    given, swaps = [], []
+
+    class _Cache:
+        def run(self, key, **tensors):
+            given.append(set(tensors))
+            return False
+
+    class _Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def record(self, swap, grid, *args, **kwargs):
+            names = self.kernel.arg_names
+            assert all(n in names for group in swap for n in group), swap
+            swaps.append([group[0] for group in swap])
+            return None
+
+    monkeypatch.setattr(module, "_replays", _Cache())
+    launchers = ("launch_attn", "launch_merge") if module is attention else ("launch_write",)
+    for attr in launchers:
+        monkeypatch.setattr(module, attr, _Launcher(getattr(module, attr).fn))
+    scales = {"k_scale": torch.ones(NKV), "v_scale": torch.ones(NKV)}
+    args = {**make_args(), "kv_dtype": kv_dtype, **(scales if kv_dtype == "int8_static" else {})}
+    splits = {"num_splits": 4} if module is attention else {}  # the merge's record too
+    fn(**{**args, **splits})
+    assert len(swaps) == (2 if module is attention else 1)
+    for firsts in swaps:
+        assert set(firsts) <= given[0], (firsts, given[0])
