@@ -454,6 +454,23 @@ def write_json(doc: Mapping[str, Any], path: str | Path) -> list[Path]:
 # running one configuration in a fresh process
 
 
+def start_child(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+    """Start ``argv`` in its own process group with stdout+stderr going to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:  # the child holds its own descriptor
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def kill_child(proc: subprocess.Popen) -> int:
+    """Kill a child's whole process group (its engine core too); -9, the rc a timeout reports."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    return -9
+
+
 def run_child(
     argv: Sequence[str], env: Mapping[str, str], timeout_s: float, log_path: Path
 ) -> tuple[int, float, str]:
@@ -461,20 +478,18 @@ def run_child(
 
     rc is -9 on timeout (the child's process group is killed, its engine core included).
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = -9
-    tail = log_path.read_text(errors="replace")[-3000:]
-    return rc, time.monotonic() - t0, tail
+    proc = start_child(argv, env, log_path)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        rc = kill_child(proc)
+    return rc, time.monotonic() - t0, log_tail(log_path)
+
+
+def log_tail(log_path: Path) -> str:
+    """The last 3000 characters of a child's log."""
+    return log_path.read_text(errors="replace")[-3000:]
 
 
 def error_summary(log_tail: str) -> str:

@@ -185,6 +185,7 @@ def step_runs_table(folders: tuple[str, ...] = S9_RUNS) -> str:
 
 # Session 11's 1K calls on one H200 host, in order (throughput.py --repeats: several runs each)
 S11_RUNS = ("5_throughput_1k_fa2", "6_throughput_1k_int8", "9_throughput_1k_int8_fa2")
+S12_RUNS = ("5_throughput_1k_fa2", "6_throughput_1k_int8", "8_throughput_1k_int8_fa2")
 
 
 def repeat_runs_table(folders: tuple[str, ...] = S11_RUNS, session: str = "session11") -> str:
@@ -436,6 +437,7 @@ TABLES = {
     "issue_budget": issue_budget_table,
     "throughput_1k_s11": lambda: throughput_table(RESULTS / "throughput_1k_s11.json"),
     "throughput_1k_s11_runs": repeat_runs_table,
+    "throughput_1k_s12_runs": lambda: repeat_runs_table(S12_RUNS, "session12"),
     "tune_decode": tune_decode_table,
     "tune_decode_9_3_64": lambda: tune_decode_table(RESULTS / "tune_decode_9_3_64.json"),
 }

@@ -14,7 +14,11 @@
 #        1K rows are host-bound and moved 1.67x between identical runs (session 9): time them as
 #        --configs auto_fa2 --ctx 1024 --repeats 2 --step-stats (~310 s on a fresh host), then
 #        --configs int8 ... --repeats 3 (~200 s), then pool the calls' logs on this side with
-#        throughput.py --rows-from-log LOGS --pool --gpu "NVIDIA H200" --out FILE
+#        throughput.py --rows-from-log LOGS --pool --gpu "NVIDIA H200" --out FILE.
+#        Session 12's host changed speed 1.7x within a call (host_probe_ms 8 vs 14-18), so the 1K
+#        ratio is now taken in one call with both engines resident and their runs alternating:
+#        --configs auto_fa2,int8 --ctx 1024 --paired --repeats 3 --gpu-memory-utilization 0.45
+#        --step-stats (~420 s with both engines' compile caches warm from earlier calls)
 #
 # Issue 7's reliability steps:
 #

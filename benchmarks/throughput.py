@@ -8,7 +8,11 @@ included, as in vLLM's own throughput benchmark); an untimed warm-up ``generate`
 of the same length comes first so lazy kernel compilation/autotuning is not timed.
 ``--repeats N`` times N such generates per context on fresh prompts and reports the median run;
 host-bound rows (1K context on the H200 host) move by over 1.5x between runs, so compare those
-only as medians of runs in alternating order (``--rows-from-log ... --pool`` pools separate calls).
+only as medians of runs in alternating order (``--rows-from-log ... --pool`` pools separate calls)
+or, better, ``--paired``: both configurations' engines resident at once (separate processes, each
+with its own ``--gpu-memory-utilization``, at most 0.45), their timed runs taken in turn A B, B A,
+A B ..., so a drift of the host's speed reaches both; ``throughput_details.json`` then holds each
+turn pair's B/A ratio (``paired``).
 
 The KV budget is fixed through one ``--gpu-memory-utilization`` for every configuration, so a
 cache format that needs fewer bytes per token gets more tokens (``kv_cache_tokens``, vLLM's own
@@ -39,7 +43,9 @@ import math
 import os
 import re
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +63,10 @@ PROFILE_PROMPTS = 16
 PROFILE_TOKENS = 64
 # How a worker logs each row ("[int8] ctx 8192: {...} in 23.2s"); rows_from_log() parses it back.
 ROW_LOG_RE = re.compile(r"^\[([\w.-]+)\] ctx (\d+): (\{.*\}) in [\d.]+s\s*$")
+# --paired: what two resident engines may take of the GPU together (two CUDA contexts and the
+# non-torch memory vLLM does not count stay outside)
+PAIRED_MAX_UTILIZATION = 0.9
+PAIR_STOPPED = -2  # the rc of a --paired worker stopped (or never started) because the other failed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,6 +122,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs of the same "
         "session (session 9): one run per configuration does not give a ratio",
     )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="two --configs, both engines resident at once (each its own process and "
+        "--gpu-memory-utilization, so at most 0.45 each), their timed runs taken in turn A B, B A, "
+        "A B ...: host-speed drift, which moved 1K rows 1.6x within one session, then hits both "
+        "alike; throughput_details.json's 'paired' holds each turn pair's B/A ratio",
+    )
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
     p.add_argument("--append", action="store_true", help="merge into an existing --out")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "throughput.json"))
@@ -137,9 +155,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--turns", help=argparse.SUPPRESS)  # --paired: the worker's Turns folder
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.paired and not args.worker:
+        n = len(common.parse_list(args.configs))
+        if n != 2:
+            p.error(f"--paired takes two --configs, got {n}")
+        if args.profile:
+            p.error("--paired with --profile: a profile would run during the other's timed run")
+        if 2 * args.gpu_memory_utilization > PAIRED_MAX_UTILIZATION:
+            p.error(
+                f"--paired keeps both engines on the GPU: 2 x --gpu-memory-utilization "
+                f"{args.gpu_memory_utilization} > {PAIRED_MAX_UTILIZATION}; pass "
+                f"--gpu-memory-utilization {PAIRED_MAX_UTILIZATION / 2}"
+            )
     return args
 
 
@@ -218,20 +249,27 @@ def worker(args: argparse.Namespace) -> int:
     print(f"[{args.label}] engine up in {start_s:.0f}s, {kv_tokens} KV tokens", flush=True)
 
     rows, extra = [], []
-    for ctx, prompt_len in spec["plan"]:
-        n = args.num_prompts or num_prompts_for(kv_tokens, prompt_len, args.output_len, args.fill)
-        sp = SamplingParams(
-            max_tokens=args.output_len, ignore_eos=True, temperature=0.0, detokenize=False
-        )
+    turns = Turns(Path(args.turns) if args.turns else None, args.label)
+    sp = SamplingParams(
+        max_tokens=args.output_len, ignore_eos=True, temperature=0.0, detokenize=False
+    )
+    for _, prompt_len in spec["plan"]:
         warm = random_prompts(WARMUP_PROMPTS, prompt_len, vocab, args.seed + 1)
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], sp, use_tqdm=False)
+    turns.ready()
+    turn = 0
+    for ctx, prompt_len in spec["plan"]:
+        n = args.num_prompts or num_prompts_for(kv_tokens, prompt_len, args.output_len, args.fill)
         timed: list[dict[str, Any]] = []
         for i in range(args.repeats):
+            turns.wait_go(turn)
             # the first run's prompts are those of a single-run invocation
             seed = args.seed + ctx + 7919 * i
             prompts = [TokensPrompt(prompt_token_ids=p)
                        for p in random_prompts(n, prompt_len, vocab, seed)]  # fmt: skip
             timed.append(timed_run(llm, prompts, sp, args.step_stats))
+            turns.done(turn)
+            turn += 1
         run = lower_median(timed)
         wall, out_tokens = run["wall_s"], run["output_tokens"]
         rows.append(
@@ -272,7 +310,114 @@ def worker(args: argparse.Namespace) -> int:
         Path(args.result).write_text(json.dumps({"rows": rows, "extra": extra}))
         if args.profile:
             profile(llm, prompts[: args.profile_prompts], args, ctx, profile_dir)
+    turns.wait_go(turn)  # the exit gate: an engine shutting down would disturb the other's run
     return 0
+
+
+class Turns:
+    """How ``--paired``'s two resident engines take turns: empty files in one folder.
+
+    A worker touches ``ready_LABEL`` once its engine is up and warmed up (its GPU memory settled,
+    so the other engine may start and size its own cache). Before its K-th timed run it waits for
+    ``go_LABEL_K`` (prompts are made inside the turn too: the other engine is host-bound, and a
+    busy neighbour is what pairing removes); after it, it touches ``done_LABEL_K``. One more ``go``
+    after the last run lets it exit. Without a folder (one configuration at a time) every step
+    is a no-op.
+    """
+
+    POLL_S = 0.02
+
+    def __init__(self, folder: Path | None, label: str) -> None:
+        self.folder, self.label = folder, label
+        self._driver = os.getppid()
+
+    def path(self, kind: str, turn: int | None = None) -> Path:
+        assert self.folder is not None
+        return self.folder / (f"{kind}_{self.label}" + ("" if turn is None else f"_{turn}"))
+
+    def ready(self) -> None:
+        if self.folder is not None:
+            self.path("ready").touch()
+
+    def done(self, turn: int) -> None:
+        if self.folder is not None:
+            self.path("done", turn).touch()
+
+    def wait_go(self, turn: int) -> None:
+        if self.folder is None:
+            return
+        go = self.path("go", turn)
+        while not go.exists():
+            if os.getppid() != self._driver:  # an orphan would hold its GPU memory for good
+                raise SystemExit(f"[{self.label}] the --paired driver is gone; exiting")
+            time.sleep(self.POLL_S)
+
+
+def run_paired(
+    children: list[tuple[str, list[str], dict[str, str], Path]],
+    folder: Path,
+    n_turns: int,
+    timeout_s: float,
+) -> tuple[list[tuple[int, float, str]], list[list[str]]]:
+    """``--paired``: start two workers (label, argv, env, log) one after the other, each once the
+    previous one is ready, then hand out their timed runs in turn A B, B A, A B ... (so neither
+    is always first after the other). Returns each child's (rc, seconds, log tail), as
+    ``common.run_child``, and the order each turn ran in. A worker that exits early or a
+    ``timeout_s`` (for the whole pair) stops both."""
+    shutil.rmtree(folder, ignore_errors=True)  # a reused --workdir must not hand out old turns
+    folder.mkdir(parents=True)
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    procs: list[Any] = []
+    turns = [Turns(folder, label) for label, *_ in children]
+
+    def wait_for(path: Path) -> bool:
+        while not path.exists():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                return False
+            time.sleep(Turns.POLL_S)
+        return True
+
+    order: list[list[str]] = []
+    ok = True
+    for (_, argv, env, log), t in zip(children, turns, strict=True):
+        procs.append(common.start_child(argv, env, log))
+        ok = wait_for(t.path("ready"))
+        if not ok:
+            break
+    for k in range(n_turns if ok else 0):
+        ran = []
+        for t in turns if k % 2 == 0 else turns[::-1]:
+            t.path("go", k).touch()
+            ok = wait_for(t.path("done", k))
+            if not ok:
+                break
+            ran.append(t.label)
+        order += [ran] if ran else []
+        if not ok:
+            break
+    results = []
+    for (*_, log), t, proc in zip(children, turns, procs, strict=False):  # procs: those started
+        note = ""
+        if ok:
+            t.path("go", n_turns).touch()
+            try:
+                rc = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                rc = common.kill_child(proc)
+        elif proc.poll() is not None:
+            rc = proc.returncode
+        elif time.monotonic() > deadline:
+            rc = common.kill_child(proc)  # -9: reported as a timeout
+        else:
+            common.kill_child(proc)
+            rc, note = PAIR_STOPPED, "\nerror: stopped because the other engine of the pair failed"
+        results.append((rc, time.monotonic() - t0, common.log_tail(log) + note))
+    # a worker that never started (the first one failed before it was ready)
+    results += [
+        (PAIR_STOPPED, 0.0, "error: not started: the pair stopped first (failed or timed out)")
+    ] * (len(children) - len(procs))
+    return results, order
 
 
 def lower_median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -381,6 +526,64 @@ def rows_from_log(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def paired_ratios(
+    labels: list[str], extra: list[dict[str, Any]], order: list[list[str]]
+) -> list[dict[str, Any]]:
+    """Per context of a ``--paired`` call: the B/A gen tok/s ratio of each turn pair (the K-th
+    timed runs of both, taken back to back) and their median (of an even count, the lower
+    middle one: B is not flattered). Contexts a worker did not finish have no entry."""
+    a, b = labels
+    found = {(r["dtype"], r["ctx"]): r["runs"] for r in extra if "runs" in r}
+    out = []
+    for ctx in sorted({ctx for dtype, ctx in found if dtype == a}):
+        if (b, ctx) not in found:
+            continue
+        ratios = [
+            round(rb["gen_tok_s"] / ra["gen_tok_s"], 4)
+            for ra, rb in zip(found[(a, ctx)], found[(b, ctx)], strict=True)
+        ]
+        out.append(
+            {"a": a, "b": b, "ctx": ctx, "ratios": ratios,
+             "median_ratio": statistics.median_low(ratios), "order": order}
+        )  # fmt: skip
+        print(f"throughput: paired {b}/{a} ctx {ctx}: per turn {ratios} -> "
+              f"{out[-1]['median_ratio']}", flush=True)  # fmt: skip
+    return out
+
+
+def worker_argv(args: argparse.Namespace, label: str, result: Path) -> list[str]:
+    """The command line of the worker process that runs ``label``."""
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--label",
+        label,
+        "--result",
+        str(result),
+        "--model",
+        args.model,
+        "--output-len",
+        str(args.output_len),
+        "--fill",
+        str(args.fill),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-cudagraph-capture-size",
+        str(args.max_cudagraph_capture_size),
+        "--seed",
+        str(args.seed),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        *(["--profile", "--profile-prompts", str(args.profile_prompts)] if args.profile else []),
+        *(["--step-stats"] if args.step_stats else []),
+        "--repeats",
+        str(args.repeats),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -400,51 +603,33 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(os.environ["OUT"]) / "logs" if os.environ.get("OUT") else workdir
     print(f"throughput: configs {labels}, (ctx, prompt_len) {plan}, skipped {skipped}", flush=True)
 
-    rows: list[dict[str, Any]] = []
-    extra: list[dict[str, Any]] = []
-    runs: dict[str, Any] = {}
+    children = []
     for label in labels:
         result = workdir / f"{label}.json"
         result.with_suffix(".spec.json").write_text(
             json.dumps({"plan": plan, "max_model_len": max_len})
         )
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "--label",
-            label,
-            "--result",
-            str(result),
-            "--model",
-            args.model,
-            "--output-len",
-            str(args.output_len),
-            "--fill",
-            str(args.fill),
-            "--num-prompts",
-            str(args.num_prompts),
-            "--max-num-seqs",
-            str(args.max_num_seqs),
-            "--max-cudagraph-capture-size",
-            str(args.max_cudagraph_capture_size),
-            "--seed",
-            str(args.seed),
-            "--gpu-memory-utilization",
-            str(args.gpu_memory_utilization),
-            *(
-                ["--profile", "--profile-prompts", str(args.profile_prompts)]
-                if args.profile
-                else []
-            ),
-            *(["--step-stats"] if args.step_stats else []),
-            "--repeats",
-            str(args.repeats),
-        ]
         env = common.child_env(label, args.shim_everywhere)
-        rc, secs, tail = common.run_child(
-            cmd, env, args.timeout, logdir / f"throughput_{label}.log"
+        children.append(
+            (label, worker_argv(args, label, result), env, logdir / f"throughput_{label}.log")
         )
+    if args.paired:
+        outcomes, order = run_paired(
+            [(label, [*argv, "--turns", str(workdir / "turns")], env, log)
+             for label, argv, env, log in children],
+            workdir / "turns", len(plan) * args.repeats, 2 * args.timeout,
+        )  # fmt: skip
+    else:
+        order = []
+        outcomes = [
+            common.run_child(argv, env, args.timeout, log) for _, argv, env, log in children
+        ]
+
+    rows: list[dict[str, Any]] = []
+    extra: list[dict[str, Any]] = []
+    runs: dict[str, Any] = {}
+    for (label, _, env, _), (rc, secs, tail) in zip(children, outcomes, strict=True):
+        result = workdir / f"{label}.json"
         run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1), "shim": env.get("INT8KV_SHIM")}
         if result.exists():  # also after a timeout: the contexts it finished
             got = json.loads(result.read_text())
@@ -481,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "rows": extra,
     }
+    if args.paired:
+        details["paired"] = paired_ratios(labels, extra, order)
     if args.append and out.exists():
         old = json.loads(out.read_text())
         doc["rows"] = common.merge_rows(old.get("rows", []), rows, ("dtype", "ctx"))
@@ -493,6 +680,10 @@ def main(argv: list[str] | None = None) -> int:
             details["skipped"] = skipped + [
                 s for s in old_d.get("skipped", []) if s["ctx"] not in skipped_ctx
             ]
+            if "paired" in old_d:
+                details["paired"] = common.merge_rows(
+                    old_d["paired"], details.get("paired", []), ("a", "b", "ctx")
+                )
     common.validate_throughput(doc)
     for path in common.write_json(doc, out) + common.write_json(details, details_path):
         print(f"throughput: wrote {path}")

@@ -33,6 +33,7 @@ def _report():
         "throughput_1k_s9_runs",
         "throughput_1k_s11",
         "throughput_1k_s11_runs",
+        "throughput_1k_s12_runs",
         "tune_decode",
         "tune_decode_9_3_64",
     ],

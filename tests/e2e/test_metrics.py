@@ -924,3 +924,241 @@ def test_throughput_pools_repeated_runs_from_logs(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="different workloads"):
         rows(*map(str, logs), "--pool")
+
+
+# --paired: two resident engines taking turns. The fake workers below are real processes that
+# follow the worker's protocol (throughput.Turns); each run is a sleep logged with its times.
+_FAKE_PAIRED_WORKER = """
+import importlib.util, sys, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("tp", sys.argv[1])
+tp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tp)
+label, folder, n, events = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+fail, start_s = sys.argv[6], float(sys.argv[7])
+
+def log(what, k=-1):
+    with open(events, "a") as f:
+        f.write(f"{time.monotonic()} {label} {what} {k}\\n")
+
+log("started")
+if fail == "before_ready":
+    sys.exit(3)
+turns = tp.Turns(folder, label)
+time.sleep(start_s)  # the engine starting
+log("ready")
+turns.ready()
+for k in range(n):
+    turns.wait_go(k)
+    log("start", k)
+    time.sleep(0.05)
+    log("end", k)
+    turns.done(k)
+    if fail == "after_first_run":
+        sys.exit(4)
+turns.wait_go(n)
+log("exit")
+"""
+
+
+def _paired_children(tmp_path: Path, n: int, fail_b: str = "", start_a: float = 0.2) -> list:
+    script = tmp_path / "fake_worker.py"
+    script.write_text(_FAKE_PAIRED_WORKER)
+    path = str(REPO / "benchmarks" / "throughput.py")
+    events = tmp_path / "events.txt"
+    return [
+        (label, [sys.executable, str(script), path, label, str(tmp_path / "turns"), str(n),
+                 str(events), fail, str(start)], {**__import__("os").environ},
+         tmp_path / f"{label}.log")
+        for label, fail, start in (("a", "", start_a), ("b", fail_b, 0.2))
+    ]  # fmt: skip
+
+
+def _events(tmp_path: Path) -> list[tuple[float, str, str, int]]:
+    lines = (tmp_path / "events.txt").read_text().split("\n")
+    rows = [ln.split() for ln in lines if ln]
+    return sorted((float(t), who, what, int(k)) for t, who, what, k in rows)
+
+
+def test_paired_workers_take_turns_and_never_overlap(tmp_path: Path) -> None:
+    results, order = throughput.run_paired(_paired_children(tmp_path, 3), tmp_path / "turns", 3, 60)
+    assert [rc for rc, _, _ in results] == [0, 0], results
+    assert order == [["a", "b"], ["b", "a"], ["a", "b"]]
+    events = _events(tmp_path)
+    # b's engine starts only once a's is ready (a's memory settled before b sizes its cache)
+    assert events.index((*[e for e in events if e[1:3] == ("b", "started")][0],)) > events.index(
+        [e for e in events if e[1:3] == ("a", "ready")][0]
+    )
+    runs = [(who, what, k) for _, who, what, k in events if what in ("start", "end")]
+    # every run ends before the next one starts, in the order handed out
+    assert runs == [
+        (who, step, k) for k, pair in enumerate(order) for who in pair for step in ("start", "end")
+    ]
+    # neither leaves before both finished their runs (the exit gate)
+    last_end = max(t for t, _, what, _ in events if what == "end")
+    assert all(t > last_end for t, _, what, _ in events if what == "exit")
+
+
+@pytest.mark.parametrize("fail_b", ["before_ready", "after_first_run"])
+def test_paired_failure_stops_the_other_worker(tmp_path: Path, fail_b: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    results, order = throughput.run_paired(
+        _paired_children(tmp_path, 3, fail_b), tmp_path / "turns", 3, 60
+    )
+    assert time.monotonic() - t0 < 30  # not the 60 s deadline
+    (rc_a, _, tail_a), (rc_b, _, _) = results
+    assert rc_b == (3 if fail_b == "before_ready" else 4)
+    assert rc_a == throughput.PAIR_STOPPED and "other engine of the pair failed" in tail_a
+    assert order == ([] if fail_b == "before_ready" else [["a", "b"]])
+    assert common.error_summary(tail_a).startswith("error: stopped")
+
+
+def test_paired_first_failure_never_starts_the_second(tmp_path: Path) -> None:
+    children = _paired_children(tmp_path, 2)
+    children[0][1][-2] = "before_ready"  # a fails
+    results, order = throughput.run_paired(children, tmp_path / "turns", 2, 60)
+    assert results[0][0] == 3 and results[1][0] == throughput.PAIR_STOPPED
+    assert "not started" in results[1][2] and order == []
+    assert {who for _, who, _, _ in _events(tmp_path)} == {"a"}
+
+
+def test_paired_timeout_kills_both(tmp_path: Path) -> None:
+    # the deadline passes during the turns: both killed, -9, which main reports as "timeout"
+    results, order = throughput.run_paired(
+        _paired_children(tmp_path, 10_000), tmp_path / "turns", 10_000, 3
+    )
+    assert [rc for rc, _, _ in results] == [-9, -9] and order
+    # ... or while the first engine is still starting: the second never starts
+    children = _paired_children(tmp_path, 1, start_a=30)
+    results, order = throughput.run_paired(children, tmp_path / "turns", 1, 2)
+    assert results[0][0] == -9 and results[1][0] == throughput.PAIR_STOPPED and order == []
+    assert "not started" in results[1][2]
+
+
+def test_turns_exit_when_the_driver_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = throughput.Turns(tmp_path, "int8")
+    monkeypatch.setattr(throughput.os, "getppid", lambda: -1)
+    with pytest.raises(SystemExit, match="driver is gone"):
+        turns.wait_go(0)
+    quiet = throughput.Turns(None, "int8")  # one configuration at a time: no files, no waiting
+    quiet.ready(), quiet.wait_go(5), quiet.done(5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_paired_worker_runs_only_inside_its_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's side: warm-ups (every context) before ``ready``; each timed run, prompts
+    included, between its ``go`` and its ``done``; then it waits at the exit gate."""
+    import time
+    import types
+
+    import vllm
+
+    seen: list[tuple] = []
+
+    class _LLM:
+        def __init__(self, **kwargs) -> None:
+            cfg = types.SimpleNamespace(
+                cache_config=types.SimpleNamespace(num_gpu_blocks=100, block_size=16),
+                model_config=types.SimpleNamespace(get_vocab_size=lambda: 5000),
+                scheduler_config=types.SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64),
+                compilation_config=types.SimpleNamespace(max_cudagraph_capture_size=16),
+            )
+            self.llm_engine = types.SimpleNamespace(vllm_config=cfg)
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            seen.append(("generate", len(prompts)))
+            out = types.SimpleNamespace(token_ids=[0] * sp.max_tokens)
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    def made_prompts(n, length, vocab, seed):
+        seen.append(("prompts", n))
+        return [[1] * length for _ in range(n)]
+
+    monkeypatch.setattr(vllm, "LLM", _LLM)
+    monkeypatch.setattr(throughput, "random_prompts", made_prompts)
+    # the driver's side, as events: every go is given at once
+    monkeypatch.setattr(throughput.Turns, "ready", lambda self: seen.append(("ready",)))
+    monkeypatch.setattr(throughput.Turns, "wait_go", lambda self, k: seen.append(("go", k)))
+    monkeypatch.setattr(throughput.Turns, "done", lambda self, k: seen.append(("done", k)))
+    clock = iter(range(1000))  # every timed run takes 1 s
+    fake_time = types.SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=time.sleep,
+                                      perf_counter=time.perf_counter)  # fmt: skip
+    monkeypatch.setattr(throughput, "time", fake_time)
+    result = tmp_path / "int8.json"
+    spec = {"plan": [[512, 500], [300, 280]], "max_model_len": 600}
+    result.with_suffix(".spec.json").write_text(json.dumps(spec))
+    args = throughput.parse_args(
+        ["--worker", "--label", "int8", "--result", str(result), "--model", str(tmp_path),
+         "--num-prompts", "10", "--output-len", "20", "--repeats", "2",
+         "--turns", str(tmp_path / "turns")]
+    )  # fmt: skip
+    assert throughput.worker(args) == 0
+    warm = [("prompts", throughput.WARMUP_PROMPTS), ("generate", throughput.WARMUP_PROMPTS)]
+    timed = [[("go", k), ("prompts", 10), ("generate", 10), ("done", k)] for k in range(4)]
+    assert seen == [*warm, *warm, ("ready",), *sum(timed, []), ("go", 4)]  # the exit gate last
+    assert len(json.loads(result.read_text())["rows"]) == 2
+
+
+def test_throughput_main_paired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
+) -> None:
+    """--paired hands both workers to run_paired (with --turns, the pair's doubled timeout) and
+    keeps each turn pair's ratio; the rows stay each configuration's median run."""
+    calls = []
+
+    def fake_paired(children, folder, n_turns, timeout_s):
+        calls.append((children, folder, n_turns, timeout_s))
+        for speed, (label, argv, env, _) in zip((100.0, 120.0), children, strict=True):
+            assert argv[argv.index("--turns") + 1] == str(folder)
+            assert ("INT8KV_SHIM" in env) == (label == "int8")
+            result = Path(argv[argv.index("--result") + 1])
+            runs = [{"gen_tok_s": speed * f} for f in (1.0, 2.0, 0.5)]  # host drift, both alike
+            row = {"dtype": label, "ctx": 1024, "num_prompts": 2, "output_len": 256}
+            row |= {"gen_tok_s": speed, "kv_cache_tokens": 10}
+            extra = {"dtype": label, "ctx": 1024, "runs": runs}
+            result.write_text(json.dumps({"rows": [row], "extra": [extra]}))
+        return [(0, 1.0, "ok"), (0, 1.0, "ok")], [["a", "b"], ["b", "a"], ["a", "b"]]
+
+    monkeypatch.setattr(throughput, "run_paired", fake_paired)
+    out = tmp_path / "throughput.json"
+    argv = [*throughput_model, "--out", str(out), "--configs", "auto_fa2,int8", "--ctx", "1024"]
+    argv += ["--paired", "--repeats", "3", "--gpu-memory-utilization", "0.45", "--timeout", "50"]
+    assert throughput.main(argv) == 0
+    (children, folder, n_turns, timeout_s) = calls[0]
+    assert [c[0] for c in children] == ["auto_fa2", "int8"]
+    assert (n_turns, timeout_s, folder) == (3, 100, tmp_path / "w" / "turns")
+    details = json.loads((tmp_path / "throughput_details.json").read_text())
+    (paired,) = details["paired"]
+    assert paired["a"] == "auto_fa2" and paired["b"] == "int8" and paired["ctx"] == 1024
+    assert paired["ratios"] == [1.2, 1.2, 1.2] and paired["median_ratio"] == 1.2
+    assert paired["order"] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    # a later --append call keeps this pair's entry
+    monkeypatch.setattr(throughput.common, "run_child", lambda *a: (1, 0.0, "RuntimeError: x"))
+    again = [*throughput_model, "--out", str(out), "--configs", "int8", "--ctx", "1024", "--append"]
+    assert throughput.main(again) == 1
+    assert json.loads((tmp_path / "throughput_details.json").read_text())["paired"] == [paired]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--configs", "auto_fa2,int8,auto_triton"], "--paired takes two --configs, got 3"),
+        (["--configs", "auto_fa2,int8", "--profile"], "a profile would run during the other's"),
+        (["--configs", "auto_fa2,int8"], "pass --gpu-memory-utilization 0.45"),  # default 0.5
+    ],
+)
+def test_throughput_paired_refusals(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--paired", *extra]
+    if "--profile" in extra:
+        args += ["--gpu-memory-utilization", "0.4"]
+    with pytest.raises(SystemExit):
+        throughput.parse_args(args)
+    assert message in capsys.readouterr().err
