@@ -63,7 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-windows", type=int, default=0, help="0 = the whole corpus")
     p.add_argument("--min-scored", type=int, default=40_000, help="refuse to score fewer tokens")
     p.add_argument("--logprobs", type=int, default=20, help="top-k prompt logprobs for KL/top-1")
-    p.add_argument("--greedy-prompts", type=int, default=64)
+    p.add_argument(
+        "--greedy-prompts",
+        type=int,
+        default=256,
+        help="greedy continuations compared (with 64 prompts greedy_agree's standard error is about "
+        "0.05, larger than the differences between the int8 formats it is used to judge)",
+    )
+    p.add_argument(
+        "--greedy-versus",
+        default="int8_per_token_head",
+        help="the row every other row's greedy agreement is compared with, prompt by prompt "
+        "(mean difference and its standard error in the details file), when it ran",
+    )
     p.add_argument("--greedy-tokens", type=int, default=32)
     p.add_argument("--chunk", type=int, default=512, help="max_num_batched_tokens (see above)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
@@ -195,12 +207,15 @@ def compute_rows(
     targets: np.ndarray,
     greedy_n: int,
     num_windows: int = 0,
+    versus: str = "int8_per_token_head",
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays; with
     ``num_windows`` (the scored windows, concatenated in ``target_lp``) also the standard error of
-    each ΔPPL."""
+    each ΔPPL; with a ``versus`` row, every other row's greedy agreement minus that row's, prompt
+    by prompt, with its standard error (``greedy_vs_VERSUS``)."""
     ref = results[reference]
     rows, extras = [], {}
+    fracs: dict[str, np.ndarray] = {}
     for label, r in results.items():
         if r["target_lp"].shape != ref["target_lp"].shape:
             raise ValueError(f"{label}: {r['target_lp'].shape} scored vs {ref['target_lp'].shape}")
@@ -214,7 +229,7 @@ def compute_rows(
             r["target_lp"],
             targets,
         )
-        tok_agree, seq_agree = common.greedy_agreement(
+        fracs[label] = common.greedy_prefix_fractions(
             ref["greedy"].tolist(), r["greedy"].tolist(), greedy_n
         )
         rows.append(
@@ -223,11 +238,16 @@ def compute_rows(
                 "ppl": round(ppl, 6),
                 "top1_agree": round(common.top1_agreement(ref["top_ids"], r["top_ids"]), 6),
                 "kld": float(f"{float(np.mean(kl)):.6g}"),
-                "greedy_agree": round(tok_agree, 6),
+                "greedy_agree": round(float(np.mean(fracs[label])), 6),
             }
         )
         extras[label] = {
-            "greedy_seq_agree": round(seq_agree, 6),
+            "greedy_seq_agree": round(float(np.mean(fracs[label] == 1.0)), 6),
+            "greedy_agree_se": (
+                round(common.standard_error(fracs[label]), 6) if fracs[label].size > 1 else None
+            ),
+            # tokens before the first divergence, per prompt: later runs can be compared pairwise
+            "greedy_prefix": [round(f * greedy_n) for f in fracs[label]],
             **(
                 {
                     "ppl_delta_se_pct": round(
@@ -244,6 +264,11 @@ def compute_rows(
     for row in rows:
         if ref_ppl:
             extras[row["dtype"]]["ppl_delta_pct"] = round(100 * (row["ppl"] / ref_ppl - 1), 4)
+    if versus in fracs and fracs[versus].size > 1:
+        for label in fracs:
+            if label not in (versus, reference):
+                diff, se = common.paired_mean_diff(fracs[label], fracs[versus])
+                extras[label][f"greedy_vs_{versus}"] = {"diff": round(diff, 6), "se": round(se, 6)}
     return rows, extras
 
 
@@ -361,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy: {details['error']}", file=sys.stderr)
         return 1
     rows, extras = compute_rows(
-        results, reference, targets, args.greedy_tokens, num_windows=len(windows)
+        results, reference, targets, args.greedy_tokens, len(windows), args.greedy_versus
     )
     for label, extra in extras.items():
         runs[label].update(extra)
@@ -384,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['top1_agree']:>9.4f}{row['kld']:>11.3g}{row['greedy_agree']:>8.3f}"
             f"{e['greedy_seq_agree']:>7.2f}"
         )
+    for row in rows:
+        vs = extras[row["dtype"]].get(f"greedy_vs_{args.greedy_versus}")
+        if vs:
+            print(f"{row['dtype']}: greedy agreement minus {args.greedy_versus}'s, prompt by "
+                  f"prompt: {vs['diff']:+.4f} (standard error {vs['se']:.4f})")  # fmt: skip
     return 0 if len(results) == len(labels) else 1
 
 

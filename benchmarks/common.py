@@ -349,28 +349,47 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def greedy_agreement(
+def greedy_prefix_fractions(
     ref: Sequence[Sequence[int]], other: Sequence[Sequence[int]], n: int | None = None
-) -> tuple[float, float]:
-    """Agreement of greedy continuations with the reference's, over the first ``n`` tokens.
-
-    Returns ``(token_agree, seq_agree)``:
-    - ``token_agree``: mean over prompts of (tokens generated before the first divergence) / n —
-      position-wise matching after a divergence would compare unrelated texts, so only the common
-      prefix counts;
-    - ``seq_agree``: fraction of prompts whose first n tokens are all identical.
-    """
+) -> np.ndarray:
+    """Per prompt: the share of the first ``n`` reference tokens generated before the first
+    divergence (position-wise matching after a divergence would compare unrelated texts, so only
+    the common prefix counts). A continuation shorter than ``n`` that matches as far as it goes
+    scores its length over ``n``."""
     if len(ref) != len(other) or not ref:
         raise ValueError("need the same, non-zero number of sequences")
-    fracs, same = [], 0
+    fracs = []
     for a, b in zip(ref, other, strict=True):
         m = n if n is not None else len(a)
         if m <= 0:
             raise ValueError("empty reference continuation")
-        p = common_prefix_len(a[:m], b[:m])
-        fracs.append(p / m)
-        same += int(p == m and len(b) >= m)
-    return float(np.mean(fracs)), same / len(ref)
+        fracs.append(common_prefix_len(a[:m], b[:m]) / m)
+    return np.asarray(fracs, dtype=np.float64)
+
+
+def greedy_agreement(
+    ref: Sequence[Sequence[int]], other: Sequence[Sequence[int]], n: int | None = None
+) -> tuple[float, float]:
+    """Agreement of greedy continuations with the reference's, over the first ``n`` tokens:
+    ``(token_agree, seq_agree)``, the mean of :func:`greedy_prefix_fractions` and the fraction of
+    prompts whose first n tokens are all identical."""
+    fracs = greedy_prefix_fractions(ref, other, n)
+    return float(np.mean(fracs)), float(np.mean(fracs == 1.0))
+
+
+def standard_error(x: np.ndarray) -> float:
+    """Standard error of the mean of independent samples ``x`` (at least two)."""
+    if x.size < 2:
+        raise ValueError(f"a standard error needs at least two samples, got {x.size}")
+    return float(np.std(x, ddof=1) / np.sqrt(x.size))
+
+
+def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Mean of ``a - b`` over paired samples (the same prompts) and its standard error: whether
+    one configuration's greedy agreement beats another's by more than the prompts' spread."""
+    if a.shape != b.shape:
+        raise ValueError(f"paired samples differ in shape: {a.shape}, {b.shape}")
+    return float(np.mean(a - b)), standard_error(a - b)
 
 
 # --------------------------------------------------------------------------------------------

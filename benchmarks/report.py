@@ -208,6 +208,36 @@ def repeat_runs_table(folders: tuple[str, ...] = S11_RUNS, session: str = "sessi
     return "\n".join(lines)
 
 
+def paired_runs_table(details_paths: list[Path]) -> str:
+    """One line per turn pair of ``throughput.py --paired`` calls (their details files): both
+    configurations' runs, taken back to back in the order shown, their host probes and the B/A
+    ratio; the last line per call and context is the median ratio the details file holds."""
+    lines = [
+        "| call | ctx | turn | order | A gen tok/s (probe ms) | B gen tok/s (probe ms) | B/A |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in details_paths:
+        details = json.loads(path.read_text())
+        runs = {(r["dtype"], r["ctx"]): r["runs"] for r in details["rows"] if "runs" in r}
+        for pair in details.get("paired", []):
+            a, b, ctx = pair["a"], pair["b"], pair["ctx"]
+            label = f"`{path.parent.name}`"
+            for k, (ra, rb) in enumerate(zip(runs[(a, ctx)], runs[(b, ctx)], strict=True)):
+                order = (
+                    " ".join(f"`{x}`" for x in pair["order"][k]) if k < len(pair["order"]) else "?"
+                )
+                lines.append(
+                    f"| {label} | {ctx} | {k + 1} | {order} "
+                    f"| {ra['gen_tok_s']:.0f} ({ra['host_probe_ms']:.1f}) "
+                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {pair['ratios'][k]:.2f}x |"
+                )
+            lines.append(
+                f"| {label} | {ctx} | median | A = `{a}`, B = `{b}` | | | "
+                f"**{pair['median_ratio']:.2f}x** |"
+            )
+    return "\n".join(lines)
+
+
 # vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
 _PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total", "cpu_avg",
                  "self_cuda", "self_cuda_pct", "cuda_total", "cuda_avg", "calls")  # fmt: skip

@@ -119,3 +119,38 @@ def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None
     lines = _report().launch_overhead_table(path, wrappers).splitlines()
     assert lines[-3] == "| a 2-argument Triton kernel | 17.6 | 4.4 | - | 0.1 |"  # no replay
     assert lines[-1] == "| `paged_attention` (decode) | 87.6 | 21.9 | 9.0 | 10.0 |"
+
+
+def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
+    folder = tmp_path / "7_paired_1k"
+    folder.mkdir()
+    runs_a = [
+        {"gen_tok_s": 100.0, "host_probe_ms": 8.0},
+        {"gen_tok_s": 50.0, "host_probe_ms": 16.0},
+    ]
+    runs_b = [
+        {"gen_tok_s": 110.0, "host_probe_ms": 8.1},
+        {"gen_tok_s": 60.0, "host_probe_ms": 15.0},
+    ]
+    details = {
+        "rows": [
+            {"dtype": "auto_fa2", "ctx": 1024, "runs": runs_a},
+            {"dtype": "int8", "ctx": 1024, "runs": runs_b},
+        ],
+        "paired": [
+            {"a": "auto_fa2", "b": "int8", "ctx": 1024, "ratios": [1.1, 1.2], "median_ratio": 1.1,
+             "order": [["auto_fa2", "int8"], ["int8", "auto_fa2"]]}
+        ],
+    }  # fmt: skip
+    (folder / "throughput_details.json").write_text(json.dumps(details))
+    table = _report().paired_runs_table([folder / "throughput_details.json"]).splitlines()
+    assert (
+        table[2]
+        == "| `7_paired_1k` | 1024 | 1 | `auto_fa2` `int8` | 100 (8.0) | 110 (8.1) | 1.10x |"
+    )
+    assert (
+        table[3]
+        == "| `7_paired_1k` | 1024 | 2 | `int8` `auto_fa2` | 50 (16.0) | 60 (15.0) | 1.20x |"
+    )
+    assert table[4].endswith("| A = `auto_fa2`, B = `int8` | | | **1.10x** |")
+    assert len(table) == 5

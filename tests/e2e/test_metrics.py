@@ -13,6 +13,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -252,6 +253,19 @@ def test_greedy_agreement() -> None:
     assert seq == pytest.approx(1 / 3)
     assert common.greedy_agreement(ref, ref, 4) == (1.0, 1.0)
     assert common.greedy_agreement(ref, other, 2) == (pytest.approx(2 / 3), pytest.approx(2 / 3))
+    assert common.greedy_prefix_fractions(ref, other, 4).tolist() == [1.0, 0.5, 0.0]
+    assert common.greedy_prefix_fractions(ref, [[1, 2], [1], [9]], 4).tolist() == [0.5, 0.25, 0.25]
+
+
+def test_paired_mean_diff_and_standard_error() -> None:
+    a, b = np.array([1.0, 0.5, 0.0, 1.0]), np.array([1.0, 1.0, 0.0, 0.5])
+    diff, se = common.paired_mean_diff(a, b)  # differences 0, -0.5, 0, 0.5
+    assert diff == 0.0 and se == pytest.approx(math.sqrt(0.5 / 3) / 2)
+    assert common.standard_error(np.array([2.0, 4.0])) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least two"):
+        common.standard_error(np.array([1.0]))
+    with pytest.raises(ValueError, match="differ in shape"):
+        common.paired_mean_diff(a, b[:3])
 
 
 def test_compute_rows_reference_first_and_schema() -> None:
@@ -280,7 +294,19 @@ def test_compute_rows_reference_first_and_schema() -> None:
     assert rows[0]["top1_agree"] == 1.0 and rows[0]["kld"] == 0.0 and rows[0]["greedy_agree"] == 1.0
     assert rows[1]["greedy_agree"] == pytest.approx(0.75)
     assert extras["int8"]["greedy_seq_agree"] == 0.5
+    assert extras["int8"]["greedy_prefix"] == [32, 16]
+    assert extras["int8"]["greedy_agree_se"] == pytest.approx(0.25)  # fractions 1 and 0.5
+    assert "greedy_vs_int8_per_token_head" not in extras["int8"]  # that row did not run
     assert extras["auto"]["ppl_delta_pct"] == 0.0
+    # with the row to compare with: each other row's mean difference, prompt by prompt
+    res["int8_per_token_head"] = result(0.02)
+    res["int8_per_token_head"]["greedy"] = res["auto"]["greedy"].copy()
+    res["int8_per_token_head"]["greedy"][:, 8] = -1  # both prompts diverge at token 8
+    rows, extras = accuracy.compute_rows(res, "auto", targets, 32)
+    vs = extras["int8"]["greedy_vs_int8_per_token_head"]
+    assert vs["diff"] == pytest.approx((1 + 0.5) / 2 - 0.25) and vs["se"] == pytest.approx(0.25)
+    assert "greedy_vs_int8_per_token_head" not in extras["int8_per_token_head"]
+    assert "greedy_vs_int8_per_token_head" not in extras["auto"]
     doc = {"model": "m", "corpus": "c", "tokens": n, "rows": rows, "gpu": "g", "command": "x"}
     common.validate_accuracy(json.loads(json.dumps(doc)))
 
@@ -846,17 +872,10 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
 
 
-def test_throughput_worker_repeats_report_the_median_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import time
+def _fake_llm(on_generate: Any) -> type:
+    """A stand-in for ``vllm.LLM`` in throughput.worker: the config it reads, and a generate
+    that calls ``on_generate(prompts)`` and returns ``max_tokens`` tokens per prompt."""
     import types
-
-    import vllm
-
-    walls = iter([4.0, 1.0, 2.0])  # three timed runs: 4, 1 and 2 s for the same output tokens
-    clock = [0.0]
-    seen_prompts = []
 
     class _LLM:
         def __init__(self, **kwargs) -> None:
@@ -869,13 +888,31 @@ def test_throughput_worker_repeats_report_the_median_run(
             self.llm_engine = types.SimpleNamespace(vllm_config=cfg)
 
         def generate(self, prompts, sp, use_tqdm=False):
-            if len(prompts) > throughput.WARMUP_PROMPTS:  # a timed run
-                seen_prompts.append(prompts[0]["prompt_token_ids"])
-                clock[0] += next(walls)
+            on_generate(prompts)
             out = types.SimpleNamespace(token_ids=[0] * sp.max_tokens)
             return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
-    monkeypatch.setattr(vllm, "LLM", _LLM)
+    return _LLM
+
+
+def test_throughput_worker_repeats_report_the_median_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+    import types
+
+    import vllm
+
+    walls = iter([4.0, 1.0, 2.0])  # three timed runs: 4, 1 and 2 s for the same output tokens
+    clock = [0.0]
+    seen_prompts = []
+
+    def on_generate(prompts) -> None:
+        if len(prompts) > throughput.WARMUP_PROMPTS:  # a timed run
+            seen_prompts.append(prompts[0]["prompt_token_ids"])
+            clock[0] += next(walls)
+
+    monkeypatch.setattr(vllm, "LLM", _fake_llm(on_generate))
     fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], perf_counter=time.perf_counter)
     monkeypatch.setattr(throughput, "time", fake_time)
     result = tmp_path / "int8.json"
@@ -1061,26 +1098,11 @@ def test_paired_worker_runs_only_inside_its_turns(
 
     seen: list[tuple] = []
 
-    class _LLM:
-        def __init__(self, **kwargs) -> None:
-            cfg = types.SimpleNamespace(
-                cache_config=types.SimpleNamespace(num_gpu_blocks=100, block_size=16),
-                model_config=types.SimpleNamespace(get_vocab_size=lambda: 5000),
-                scheduler_config=types.SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64),
-                compilation_config=types.SimpleNamespace(max_cudagraph_capture_size=16),
-            )
-            self.llm_engine = types.SimpleNamespace(vllm_config=cfg)
-
-        def generate(self, prompts, sp, use_tqdm=False):
-            seen.append(("generate", len(prompts)))
-            out = types.SimpleNamespace(token_ids=[0] * sp.max_tokens)
-            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
-
     def made_prompts(n, length, vocab, seed):
         seen.append(("prompts", n))
         return [[1] * length for _ in range(n)]
 
-    monkeypatch.setattr(vllm, "LLM", _LLM)
+    monkeypatch.setattr(vllm, "LLM", _fake_llm(lambda ps: seen.append(("generate", len(ps)))))
     monkeypatch.setattr(throughput, "random_prompts", made_prompts)
     # the driver's side, as events: every go is given at once
     monkeypatch.setattr(throughput.Turns, "ready", lambda self: seen.append(("ready",)))
