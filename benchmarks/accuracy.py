@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--greedy-prompts",
         type=int,
         default=256,
-        help="greedy continuations compared (with 64 prompts greedy_agree's standard error is about "
-        "0.05, larger than the differences between the int8 formats it is used to judge)",
+        help="greedy continuations compared (with 64 prompts greedy_agree's standard error is up "
+        "to 0.06, larger than the differences between the int8 formats it is used to judge)",
     )
     p.add_argument(
         "--greedy-versus",

@@ -527,25 +527,30 @@ def rows_from_log(path: Path) -> list[dict[str, Any]]:
 
 
 def paired_ratios(
-    labels: list[str], extra: list[dict[str, Any]], order: list[list[str]]
+    labels: list[str], extra: list[dict[str, Any]], order: list[list[str]], ctxs: list[int]
 ) -> list[dict[str, Any]]:
-    """Per context of a ``--paired`` call: the B/A gen tok/s ratio of each turn pair (the K-th
-    timed runs of both, taken back to back) and their median (of an even count, the lower
-    middle one: B is not flattered). Contexts a worker did not finish have no entry."""
+    """Per context of a ``--paired`` call (``ctxs`` in the order they ran): the B/A gen tok/s
+    ratio of each turn pair (the K-th timed runs of both, taken back to back, in the order its
+    ``order`` entry gives) and their median (of an even count, the lower middle one: B is not
+    flattered). Contexts a worker did not finish have no entry."""
     a, b = labels
     found = {(r["dtype"], r["ctx"]): r["runs"] for r in extra if "runs" in r}
     out = []
-    for ctx in sorted({ctx for dtype, ctx in found if dtype == a}):
-        if (b, ctx) not in found:
+    turn = 0  # the turns run context by context, each context's repeats in a row
+    for ctx in ctxs:
+        if (a, ctx) not in found or (b, ctx) not in found:
             continue
+        runs_a, runs_b = found[(a, ctx)], found[(b, ctx)]
         ratios = [
             round(rb["gen_tok_s"] / ra["gen_tok_s"], 4)
-            for ra, rb in zip(found[(a, ctx)], found[(b, ctx)], strict=True)
+            for ra, rb in zip(runs_a, runs_b, strict=True)
         ]
         out.append(
             {"a": a, "b": b, "ctx": ctx, "ratios": ratios,
-             "median_ratio": statistics.median_low(ratios), "order": order}
+             "median_ratio": statistics.median_low(ratios),
+             "order": order[turn : turn + len(ratios)]}
         )  # fmt: skip
+        turn += len(ratios)
         print(f"throughput: paired {b}/{a} ctx {ctx}: per turn {ratios} -> "
               f"{out[-1]['median_ratio']}", flush=True)  # fmt: skip
     return out
@@ -667,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": extra,
     }
     if args.paired:
-        details["paired"] = paired_ratios(labels, extra, order)
+        details["paired"] = paired_ratios(labels, extra, order, [ctx for ctx, _ in plan])
     if args.append and out.exists():
         old = json.loads(out.read_text())
         doc["rows"] = common.merge_rows(old.get("rows", []), rows, ("dtype", "ctx"))

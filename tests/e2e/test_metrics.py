@@ -1131,8 +1131,11 @@ def test_throughput_main_paired(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
 ) -> None:
     """--paired hands both workers to run_paired (with --turns, the pair's doubled timeout) and
-    keeps each turn pair's ratio; the rows stay each configuration's median run."""
+    keeps each turn pair's ratio, per context with its own turns' order; the rows stay each
+    configuration's median run."""
     calls = []
+    fa2, int8 = ["auto_fa2", "int8"], ["int8", "auto_fa2"]
+    order = [fa2, int8, fa2, int8, fa2, int8]  # 3 repeats x 2 contexts
 
     def fake_paired(children, folder, n_turns, timeout_s):
         calls.append((children, folder, n_turns, timeout_s))
@@ -1140,31 +1143,47 @@ def test_throughput_main_paired(
             assert argv[argv.index("--turns") + 1] == str(folder)
             assert ("INT8KV_SHIM" in env) == (label == "int8")
             result = Path(argv[argv.index("--result") + 1])
-            runs = [{"gen_tok_s": speed * f} for f in (1.0, 2.0, 0.5)]  # host drift, both alike
-            row = {"dtype": label, "ctx": 1024, "num_prompts": 2, "output_len": 256}
-            row |= {"gen_tok_s": speed, "kv_cache_tokens": 10}
-            extra = {"dtype": label, "ctx": 1024, "runs": runs}
-            result.write_text(json.dumps({"rows": [row], "extra": [extra]}))
-        return [(0, 1.0, "ok"), (0, 1.0, "ok")], [["a", "b"], ["b", "a"], ["a", "b"]]
+            rows, extra = [], []
+            for ctx, slower in ((1024, 1.0), (2048, 2.0)):
+                # host drift, both alike; at 2048 int8's last run meets a slower host alone
+                drift = (1.0, 2.0, 0.5 / (slower if label == "int8" else 1.0))
+                runs = [{"gen_tok_s": speed * f} for f in drift]
+                row = {"dtype": label, "ctx": ctx, "num_prompts": 2, "output_len": 256}
+                rows.append(row | {"gen_tok_s": speed, "kv_cache_tokens": 10})
+                extra.append({"dtype": label, "ctx": ctx, "runs": runs})
+            result.write_text(json.dumps({"rows": rows, "extra": extra}))
+        return [(0, 1.0, "ok"), (0, 1.0, "ok")], order
 
     monkeypatch.setattr(throughput, "run_paired", fake_paired)
     out = tmp_path / "throughput.json"
-    argv = [*throughput_model, "--out", str(out), "--configs", "auto_fa2,int8", "--ctx", "1024"]
+    argv = [
+        *throughput_model,
+        "--out",
+        str(out),
+        "--configs",
+        "auto_fa2,int8",
+        "--ctx",
+        "1024,2048",
+    ]
     argv += ["--paired", "--repeats", "3", "--gpu-memory-utilization", "0.45", "--timeout", "50"]
     assert throughput.main(argv) == 0
     (children, folder, n_turns, timeout_s) = calls[0]
     assert [c[0] for c in children] == ["auto_fa2", "int8"]
-    assert (n_turns, timeout_s, folder) == (3, 100, tmp_path / "w" / "turns")
+    assert (n_turns, timeout_s, folder) == (6, 100, tmp_path / "w" / "turns")
     details = json.loads((tmp_path / "throughput_details.json").read_text())
-    (paired,) = details["paired"]
-    assert paired["a"] == "auto_fa2" and paired["b"] == "int8" and paired["ctx"] == 1024
-    assert paired["ratios"] == [1.2, 1.2, 1.2] and paired["median_ratio"] == 1.2
-    assert paired["order"] == [["a", "b"], ["b", "a"], ["a", "b"]]
-    # a later --append call keeps this pair's entry
+    first, second = details["paired"]
+    assert (first["a"], first["b"], first["ctx"], second["ctx"]) == ("auto_fa2", "int8", 1024, 2048)
+    assert first["ratios"] == [1.2, 1.2, 1.2] and first["median_ratio"] == 1.2
+    assert second["ratios"] == [1.2, 1.2, 0.6] and second["median_ratio"] == 1.2
+    assert first["order"] == order[:3] and second["order"] == order[3:]
+    # a later --append call keeps these entries
     monkeypatch.setattr(throughput.common, "run_child", lambda *a: (1, 0.0, "RuntimeError: x"))
     again = [*throughput_model, "--out", str(out), "--configs", "int8", "--ctx", "1024", "--append"]
     assert throughput.main(again) == 1
-    assert json.loads((tmp_path / "throughput_details.json").read_text())["paired"] == [paired]
+    assert json.loads((tmp_path / "throughput_details.json").read_text())["paired"] == [
+        first,
+        second,
+    ]
 
 
 @pytest.mark.parametrize(
