@@ -104,11 +104,18 @@ def merge_rows(
     Every metric of a row is relative to the reference (first) row of its own run, so the two
     runs must share model, corpus, scored tokens and the reference dtype, and the reference must
     have scored the very same perplexity (vLLM's BF16 run is deterministic; a different value
-    means a different reference, and the rows would not compare). Raises ValueError otherwise.
+    means a different reference, and the rows would not compare), and the same greedy prompts
+    (a greedy agreement over other prompts is another measurement). Raises ValueError otherwise.
     """
     for key in ("model", "corpus", "tokens", "gpu"):
         if doc[key] != old[key]:
             raise ValueError(f"{key} differs: {doc[key]!r} vs {old[key]!r}")
+    greedy, old_greedy = details.get("greedy"), old_details.get("greedy")
+    if greedy != old_greedy:
+        raise ValueError(
+            f"greedy prompts differ: {greedy} vs {old_greedy}; rerun the old run's dtypes "
+            "with these settings instead of merging"
+        )
     ref, old_ref = doc["rows"][0], old["rows"][0]
     if (ref["dtype"], ref["ppl"]) != (old_ref["dtype"], old_ref["ppl"]):
         raise ValueError(f"reference rows differ: {ref} vs {old_ref}")

@@ -870,6 +870,14 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
     with pytest.raises(ValueError, match="corpus differs"):
         accuracy.merge_rows(new, runs, {**old, "corpus": "other"}, old_runs)
+    # greedy agreement over other prompts (256 now, 64 in older files) is another measurement
+    greedy = {"prompts": 256, "lengths": [128], "tokens": 32}
+    with pytest.raises(ValueError, match="greedy prompts differ"):
+        accuracy.merge_rows(
+            new, {**runs, "greedy": greedy}, old, {**old_runs, "greedy": greedy | {"prompts": 64}}
+        )
+    both = accuracy.merge_rows(new, {**runs, "greedy": greedy}, old, {**old_runs, "greedy": greedy})
+    assert both[1]["greedy"] == greedy
 
 
 def _fake_llm(on_generate: Any) -> type:
