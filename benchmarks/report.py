@@ -222,14 +222,13 @@ def paired_runs_table(details_paths: list[Path]) -> str:
         for pair in details.get("paired", []):
             a, b, ctx = pair["a"], pair["b"], pair["ctx"]
             label = f"`{path.parent.name}`"
-            for k, (ra, rb) in enumerate(zip(runs[(a, ctx)], runs[(b, ctx)], strict=True)):
-                order = (
-                    " ".join(f"`{x}`" for x in pair["order"][k]) if k < len(pair["order"]) else "?"
-                )
+            # throughput.paired_ratios writes one order entry and one ratio per pair of runs
+            turns = zip(runs[(a, ctx)], runs[(b, ctx)], pair["order"], pair["ratios"], strict=True)
+            for k, (ra, rb, order, ratio) in enumerate(turns, 1):
                 lines.append(
-                    f"| {label} | {ctx} | {k + 1} | {order} "
+                    f"| {label} | {ctx} | {k} | {' '.join(f'`{x}`' for x in order)} "
                     f"| {ra['gen_tok_s']:.0f} ({ra['host_probe_ms']:.1f}) "
-                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {pair['ratios'][k]:.2f}x |"
+                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {ratio:.2f}x |"
                 )
             lines.append(
                 f"| {label} | {ctx} | median | A = `{a}`, B = `{b}` | | | "
