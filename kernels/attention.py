@@ -44,6 +44,10 @@ _E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
 MAX_SPLITS = 32
 # A split shorter than this costs more in partial-result traffic and merge than it saves.
 MIN_TOKENS_PER_SPLIT = 128
+# Past one program per SM, split further only while splits keep this many keys: on an H200
+# (benchmarks/tune_decode.py, session 13) batch 8 x 8K ran 57 us at 4 splits of 2K against 64 us
+# at 8 of 1K, and batch 32 x 8K 177 us at 2 splits of 4K against 212 us unsplit.
+MIN_TOKENS_PER_EXTRA_SPLIT = 2048
 
 
 @triton.jit
@@ -697,17 +701,20 @@ def choose_num_splits(
 ) -> int:
     """Power-of-two KV splits per (sequence, kv-head) for the decode path.
 
-    Enough programs for about two waves over the SMs, but no split shorter than
-    MIN_TOKENS_PER_SPLIT (partials cost (head_size + 2) * 4 bytes per head per split).
-    Only performance depends on it: any value gives the same result.
+    Splits until there is a program per SM; then on towards two per SM only while every split
+    keeps MIN_TOKENS_PER_EXTRA_SPLIT keys, since a short split's fixed cost (Q load, pipeline
+    fill, partials, merge) outweighs the extra parallelism. Never a split shorter than
+    MIN_TOKENS_PER_SPLIT. Only performance depends on it: any value gives the same result.
     """
     programs = num_seqs * num_kv_heads
     splits = 1
-    while (
-        splits * 2 <= max_splits
-        and programs * splits < 2 * sm_count
-        and max_seq_len >= 2 * splits * MIN_TOKENS_PER_SPLIT
-    ):
+    while splits * 2 <= max_splits and max_seq_len >= 2 * splits * MIN_TOKENS_PER_SPLIT:
+        filled = programs * splits >= sm_count
+        if filled and (
+            programs * splits >= 2 * sm_count
+            or max_seq_len < 2 * splits * MIN_TOKENS_PER_EXTRA_SPLIT
+        ):
+            break
         splits *= 2
     return splits
 

@@ -17,7 +17,7 @@ from kvbatch import (
     write_random_kv,
 )
 
-from int8kv_kernels import make_workspace
+from int8kv_kernels import choose_num_splits, make_workspace
 from int8kv_kernels.reference import attention_ref
 
 # (name, q_lens, seq_lens, nq, nkv, head_size, block_size, extra kwargs)
@@ -204,3 +204,19 @@ def test_quantization_error_bound_gpu():
     err = _quant_error([1] * 4 + [64], [4096, 1000, 64, 2000, 512], 32, 8, 128, 16, "cuda")
     assert err <= QUANT_ERROR_BOUND, err
     assert math.isfinite(err)
+
+
+# (num_seqs, num_kv_heads, max_seq_len) -> the split count that measured fastest with the default
+# decode config on an H200 (132 SMs), benchmarks/results/logs/session13/9_tune_decode
+@pytest.mark.parametrize(
+    ("seqs", "kv_heads", "seq_len", "best"),
+    [(8, 8, 8192, 4), (32, 8, 8192, 2), (8, 8, 1024, 4), (128, 8, 1024, 1), (1, 8, 32768, 32)],
+)
+def test_decode_split_count_is_the_measured_best(seqs, kv_heads, seq_len, best):
+    assert choose_num_splits(seqs, kv_heads, seq_len, 132) == best
+
+
+def test_decode_splits_stop_at_short_splits_and_the_cap():
+    assert choose_num_splits(1, 1, 256, 132) == 2  # two splits of MIN_TOKENS_PER_SPLIT
+    assert choose_num_splits(1, 1, 255, 132) == 1
+    assert choose_num_splits(1, 1, 1 << 20, 132, max_splits=8) == 8
