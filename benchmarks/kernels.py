@@ -19,6 +19,11 @@ the op over several copies of the cache in turn and the time is divided. ``gbs``
 bytes the kernel must read plus Q and the output; peak_bw_gbs is a device-to-device copy (bytes
 read + written) measured in the same run. Also writes a PNG of speedup vs bf16_fa2 over context
 next to the JSON, and a copy of both under $OUT when that is set.
+
+The JSON is rewritten after every row, so a run stopped by a device call's time limit keeps what
+it timed; ``--append`` adds to an existing file, a row replacing an earlier one of the same
+measurement. A run's stdout (its copy bandwidth, then one JSON row per line) goes back into a
+file with ``--from-log LOG --log-command CMD`` (``--decode-only``: its decode rows only).
 """
 
 from __future__ import annotations
@@ -315,7 +320,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, nargs="*", help="decode batch sizes (default: matrix)")
     ap.add_argument("--ctxs", type=int, nargs="*", help="decode contexts (default: matrix)")
     ap.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
+    ap.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="runs nothing: the rows a run printed (its stdout, e.g. one killed before it wrote "
+        "--out), into --out; with --decode-only only its decode rows",
+    )
+    ap.add_argument("--log-command", help="with --from-log: the command that printed LOG")
     return ap.parse_args(argv)
+
+
+def row_key(row: dict) -> tuple:
+    """What a row measures; a later row with the same key replaces it (--append)."""
+    shape = (row["q_heads"], row["kv_heads"], row["head_dim"], row["batch"], row["ctx"])
+    return (row["kernel"], row["impl"], *shape, row.get("slots"))
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    keys = {row_key(r) for r in new}
+    return [r for r in old if row_key(r) not in keys] + new
+
+
+def parse_log(text: str) -> tuple[str, float, list[dict]]:
+    """(gpu, copy GB/s, rows) of a run's stdout: "GPU: copy N GB/s", then one JSON row a line."""
+    head, _, rest = text.partition("\n")
+    gpu, sep, bw = head.rpartition(": copy ")
+    if not sep or not bw.endswith(" GB/s"):
+        raise SystemExit(f"--from-log: first line is not '<gpu>: copy <N> GB/s': {head!r}")
+    rows = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    return gpu, float(bw.removesuffix(" GB/s")), rows
+
+
+def merge_previous(args: argparse.Namespace, result: dict) -> None:
+    """--append: start from --out's rows, so this run's rows add to or replace them."""
+    if not (args.append and os.path.exists(args.out)):
+        return
+    with open(args.out) as f:
+        previous = json.load(f)
+    if previous["gpu"] != result["gpu"]:
+        raise SystemExit(f"--append: {args.out} was measured on {previous['gpu']}")
+    # Impl ratios come from one part each; the fraction of bandwidth uses the highest copy
+    # bandwidth any part measured, so no part's fraction is overstated.
+    result["rows"] = previous["rows"]
+    result["skipped"] = previous.get("skipped", [])
+    result["command"] = f"{previous['command']} ; {result['command']}"
+    result["peak_bw_gbs"] = max(previous["peak_bw_gbs"], result["peak_bw_gbs"])
+
+
+def save(result: dict, out: str, with_plot: bool = False) -> None:
+    """Write the JSON (and the plot), with a copy of each under $OUT when that is set."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    paths = [out]
+    if with_plot:
+        png = os.path.splitext(out)[0] + ".png"
+        try:
+            plot(result, png)
+            paths.append(png)
+        except (ImportError, KeyError, ValueError) as e:
+            print("no plot:", e)
+    if os.environ.get("OUT"):
+        for p in paths:
+            dst = os.path.join(os.environ["OUT"], os.path.basename(p))
+            if not (os.path.exists(dst) and os.path.samefile(p, dst)):
+                shutil.copy(p, dst)
 
 
 def decode_matrix(args: argparse.Namespace) -> tuple[list, list[int], list[int]]:
@@ -330,22 +399,27 @@ def decode_matrix(args: argparse.Namespace) -> tuple[list, list[int], list[int]]
 
 def main() -> None:
     args = parse_args()
+    if args.from_log:
+        if not args.log_command:
+            raise SystemExit("--from-log needs --log-command (the command that printed the log)")
+        with open(args.from_log) as f:
+            gpu, bw, rows = parse_log(f.read())
+        if args.decode_only:
+            rows = [r for r in rows if r["kernel"] == "decode"]
+        log = os.path.relpath(os.path.abspath(args.from_log))
+        result = {"gpu": gpu, "command": f"{args.log_command} (rows from {log})",
+                  "peak_bw_gbs": bw, "rows": [], "skipped": []}  # fmt: skip
+        merge_previous(args, result)
+        result["rows"] = merge_rows(result["rows"], rows)
+        save(result, args.out, with_plot=True)
+        return
     torch.manual_seed(0)
     shapes, batches, ctxs = decode_matrix(args)
     result = {"gpu": torch.cuda.get_device_name(), "command": shlex.join([sys.executable] + sys.argv),
               "peak_bw_gbs": copy_bw_gbs(), "rows": [], "skipped": []}  # fmt: skip
-    if args.append and os.path.exists(args.out):
-        with open(args.out) as f:
-            previous = json.load(f)
-        if previous["gpu"] != result["gpu"]:
-            raise SystemExit(f"--append: {args.out} was measured on {previous['gpu']}")
-        # Impl ratios come from one part each; the fraction of bandwidth uses the highest copy
-        # bandwidth any part measured, so no part's fraction is overstated.
-        result["rows"] = previous["rows"]
-        result["skipped"] = previous.get("skipped", [])
-        result["command"] = f"{previous['command']} ; {result['command']}"
-        result["peak_bw_gbs"] = max(previous["peak_bw_gbs"], result["peak_bw_gbs"])
+    # this run's own copy bandwidth: the line --from-log reads back
     print(f"{result['gpu']}: copy {result['peak_bw_gbs']:.0f} GB/s", flush=True)
+    merge_previous(args, result)
 
     def attempt(impl, f, *a):
         try:
@@ -358,8 +432,9 @@ def main() -> None:
             return
         finally:
             torch.cuda.empty_cache()
-        result["rows"].append(row)
+        result["rows"] = merge_rows(result["rows"], [row])
         print(json.dumps(row), flush=True)
+        save(result, args.out)  # a run killed by a device-call limit keeps the rows it timed
 
     for nq, nkv, d in shapes:
         for batch in batches:
@@ -374,19 +449,7 @@ def main() -> None:
         for impl in args.impls:
             attempt(impl, bench_write, nq, nkv, d)
             attempt(impl, bench_write, nq, nkv, d, 16384, True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    png = os.path.splitext(args.out)[0] + ".png"
-    try:
-        plot(result, png)
-    except (ImportError, KeyError, ValueError) as e:
-        print("no plot:", e)
-    if os.environ.get("OUT"):
-        for p in (args.out, png):
-            dst = os.path.join(os.environ["OUT"], os.path.basename(p))
-            if os.path.exists(p) and not os.path.exists(dst):
-                shutil.copy(p, dst)
+    save(result, args.out, with_plot=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def _report():
         "throughput_1k_s11",
         "throughput_1k_s11_runs",
         "throughput_1k_s12_runs",
+        "throughput_1k_s13_paired",
         "tune_decode",
         "tune_decode_9_3_64",
     ],
@@ -154,3 +155,14 @@ def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
     )
     assert table[4].endswith("| A = `auto_fa2`, B = `int8` | | | **1.10x** |")
     assert len(table) == 5
+    # a second call: its own lines, then one line over every pair of both calls
+    second = tmp_path / "8_paired_1k"
+    second.mkdir()
+    details["paired"][0] |= {"ratios": [0.9, 1.3], "median_ratio": 0.9}
+    (second / "throughput_details.json").write_text(json.dumps(details))
+    paths = [folder / "throughput_details.json", second / "throughput_details.json"]
+    table = _report().paired_runs_table(paths).splitlines()
+    assert len(table) == 9 and table[7].startswith("| `8_paired_1k` | 1024 | median |")
+    assert table[8] == (
+        "| all calls | 1024 | median of 4 | A = `auto_fa2`, B = `int8` | | | **1.10x** |"
+    )

@@ -5,6 +5,8 @@ with the same arguments, as the backend makes, or its row measures something els
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -87,3 +89,80 @@ def test_decode_matrix_defaults_and_a_single_point(bench) -> None:
     argv = ["--shapes", "2", "--batches", "1024", "--ctxs", "1024", "--decode-only"]
     args = bench.parse_args(argv)
     assert bench.decode_matrix(args) == ([(9, 3, 64)], [1024], [1024]) and args.decode_only
+
+
+def _krow(kernel, impl, batch, ctx, ms, slots=None):
+    row = dict(kernel=kernel, impl=impl, q_heads=32, kv_heads=8, head_dim=128, batch=batch,
+               ctx=ctx, ms=ms, gbs=1.0)  # fmt: skip
+    return row | ({"slots": slots} if slots else {})
+
+
+def test_append_replaces_rows_of_the_same_measurement_and_keeps_the_rest(bench):
+    old = [_krow("decode", "int8", 8, 8192, 0.064), _krow("decode", "bf16_fa2", 8, 8192, 0.092),
+           _krow("write", "int8", 256, 0, 0.004, "random"),
+           _krow("write", "int8", 16384, 0, 0.05, "consecutive")]  # fmt: skip
+    new = [_krow("decode", "int8", 8, 8192, 0.057), _krow("write", "int8", 256, 0, 0.003, "random")]
+    merged = bench.merge_rows(old, new)
+    assert sorted((r["kernel"], r["impl"], r["ms"]) for r in merged) == [
+        ("decode", "bf16_fa2", 0.092), ("decode", "int8", 0.057),
+        ("write", "int8", 0.003), ("write", "int8", 0.05)]  # fmt: skip
+
+
+def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
+    bench, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(bench, "plot", lambda result, path: None)
+    out = tmp_path / "kernels.json"
+    earlier = [_krow("decode", "int8", 8, 8192, 0.064), _krow("prefill", "int8_fa2", 1, 8192, 0.7)]
+    out.write_text(json.dumps({"gpu": "NVIDIA H200", "command": "python benchmarks/kernels.py",
+                               "peak_bw_gbs": 4270.0, "rows": earlier, "skipped": []}))  # fmt: skip
+    printed = [_krow("decode", "int8", 8, 8192, 0.057), _krow("decode", "bf16_fa2", 8, 8192, 0.09),
+               _krow("prefill", "int8", 1, 8192, 1.06)]  # fmt: skip
+    log = tmp_path / "kernels_bench.log"
+    log.write_text("NVIDIA H200: copy 4245 GB/s\n" + "".join(json.dumps(r) + "\n" for r in printed)
+                   + "skip int4 (...): RuntimeError: x\n")  # fmt: skip
+    argv = ["kernels.py", "--from-log", str(log), "--log-command", "python benchmarks/kernels.py "
+            "--quick", "--decode-only", "--append", "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    result = json.loads(out.read_text())
+    by_key = {(r["kernel"], r["impl"]): r["ms"] for r in result["rows"]}
+    # decode rows replaced or added; the earlier prefill pair kept, the log's prefill row not taken
+    assert by_key == {("decode", "int8"): 0.057, ("decode", "bf16_fa2"): 0.09,
+                      ("prefill", "int8_fa2"): 0.7}  # fmt: skip
+    assert result["peak_bw_gbs"] == 4270.0
+    assert result["command"].startswith("python benchmarks/kernels.py ; python benchmarks/kernels")
+    assert f"(rows from {os.path.relpath(log)})" in result["command"]
+
+
+def test_from_log_refuses_a_log_without_its_bandwidth_line_or_command(bench, tmp_path, monkeypatch):
+    log = tmp_path / "kernels_bench.log"
+    log.write_text('{"kernel": "decode"}\n')
+    with pytest.raises(SystemExit, match="first line"):
+        bench.parse_log(log.read_text())
+    monkeypatch.setattr(sys, "argv", ["kernels.py", "--from-log", str(log)])
+    with pytest.raises(SystemExit, match="--log-command"):
+        bench.main()
+
+
+def test_each_timed_row_is_saved_at_once_so_a_killed_run_keeps_it(bench, tmp_path, monkeypatch):
+    out = tmp_path / "kernels.json"
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(bench, "copy_bw_gbs", lambda: 4000.0)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    seen = []
+
+    def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len):
+        seen.append(len(json.loads(out.read_text())["rows"]) if out.exists() else 0)
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # the device call's limit, mid-run
+        return _krow(kernel, impl, batch, ctx, 0.01)
+
+    monkeypatch.setattr(bench, "bench_attention", bench_attention)
+    argv = ["kernels.py", "--quick", "--impls", "bf16_fa2", "int8", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main()
+    assert seen == [0, 1, 2] and len(json.loads(out.read_text())["rows"]) == 2
