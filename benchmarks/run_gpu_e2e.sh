@@ -4,6 +4,10 @@
 #   bash benchmarks/run_gpu_e2e.sh stage                 # bundle + package only (check it imports)
 #   bash benchmarks/run_gpu_e2e.sh kernels [args]        # gpu-marked kernel tests, then
 #        benchmarks/kernels.py [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
+#   bash benchmarks/run_gpu_e2e.sh kbench [args]         # benchmarks/kernels.py alone: the full
+#        matrix does not fit one call (--quick alone took ~170 s in session 13), so one shape per
+#        call, --shapes N --append; it saves its JSON after every row, so a call cut short by its
+#        time limit keeps the rows it timed
 #   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked: over one
 #        10-minute call on an H200; split it in three: -k "tiny or smollm2", -k "prefix or
 #        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min in session 8)
@@ -18,7 +22,8 @@
 #        Session 12's host changed speed 1.7x within a call (host_probe_ms 8 vs 14-18), so the 1K
 #        ratio is now taken in one call with both engines resident and their runs alternating:
 #        --configs auto_fa2,int8 --ctx 1024 --paired --repeats 3 --gpu-memory-utilization 0.45
-#        --step-stats (~420 s with both engines' compile caches warm from earlier calls)
+#        --step-stats (session 13: 280 s with --repeats 3 right after a --repeats 1 call, which
+#        took 407 s on a fresh host, staging and the first engine's compile included)
 #
 # Issue 7's reliability steps:
 #
@@ -34,12 +39,12 @@
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|kernels|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
+case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
   pack)
     OUT=${OUT:-/tmp/int8kv-out}
     tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
     exit $? ;;
-  *) echo "usage: $0 stage|kernels|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
+  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -113,6 +118,8 @@ case "$step" in
   kernels) run python3 -m pytest tests/kernels -m gpu -q -rfE; rc=$?
            python3 benchmarks/kernels.py "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
            rc=$(( rc || PIPESTATUS[0] )) ;;
+  kbench) python3 benchmarks/kernels.py "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
+          rc=${PIPESTATUS[0]} ;;
   # TP=2 has its own step: on a 2-GPU host it would otherwise run here too (~4 more minutes)
   tests) run python3 -m pytest tests/e2e -m gpu -v -rA -s --ignore=tests/e2e/test_tp2.py "$@"
          rc=$? ;;
