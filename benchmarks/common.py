@@ -458,15 +458,23 @@ def write_json(doc: Mapping[str, Any], path: str | Path) -> list[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
-    written = [path]
+    copy = copy_to_out(path)
+    return [path] + ([copy] if copy else [])
+
+
+def copy_to_out(path: str | Path) -> Path | None:
+    """When ``$OUT`` is set (device runs), copy ``path`` into it (overwriting) unless it is
+    already there; the copy's path, or None."""
     out = os.environ.get("OUT")
-    if out:
-        dst = Path(out) / path.name
-        if dst.resolve() != path.resolve():
-            Path(out).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dst)
-            written.append(dst)
-    return written
+    if not out:
+        return None
+    path = Path(path)
+    dst = Path(out) / path.name
+    if dst.resolve() == path.resolve():
+        return None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, dst)
+    return dst
 
 
 # --------------------------------------------------------------------------------------------

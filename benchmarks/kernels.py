@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
 
@@ -54,6 +53,8 @@ except ImportError:  # not installed: use the source tree through a temporary al
     K = importlib.util.module_from_spec(_spec)
     sys.modules["int8kv_kernels"] = K
     _spec.loader.exec_module(K)
+
+import common  # noqa: E402  (benchmarks/, on sys.path above)
 
 DEV = "cuda"
 BLOCK = 16
@@ -369,22 +370,16 @@ def merge_previous(args: argparse.Namespace, result: dict) -> None:
 
 def save(result: dict, out: str, with_plot: bool = False) -> None:
     """Write the JSON (and the plot), with a copy of each under $OUT when that is set."""
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    paths = [out]
-    if with_plot:
-        png = os.path.splitext(out)[0] + ".png"
-        try:
-            plot(result, png)
-            paths.append(png)
-        except (ImportError, KeyError, ValueError) as e:
-            print("no plot:", e)
-    if os.environ.get("OUT"):
-        for p in paths:
-            dst = os.path.join(os.environ["OUT"], os.path.basename(p))
-            if not (os.path.exists(dst) and os.path.samefile(p, dst)):
-                shutil.copy(p, dst)
+    common.write_json(result, out)
+    if not with_plot:
+        return
+    png = os.path.splitext(out)[0] + ".png"
+    try:
+        plot(result, png)
+    except (ImportError, KeyError, ValueError) as e:
+        print("no plot:", e)
+        return
+    common.copy_to_out(png)
 
 
 def decode_matrix(args: argparse.Namespace) -> tuple[list, list[int], list[int]]:

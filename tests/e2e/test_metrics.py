@@ -1211,3 +1211,15 @@ def test_throughput_paired_refusals(
     with pytest.raises(SystemExit):
         throughput.parse_args(args)
     assert message in capsys.readouterr().err
+
+
+def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    doc = tmp_path / "results" / "r.json"
+    monkeypatch.delenv("OUT", raising=False)
+    assert common.write_json({"a": 1}, doc) == [doc] and common.copy_to_out(doc) is None
+    monkeypatch.setenv("OUT", str(out))
+    assert common.write_json({"a": 2}, doc) == [doc, out / "r.json"]
+    common.write_json({"a": 3}, doc)  # a later save (kernels.py saves after every row)
+    assert json.loads((out / "r.json").read_text()) == {"a": 3}
+    assert common.copy_to_out(out / "r.json") is None  # already in $OUT
