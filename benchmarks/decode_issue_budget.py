@@ -128,7 +128,8 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
         _attn_fwd, ATTN_PTRS,
         dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
              TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=False, USE_SOFTCAP=False,
-             SPLIT=cfg.split, DOT_F32=False, V_E4M3=False, **lay.kernel_constexprs()),
+             SPLIT=cfg.split, DECODE=cfg.split, DOT_F32=False, V_E4M3=False,
+             **lay.kernel_constexprs()),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ops = main_loop_ops(k.asm["ptx"])

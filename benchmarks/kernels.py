@@ -23,7 +23,8 @@ next to the JSON, and a copy of both under $OUT when that is set.
 The JSON is rewritten after every row, so a run stopped by a device call's time limit keeps what
 it timed; ``--append`` adds to an existing file, a row replacing an earlier one of the same
 measurement. A run's stdout (its copy bandwidth, then one JSON row per line) goes back into a
-file with ``--from-log LOG --log-command CMD`` (``--decode-only``: its decode rows only).
+file with ``--from-log LOG --log-command CMD`` (``--decode-only`` / ``--write-only``: only those
+rows). ``--write-only`` times the cache writes alone (every impl of each shape in one run).
 """
 
 from __future__ import annotations
@@ -250,30 +251,45 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
 
 
 def plot(result: dict, path: str) -> None:
+    """Decode speedup over bf16_fa2 against context, a panel per model shape: colour = impl,
+    line style and marker = batch, the dashed line at issue 3's 1.6x target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rows = [r for r in result["rows"] if r["kernel"] == "decode"]
     base = {(r["q_heads"], r["batch"], r["ctx"]): r["ms"] for r in rows if r["impl"] == "bf16_fa2"}
     shapes = sorted({(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    impls = [i for i in IMPLS[1:] if any(r["impl"] == i for r in rows)]
+    batches = sorted({r["batch"] for r in rows})
+    colour = {impl: f"C{i}" for i, impl in enumerate(impls)}
+    styles = [("o", ":"), ("s", "-."), ("^", "--"), ("D", "-")]
+    style = {b: styles[i % len(styles)] for i, b in enumerate(batches)}
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4.2), squeeze=False)
     for ax, (nq, nkv, d) in zip(axes[0], shapes, strict=True):
-        for impl in IMPLS[1:]:
-            for batch in sorted({r["batch"] for r in rows}):
+        for impl in impls:
+            for batch in batches:
                 pts = sorted((r["ctx"], base[(nq, batch, r["ctx"])] / r["ms"]) for r in rows
                              if r["impl"] == impl and r["q_heads"] == nq and r["batch"] == batch
                              and (nq, batch, r["ctx"]) in base)  # fmt: skip
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"{impl} b={batch}")
+                    marker, ls = style[batch]
+                    ax.plot(*zip(*pts, strict=True), color=colour[impl], marker=marker, ls=ls,
+                            ms=4)  # fmt: skip
         ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(1.6, color="k", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context")
         ax.set_ylabel("speedup vs bf16_fa2")
         ax.set_title(f"decode q={nq} kv={nkv} d={d}")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
+    handles = [Line2D([], [], color=colour[i], lw=2, label=i) for i in impls] + [
+        Line2D([], [], color="gray", marker=style[b][0], ls=style[b][1], label=f"batch {b}")
+        for b in batches
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
 
 
@@ -320,12 +336,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # vLLM's 1024 sequences at 1K (--shapes 2 --batches 1024 --ctxs 1024 --decode-only).
     ap.add_argument("--batches", type=int, nargs="*", help="decode batch sizes (default: matrix)")
     ap.add_argument("--ctxs", type=int, nargs="*", help="decode contexts (default: matrix)")
-    ap.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
+    only.add_argument("--write-only", action="store_true", help="cache-write rows only")
     ap.add_argument(
         "--from-log",
         metavar="LOG",
         help="runs nothing: the rows a run printed (its stdout, e.g. one killed before it wrote "
-        "--out), into --out; with --decode-only only its decode rows",
+        "--out), into --out; with --decode-only / --write-only only those rows",
     )
     ap.add_argument("--log-command", help="with --from-log: the command that printed LOG")
     return ap.parse_args(argv)
@@ -343,13 +361,15 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
 
 
 def parse_log(text: str) -> tuple[str, float, list[dict]]:
-    """(gpu, copy GB/s, rows) of a run's stdout: "GPU: copy N GB/s", then one JSON row a line."""
-    head, _, rest = text.partition("\n")
-    gpu, sep, bw = head.rpartition(": copy ")
-    if not sep or not bw.endswith(" GB/s"):
-        raise SystemExit(f"--from-log: first line is not '<gpu>: copy <N> GB/s': {head!r}")
-    rows = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
-    return gpu, float(bw.removesuffix(" GB/s")), rows
+    """(gpu, copy GB/s, rows) of a run's stdout: "GPU: copy N GB/s", then one JSON row a line.
+    Lines before the copy line (run_gpu_e2e.sh's staging output) are skipped."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        gpu, sep, bw = line.rpartition(": copy ")
+        if sep and bw.endswith(" GB/s"):
+            rows = [json.loads(x) for x in lines[i + 1 :] if x.startswith("{")]
+            return gpu, float(bw.removesuffix(" GB/s")), rows
+    raise SystemExit("--from-log: no '<gpu>: copy <N> GB/s' line (not a kernels.py log)")
 
 
 def merge_previous(args: argparse.Namespace, result: dict) -> None:
@@ -399,8 +419,9 @@ def main() -> None:
             raise SystemExit("--from-log needs --log-command (the command that printed the log)")
         with open(args.from_log) as f:
             gpu, bw, rows = parse_log(f.read())
-        if args.decode_only:
-            rows = [r for r in rows if r["kernel"] == "decode"]
+        if args.decode_only or args.write_only:
+            kind = "decode" if args.decode_only else "write"
+            rows = [r for r in rows if r["kernel"] == kind]
         log = os.path.relpath(os.path.abspath(args.from_log))
         result = {"gpu": gpu, "command": f"{args.log_command} (rows from {log})",
                   "peak_bw_gbs": bw, "rows": [], "skipped": []}  # fmt: skip
@@ -432,15 +453,17 @@ def main() -> None:
         save(result, args.out)  # a run killed by a device-call limit keeps the rows it timed
 
     for nq, nkv, d in shapes:
-        for batch in batches:
-            for ctx in ctxs:
-                for impl in args.impls:
-                    attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
+        if not args.write_only:
+            for batch in batches:
+                for ctx in ctxs:
+                    for impl in args.impls:
+                        attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
         if args.decode_only:
             continue
-        prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
-        for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
-            attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
+        if not args.write_only:
+            prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
+            for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
+                attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
         for impl in args.impls:
             attempt(impl, bench_write, nq, nkv, d)
             attempt(impl, bench_write, nq, nkv, d, 16384, True)

@@ -1,6 +1,7 @@
 """Markdown tables for the README, generated from the result files (numbers are never typed).
 
     python benchmarks/report.py kernels     # "Kernel speed", from benchmarks/results/kernels.json
+    python benchmarks/report.py kernel_targets  # "Kernel speed": issue 3's targets over that file
     python benchmarks/report.py accuracy    # "Accuracy", from accuracy.json (+ accuracy_details.json)
     python benchmarks/report.py throughput  # "Throughput", from throughput.json
     python benchmarks/report.py profile_1k  # "Throughput", 1K: the profiled pair and its profiles
@@ -37,14 +38,17 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
         for r in result["rows"]
     }
     peak = result["peak_bw_gbs"]
+    # int4 (experimental) has a column only in files that time it
+    with_int4 = any(r["impl"] == "int4" for r in result["rows"])
     lines = [
         f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, `{_short(result['command'])}`.",
         "Speedups are the other kernel's time over ours (>1: ours faster); %bw counts the bytes "
         "`int8` must read.",
         "",
         "| kernel | q/kv heads, dim | batch | ctx | `int8` µs | %bw | vs `bf16_fa2` | vs `bf16` (Triton) "
-        "| vs `upstream_int8_pth` | `int8_static` vs `bf16_fa2` | `int4` vs `bf16_fa2` |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs `upstream_int8_pth` | `int8_static` vs `bf16_fa2` |"
+        + (" `int4` vs `bf16_fa2` |" if with_int4 else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_int4 else ""),
     ]
     # int8_fa2: the prefill path the shim takes in vLLM (context gather + FlashAttention-2)
     label = {"int8": None, "int8_fa2": "prefill, gather + FA2"}
@@ -72,8 +76,79 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
         lines.append(
             f"| {label[impl] or kernel} | {nq}/{nkv}, {d} | {batch} | {ctx if ctx else '-'} | "
             f"{ours['ms'] * 1e3:.1f} | {bw} | {ratio('bf16_fa2')} | {ratio('bf16')} | "
-            f"{ratio('upstream_int8_pth')} | {fa2_over(static)} | {fa2_over(int4)} |"
+            f"{ratio('upstream_int8_pth')} | {fa2_over(static)} |"
+            + (f" {fa2_over(int4)} |" if with_int4 else "")
         )
+    return "\n".join(lines)
+
+
+def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
+    """Issue 3's targets against every row of kernels.json they apply to: how many rows meet
+    each, and the spread of the measure over those rows."""
+    result = json.loads(path.read_text())
+    peak = result["peak_bw_gbs"]
+    rows = result["rows"]
+
+    def find(kernel: str, impl: str, like: dict) -> dict | None:
+        keys = ("q_heads", "kv_heads", "head_dim", "batch", "ctx")
+        return next((r for r in rows if r["kernel"] == kernel and r["impl"] == impl
+                     and r.get("slots") == like.get("slots")
+                     and all(r[k] == like[k] for k in keys)), None)  # fmt: skip
+
+    def over(kernel: str, mine: str, other: str, select) -> list[float]:
+        """other's time / mine's (>1: mine faster) on every row ``select`` keeps."""
+        out = []
+        for r in rows:
+            if r["kernel"] == kernel and r["impl"] == mine and select(r):
+                o = find(kernel, other, r)
+                if o:
+                    out.append(o["ms"] / r["ms"])
+        return out
+
+    def long_decode(r: dict) -> bool:
+        return r["ctx"] >= 8192 and r["batch"] >= 8
+
+    def short_decode(r: dict) -> bool:
+        return r["ctx"] == 1024
+
+    def decode_step(r: dict) -> bool:
+        return r["slots"] == "random"
+
+    every = lambda r: True  # noqa: E731
+    bw = [100 * r["gbs"] / peak for r in rows
+          if r["kernel"] == "decode" and r["impl"] == "int8" and long_decode(r)]  # fmt: skip
+    targets = [
+        ("decode, ctx ≥ 8K, batch ≥ 8: vs `bf16_fa2`", "≥ 1.6x",
+         over("decode", "int8", "bf16_fa2", long_decode), 1.6, "x"),
+        ("decode, ctx ≥ 8K, batch ≥ 8: vs `bf16` (Triton)", "≈ 2.5x",
+         over("decode", "int8", "bf16", long_decode), None, "x"),
+        ("decode, ctx ≥ 8K, batch ≥ 8: vs `upstream_int8_pth`", "≥ 2x",
+         over("decode", "int8", "upstream_int8_pth", long_decode), 2.0, "x"),
+        ("decode, ctx ≥ 8K, batch ≥ 8: % of copy bandwidth", "≥ 80%", bw, 80.0, "%"),
+        ("decode, ctx 1K: vs `bf16_fa2`", "≥ 1.0x",
+         over("decode", "int8", "bf16_fa2", short_decode), 1.0, "x"),
+        ("prefill, gather + FA2 (the shim's path): vs `bf16_fa2`", "≥ 0.9x",
+         over("prefill", "int8_fa2", "bf16_fa2", every), 0.9, "x"),
+        ("prefill, gather + FA2: vs `bf16` (Triton)", "≥ 1.0x",
+         over("prefill", "int8_fa2", "bf16", every), 1.0, "x"),
+        ("prefill, our Triton kernel: vs `bf16_fa2`", "≥ 0.9x",
+         over("prefill", "int8", "bf16_fa2", every), 0.9, "x"),
+        ("write, 256 random slots: BF16 time / ours", "≥ 0.87x (≤ 1.15x the time)",
+         over("write", "int8", "bf16_fa2", decode_step), 1 / 1.15, "x"),
+    ]  # fmt: skip
+    lines = [
+        f"{result['gpu']}, `{path.name}` ({len(rows)} rows). Per target: the rows it applies to "
+        "(`int8`, every model shape), how many meet it, and the measure's spread over them.",
+        "",
+        "| target | wanted | rows | met | min | median | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, wanted, values, bound, unit in targets:
+        fmt = (lambda v: f"{v:.0f}%") if unit == "%" else (lambda v: f"{v:.2f}x")
+        met = "-" if bound is None else str(sum(v >= bound for v in values))
+        spread = [min(values), statistics.median(values), max(values)] if values else []
+        cells = " | ".join(map(fmt, spread)) if values else "- | - | -"
+        lines.append(f"| {name} | {wanted} | {len(values)} | {met} | {cells} |")
     return "\n".join(lines)
 
 
@@ -464,6 +539,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 TABLES = {
     "kernels": kernels_table,
+    "kernel_targets": kernel_targets_table,
+    "kernels_quick_s13": lambda: kernels_table(RESULTS / "kernels_quick_s13.json"),
     "accuracy": accuracy_table,
     "throughput": throughput_table,
     "profile_1k": profile_table,

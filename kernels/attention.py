@@ -413,6 +413,7 @@ def _attn_fwd(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
+    DECODE: tl.constexpr,  # the decode launch configuration (_Config.split), split or not
     DOT_F32: tl.constexpr,
     V_E4M3: tl.constexpr,
 ):
@@ -484,8 +485,11 @@ def _attn_fwd(
         # gathers the pages of tile i+2 and the scales of tile i+1 (from pages gathered in
         # iteration i-1) and reads only what iteration i-1 issued, so no load is waited on in the
         # iteration that issues it. Prefill tiles have enough math to hide a plain gather, and the
-        # carried registers would spill there.
-        PREFETCH: tl.constexpr = SPLIT and DYNAMIC
+        # carried registers would spill there. Decode launches that are not split (many
+        # sequences: splits == 1) prefetch too: with the page-wise loads instead, batch 128 at 8K
+        # ran at 65% of copy bandwidth against int8_static's 85%; prefetching, 14-16% faster
+        # (benchmarks/results/logs/session14/13_kbench_write_tests/ab_prefetch.json).
+        PREFETCH: tl.constexpr = DECODE and DYNAMIC
         if PREFETCH:
             # Step -1 of the prefetch: pages of the first tile, then as in the loop.
             k_sc, v_sc, sc_page = _prefetch_scales(
@@ -901,6 +905,7 @@ def paged_attention(
         USE_WINDOW=bool(sliding_window),
         USE_SOFTCAP=bool(soft_cap),
         SPLIT=use_split,
+        DECODE=cfg.split,
         DOT_F32=query.device.type != "cuda",
         V_E4M3=v_e4m3,
         **layout.kernel_constexprs(),

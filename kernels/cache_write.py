@@ -38,9 +38,10 @@ _TILE_T = 16
 # Up to this many tokens (a decode step's batch, whose slots are scattered over pages) each
 # program writes one token of one kv-head, with one warp: scattered slots share no sectors, so
 # the 16-token tile gains nothing there and leaves only 8 programs per 16 tokens (H200: 256
-# random slots took 6.0 us against 2.8 us for vLLM's BF16 write, where one program per token
-# for all heads took 4.7 us). Prefill chunks, past it, keep the tile. With this launch the same
-# 256 slots took 4.1 us (benchmarks/results/kernels.json).
+# random slots took 6.0 us against 2.8 us for vLLM's BF16 write). Nor did fewer, larger
+# programs gain: 2, 4 or 8 kv-heads of a token per program, with 1-8 warps, were all as fast or
+# slower (session 14, benchmarks/results/logs/session14/19_ab_write3). Prefill chunks, past it,
+# keep the tile.
 SMALL_BATCH_TOKENS = 512
 
 
@@ -75,7 +76,7 @@ def _store_key_major(
 
 @triton.jit
 def _quantize_store(
-    x_ptr,  # [TILE_T] row pointers: this kv-head of each token of the tile
+    x,  # [TILE_T, HEAD_SIZE] fp32: this kv-head of each token of the tile, as loaded
     cache_ptr,
     cache16_ptr,
     page_off,  # [TILE_T] byte offset of each token's page (int64)
@@ -93,7 +94,6 @@ def _quantize_store(
     KEY_MAJOR: tl.constexpr = False,  # V: element d of slot t at (h*D + d)*B + t (page_layout.py)
 ):
     offs_d = tl.arange(0, HEAD_SIZE)
-    x = tl.load(x_ptr[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     row = head * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
     # NaN/Inf handling is spelled out with comparisons (false for NaN on every target) because
     # tl.maximum / tl.max treat NaN differently on the GPU (ignored) and in the interpreter
@@ -111,15 +111,19 @@ def _quantize_store(
         scale = tl.minimum(tl.maximum(scale, _SCALE_MIN), _SCALE_MAX).to(tl.float16)
         stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
         tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, stored, mask=valid)
-        # divide by the stored scale: dequant == q * stored scale
-        y = tl.div_rn(x, scale.to(tl.float32)[:, None])
+        # multiply by the reciprocal of the stored scale (dequant == q * stored scale): one IEEE
+        # division per row instead of one per element, the bulk of a decode step's write
+        inv = tl.div_rn(1.0, scale.to(tl.float32))
+        y = x * inv[:, None]
     else:
         scale = tl.load(static_scale_ptr + head).to(tl.float32)
         if not E4M3:
             # No per-token scale to flag with: NaN stores 0, +-Inf saturates at +-127 (the clamp
             # below). E4M3 codes saturate NaN and +-Inf at +-448 themselves (e4m3.py).
             x = tl.where(x == x, x, 0.0)
-        y = tl.div_rn(x, scale)
+            y = x * tl.div_rn(1.0, scale)
+        else:
+            y = tl.div_rn(x, scale)  # the E4M3 contract divides (e4m3.py)
     if E4M3:
         q = e4m3_encode(y)  # saturates to +-448 itself
     else:
@@ -163,18 +167,28 @@ def _write_kv_kernel(
     head = tl.program_id(1)
     t = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
     in_batch = t < num_tokens
+    # Every load is issued before the first store: the compiler cannot move a load of key/value
+    # above a store to the cache (it cannot prove they do not alias), so loading V after storing
+    # K, or masking the K/V loads with the slot (which needs the slot load first), chains up to
+    # three global-memory latencies in a program that does little else. Padding tokens' K/V are
+    # loaded but never stored. (H200, 256 random slots: 3.35 -> 2.99 us at 28/4 heads, session
+    # 14's ab_write2.json under benchmarks/results/logs/.)
     slot = tl.load(slot_ptr + t, mask=in_batch, other=-1).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_SIZE)
+    k = tl.load(key_ptr + (t * stride_kt + head * stride_kh)[:, None] + offs_d[None, :],
+                mask=in_batch[:, None], other=0.0).to(tl.float32)  # fmt: skip
+    v = tl.load(value_ptr + (t * stride_vt + head * stride_vh)[:, None] + offs_d[None, :],
+                mask=in_batch[:, None], other=0.0).to(tl.float32)  # fmt: skip
     valid = in_batch & (slot >= 0)  # negative slot: padding token
     off = slot % BLOCK_SIZE
     page_off = (slot // BLOCK_SIZE) * stride_block
     _quantize_store(
-        key_ptr + t * stride_kt + head * stride_kh, cache_ptr, cache16_ptr, page_off, off, valid,
-        head, K_DATA, K_SCALE, k_scale_ptr, HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, False,
+        k, cache_ptr, cache16_ptr, page_off, off, valid, head, K_DATA, K_SCALE, k_scale_ptr,
+        HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, False,
     )  # fmt: skip
     _quantize_store(
-        value_ptr + t * stride_vt + head * stride_vh, cache_ptr, cache16_ptr, page_off, off, valid,
-        head, V_DATA, V_SCALE, v_scale_ptr, HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, V_E4M3,
-        True,
+        v, cache_ptr, cache16_ptr, page_off, off, valid, head, V_DATA, V_SCALE, v_scale_ptr,
+        HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, V_E4M3, True,
     )  # fmt: skip
 
 
@@ -213,20 +227,21 @@ def write_kv_cache(
             key, value, kv_cache, slot_mapping, kv_dtype=kv_dtype, block_size=block_size,
             k_scale=k_scale, v_scale=v_scale, v_format=v_format,
         )  # fmt: skip
+    # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
+    # without a slot have nowhere to go, and a slot index past the mapping must never be read.
+    num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
+    launch = write_launch(num_tokens)
     # Everything that decides the launch but the addresses of the calling layer's tensors (see
     # paged_attention): every layer of a step repeats the call with only those changed.
     memo = (
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
         slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
-        k_scale is None, v_scale is None, v_format, SMALL_BATCH_TOKENS,  # tests vary it
+        k_scale is None, v_scale is None, v_format, launch,  # tests vary it
     )  # fmt: skip
     if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache, k_scale_ptr=k_scale,
                     v_scale_ptr=v_scale):  # fmt: skip
         return
     _, num_kv_heads, head_size = key.shape
-    # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
-    # without a slot have nowhere to go, and a slot index past the mapping must never be read.
-    num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
     v_e4m3 = check_v_format(kv_dtype, v_format)
     if key.stride(2) != 1 or value.stride(2) != 1:
@@ -240,7 +255,7 @@ def write_kv_cache(
         return
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
-    tile, warps = write_launch(num_tokens)
+    tile, warps = launch
     swap = [("key_ptr",), ("value_ptr",), ("cache_ptr", "cache16_ptr")]
     if not dynamic:
         swap += [("k_scale_ptr",), ("v_scale_ptr",)]

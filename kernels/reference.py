@@ -25,8 +25,9 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic symmetric int8 over the last dim: returns (q int8, scale fp16 [...]).
 
     scale = clamp(absmax / 127, 2^-24, 65504) computed in fp32 and rounded to fp16; the data is
-    divided by the *stored* fp16 scale so that q * scale is the dequantized value the kernels see.
-    q = round_half_even(clamp(x / scale, -127, 127)).
+    quantized against the *stored* fp16 scale so that q * scale is the dequantized value the
+    kernels see: q = round_half_even(clamp(x * (1 / scale), -127, 127)), with 1 / scale rounded
+    to fp32 once (one division per vector, not per element, in the write kernel).
     A vector with any NaN or +-Inf element is flagged instead: scale NaN, q all 0 (so attention
     over it is NaN, never plausible numbers); other vectors are unaffected.
     """
@@ -35,7 +36,8 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = torch.where(finite[..., None], xf, 0.0)
     absmax = xf.abs().amax(dim=-1)
     scale = (absmax / QMAX).clamp(SCALE_MIN, SCALE_MAX).to(torch.float16)
-    q = torch.round((xf / scale.float()[..., None]).clamp(-QMAX, QMAX)).to(torch.int8)
+    inv = 1.0 / scale.float()
+    q = torch.round((xf * inv[..., None]).clamp(-QMAX, QMAX)).to(torch.int8)
     return q, torch.where(finite, scale, torch.nan)
 
 
@@ -45,7 +47,8 @@ def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     No per-token scale can flag a bad value: NaN stores 0, +-Inf saturates at +-127.
     """
     xf = x.float().nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
-    return torch.round((xf / scale.float()[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
+    inv = 1.0 / scale.float()  # as quantize_int8: x times the fp32 reciprocal of the scale
+    return torch.round((xf * inv[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
 
 
 def quantize_e4m3_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ def _report():
 
 # Tables of superseded measurements are quoted in the history document instead.
 HISTORY = (
+    "kernels_quick_s13",
     "profile_1k",
     "throughput_1k_direct",
     "throughput_1k_s9",
@@ -37,12 +38,14 @@ def test_readme_or_history_quotes_result_file(table: str) -> None:
     )
 
 
-def test_kernels_table_rows_for_the_fa2_prefill_path_and_consecutive_writes(tmp_path) -> None:
-    def row(kernel: str, impl: str, batch: int, ctx: int, ms: float, **extra) -> dict:
-        shape = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
-        return {"kernel": kernel, "impl": impl, **shape, "batch": batch, "ctx": ctx, "ms": ms,
-                "gbs": 1.0, **extra}  # fmt: skip
+def row(kernel: str, impl: str, batch: int, ctx: int, ms: float, **extra) -> dict:
+    """A kernels.json row at the 32/8, D=128 shape (``gbs`` 900 unless given)."""
+    shape = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
+    return {"kernel": kernel, "impl": impl, **shape, "batch": batch, "ctx": ctx, "ms": ms,
+            "gbs": 900.0, **extra}  # fmt: skip
 
+
+def test_kernels_table_rows_for_the_fa2_prefill_path_and_consecutive_writes(tmp_path) -> None:
     rows = [
         row("prefill", "bf16_fa2", 1, 8192, 1.0),
         row("prefill", "int8", 1, 8192, 2.0),
@@ -61,8 +64,38 @@ def test_kernels_table_rows_for_the_fa2_prefill_path_and_consecutive_writes(tmp_
     ]  # fmt: skip
     # ours over FA2: 0.50x for the Triton kernel, 0.80x for gather + FA2; static via FA2 0.91x
     assert "| 2000.0 | - | 0.50x |" in lines[0]
-    assert "| 1250.0 | - | 0.80x |" in lines[1] and lines[1].endswith("| 0.91x | n/a |")
+    assert "| 1250.0 | - | 0.80x |" in lines[1] and lines[1].endswith("| 0.91x |")  # no int4 col
     assert "| 16384 | - | 20.0 | - | 1.50x |" in lines[3]
+
+
+def test_kernel_targets_count_the_rows_each_target_applies_to(tmp_path) -> None:
+    rows = [
+        row("decode", "bf16_fa2", 8, 8192, 2.0), row("decode", "int8", 8, 8192, 1.0),
+        row("decode", "bf16_fa2", 32, 8192, 3.0), row("decode", "int8", 32, 8192, 2.0),
+        # batch 1 and 4K are outside the long-decode target; 1K has its own
+        row("decode", "bf16_fa2", 1, 8192, 1.0), row("decode", "int8", 1, 8192, 1.0),
+        row("decode", "bf16_fa2", 8, 4096, 1.0), row("decode", "int8", 8, 4096, 1.0),
+        row("decode", "bf16_fa2", 8, 1024, 0.9), row("decode", "int8", 8, 1024, 1.0),
+        row("prefill", "bf16_fa2", 1, 8192, 1.0), row("prefill", "bf16", 1, 8192, 4.0),
+        row("prefill", "int8", 1, 8192, 2.0), row("prefill", "int8_fa2", 1, 8192, 1.0),
+        row("write", "bf16_fa2", 256, 0, 0.003, slots="random"),
+        row("write", "int8", 256, 0, 0.0033, slots="random"),
+        # consecutive slots are not the decode-step write the target means
+        row("write", "bf16_fa2", 16384, 0, 0.03, slots="consecutive"),
+        row("write", "int8", 16384, 0, 0.09, slots="consecutive"),
+    ]  # fmt: skip
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1000.0, "rows": rows}))
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[2:]
+             for line in _report().kernel_targets_table(path).splitlines() if line.startswith("| ")}  # fmt: skip
+    # rows, met, min, median, max
+    assert table["decode, ctx ≥ 8K, batch ≥ 8: vs `bf16_fa2`"] == [
+        "2", "1", "1.50x", "1.75x", "2.00x |"]  # fmt: skip
+    assert table["decode, ctx ≥ 8K, batch ≥ 8: % of copy bandwidth"][:2] == ["2", "2"]
+    assert table["decode, ctx 1K: vs `bf16_fa2`"][:3] == ["1", "0", "0.90x"]
+    assert table["prefill, our Triton kernel: vs `bf16_fa2`"][:3] == ["1", "0", "0.50x"]
+    assert table["prefill, gather + FA2: vs `bf16` (Triton)"][:3] == ["1", "1", "4.00x"]
+    assert table["write, 256 random slots: BF16 time / ours"][:3] == ["1", "1", "0.91x"]
 
 
 def test_parse_profile_reads_wall_gpu_total_and_op_rows(tmp_path) -> None:

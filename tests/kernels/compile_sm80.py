@@ -176,7 +176,8 @@ def main() -> int:
             _attn_fwd, ATTN_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                 SPLIT=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
+                 SPLIT=cfg.split, DECODE=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3",
+                 **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             # the in-program split-K loop is a tuning option, off by default: not held to sm86
             max_shared=None if chunks else MAX_SHARED_BYTES,

@@ -120,7 +120,9 @@ def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
     printed = [_krow("decode", "int8", 8, 8192, 0.057), _krow("decode", "bf16_fa2", 8, 8192, 0.09),
                _krow("prefill", "int8", 1, 8192, 1.06)]  # fmt: skip
     log = tmp_path / "kernels_bench.log"
-    log.write_text("NVIDIA H200: copy 4245 GB/s\n" + "".join(json.dumps(r) + "\n" for r in printed)
+    # run_gpu_e2e.sh's staging lines come first in a step's log
+    log.write_text("gpu bundle: assembling 5 parts\nNVIDIA H200: copy 4245 GB/s\n"
+                   + "".join(json.dumps(r) + "\n" for r in printed)
                    + "skip int4 (...): RuntimeError: x\n")  # fmt: skip
     argv = ["kernels.py", "--from-log", str(log), "--log-command", "python benchmarks/kernels.py "
             "--quick", "--decode-only", "--append", "--out", str(out)]  # fmt: skip
@@ -139,7 +141,7 @@ def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
 def test_from_log_refuses_a_log_without_its_bandwidth_line_or_command(bench, tmp_path, monkeypatch):
     log = tmp_path / "kernels_bench.log"
     log.write_text('{"kernel": "decode"}\n')
-    with pytest.raises(SystemExit, match="first line"):
+    with pytest.raises(SystemExit, match="no '<gpu>: copy"):
         bench.parse_log(log.read_text())
     monkeypatch.setattr(sys, "argv", ["kernels.py", "--from-log", str(log)])
     with pytest.raises(SystemExit, match="--log-command"):
@@ -166,3 +168,30 @@ def test_each_timed_row_is_saved_at_once_so_a_killed_run_keeps_it(bench, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         bench.main()
     assert seen == [0, 1, 2] and len(json.loads(out.read_text())["rows"]) == 2
+
+
+@pytest.mark.parametrize(("flag", "kinds"), [
+    ([], {"decode", "prefill", "write"}), (["--decode-only"], {"decode"}),
+    (["--write-only"], {"write"})])  # fmt: skip
+def test_only_flags_choose_which_kernels_are_timed(bench, tmp_path, monkeypatch, flag, kinds):
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(bench, "plot", lambda result, path: None)
+    monkeypatch.setattr(bench, "copy_bw_gbs", lambda: 4000.0)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "bench_attention",
+                        lambda impl, kernel, *a: _krow(kernel, impl, a[3], a[4], 1.0))  # fmt: skip
+    monkeypatch.setattr(bench, "bench_write",
+                        lambda impl, nq, nkv, d, tokens=256, consecutive=False:
+                        _krow("write", impl, tokens, 0, 1.0, "random"))  # fmt: skip
+    out = tmp_path / "k.json"
+    argv = ["kernels.py", "--quick", "--impls", "int8", "--out", str(out), *flag]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["kernel"] for r in rows} == kinds
+
+
+def test_decode_only_and_write_only_exclude_each_other(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--decode-only", "--write-only"])
