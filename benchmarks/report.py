@@ -478,22 +478,26 @@ def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str
     rows = result["rows"]
     gpus = list(result["gpus"])
     lines = [
-        f"`{result['command']}` (sm80 PTX of the decode loop, {rows[0]['q_heads']}/"
-        f"{rows[0]['kv_heads']} heads, D={rows[0]['head_dim']}; GPU figures from spec sheets).",
+        f"`{result['command']}` (sm80 PTX of the decode loop; GPU figures from spec sheets).",
         "",
-        "| dtype | warp-instructions per KiB of K/V | " + " | ".join(gpus) + " |",
-        "|---|---|" + "---|" * len(gpus),
+        "| dtype | q/kv heads, dim | warp-instructions per KiB of K/V | " + " | ".join(gpus) + " |",
+        "|---|---|---|" + "---|" * len(gpus),
     ]
+
+    def shape(r: dict) -> str:
+        return f"{r['q_heads']}/{r['kv_heads']}, {r['head_dim']}"
+
     for r in rows:
         share = r["issue_share_at_peak_bandwidth"]
         cells = " | ".join(f"{100 * share[g]:.0f}%" for g in gpus)
-        lines.append(f"| `{r['kv_dtype']}` | {r['warp_instructions_per_kib']:.0f} | {cells} |")
-    # files written before the occupancy columns have no programs_per_sm
-    for r in (r for r in rows if "programs_per_sm" in r):
+        lines.append(
+            f"| `{r['kv_dtype']}` | {shape(r)} | {r['warp_instructions_per_kib']:.0f} | {cells} |"
+        )
+    for r in rows:
         per_sm = r["programs_per_sm"]
         lines.append(
             f"| `{r['kv_dtype']}` programs per SM ({r['registers']} registers, "
-            f"{r['shared_bytes'] / 1024:.0f} KiB shared memory) | - | "
+            f"{r['shared_bytes'] / 1024:.0f} KiB shared memory) | {shape(r)} | - | "
             + " | ".join(str(per_sm[g]) for g in gpus)
             + " |"
         )
