@@ -25,6 +25,10 @@ BENCH_DIR = REPO / "benchmarks"
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CORPUS = BENCH_DIR / "corpus" / "pride_and_prejudice.txt"
 
+# (q_heads, kv_heads, head_dim) of the kernel benchmarks (issue 3): a Llama-3-8B-like GQA
+# model, a Qwen2-7B-like one, and SmolLM2-135M's, the model of the end-to-end runs.
+MODEL_SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
+
 SHIM_ENV = "INT8KV_SHIM"
 SCALES_ENV = "INT8KV_SCALES"
 

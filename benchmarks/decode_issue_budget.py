@@ -2,8 +2,8 @@
 
 Compiles the decode specialisation of ``_attn_fwd`` for sm80 at each model shape of
 benchmarks/kernels.py (no GPU needed, like tests/kernels/compile_sm80.py), counts the PTX
-instructions of its main loop per thread per K/V tile, and turns them into warp-instructions per KiB of K/V streamed. At a GPU's full memory
-bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
+instructions of its main loop per thread per K/V tile, and turns them into warp-instructions per
+KiB of K/V streamed. At a GPU's full memory bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
 against an issue capacity of ``SMs * 4 schedulers * clock`` (one warp-instruction per scheduler
 per clock, the sm80/sm86/sm90 rate). A share near or above ~50% means instruction issue, not
 memory, limits how close the kernel can get to the bandwidth: the latency of every instruction
@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
 import triton  # noqa: E402
+from common import MODEL_SHAPES  # noqa: E402  (benchmarks/: this script's folder)
 from compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
 
 from int8kv_kernels import PageLayout  # noqa: E402
@@ -50,8 +51,6 @@ GPUS = {
     "RTX 3090 (sm86)": (82, 1.70, 936, "sm86"),
     "A10 (sm86)": (72, 1.70, 600, "sm86"),
 }
-# benchmarks/kernels.py's model shapes (q_heads, kv_heads, head_dim)
-SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
 # Per SM (CUDA C Programming Guide, "Technical Specifications per Compute Capability"): 32-bit
 # registers, shared memory in bytes, resident threads. Each resident block also takes 1 KiB of
 # shared memory for the system, and registers are allocated per warp in units of 256.
@@ -168,7 +167,7 @@ def main() -> None:
         "--out", default=str(REPO / "benchmarks" / "results" / "decode_issue_budget.json")
     )
     args = ap.parse_args()
-    rows = [budget(kv, *shape) for shape in SHAPES for kv in ("int8", "int8_static")]
+    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in ("int8", "int8_static")]
     result = {"command": "python benchmarks/decode_issue_budget.py", "gpus": GPUS, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:

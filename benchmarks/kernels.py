@@ -60,7 +60,7 @@ import common  # noqa: E402  (benchmarks/, on sys.path above)
 DEV = "cuda"
 BLOCK = 16
 L2_BYTES = 60 << 20
-SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
+SHAPES = common.MODEL_SHAPES
 IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static", "int4"]
 # Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
@@ -402,6 +402,15 @@ def save(result: dict, out: str, with_plot: bool = False) -> None:
     common.copy_to_out(png)
 
 
+def kernel_kinds(args: argparse.Namespace) -> set[str]:
+    """Which kernels a run times (or --from-log takes): --decode-only / --write-only, or all."""
+    if args.decode_only:
+        return {"decode"}
+    if args.write_only:
+        return {"write"}
+    return {"decode", "prefill", "write"}
+
+
 def decode_matrix(args: argparse.Namespace) -> tuple[list, list[int], list[int]]:
     """(shapes, batches, contexts) of the decode rows."""
     shapes = SHAPES[:1] if args.quick else SHAPES
@@ -419,9 +428,7 @@ def main() -> None:
             raise SystemExit("--from-log needs --log-command (the command that printed the log)")
         with open(args.from_log) as f:
             gpu, bw, rows = parse_log(f.read())
-        if args.decode_only or args.write_only:
-            kind = "decode" if args.decode_only else "write"
-            rows = [r for r in rows if r["kernel"] == kind]
+        rows = [r for r in rows if r["kernel"] in kernel_kinds(args)]
         log = os.path.relpath(os.path.abspath(args.from_log))
         result = {"gpu": gpu, "command": f"{args.log_command} (rows from {log})",
                   "peak_bw_gbs": bw, "rows": [], "skipped": []}  # fmt: skip
@@ -452,21 +459,21 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         save(result, args.out)  # a run killed by a device-call limit keeps the rows it timed
 
+    kinds = kernel_kinds(args)
     for nq, nkv, d in shapes:
-        if not args.write_only:
+        if "decode" in kinds:
             for batch in batches:
                 for ctx in ctxs:
                     for impl in args.impls:
                         attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
-        if args.decode_only:
-            continue
-        if not args.write_only:
+        if "prefill" in kinds:
             prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
             for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
                 attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
-        for impl in args.impls:
-            attempt(impl, bench_write, nq, nkv, d)
-            attempt(impl, bench_write, nq, nkv, d, 16384, True)
+        if "write" in kinds:
+            for impl in args.impls:
+                attempt(impl, bench_write, nq, nkv, d)
+                attempt(impl, bench_write, nq, nkv, d, 16384, True)
     save(result, args.out, with_plot=True)
 
 

@@ -89,21 +89,18 @@ def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
     peak = result["peak_bw_gbs"]
     rows = result["rows"]
 
-    def find(kernel: str, impl: str, like: dict) -> dict | None:
-        keys = ("q_heads", "kv_heads", "head_dim", "batch", "ctx")
-        return next((r for r in rows if r["kernel"] == kernel and r["impl"] == impl
-                     and r.get("slots") == like.get("slots")
-                     and all(r[k] == like[k] for k in keys)), None)  # fmt: skip
+    def measured(r: dict, impl: str) -> tuple:
+        """What ``r`` measures, timed by ``impl``."""
+        shape = (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"])
+        return (r["kernel"], impl, *shape, r.get("slots"))
+
+    by_key = {measured(r, r["impl"]): r for r in rows}
 
     def over(kernel: str, mine: str, other: str, select) -> list[float]:
         """other's time / mine's (>1: mine faster) on every row ``select`` keeps."""
-        out = []
-        for r in rows:
-            if r["kernel"] == kernel and r["impl"] == mine and select(r):
-                o = find(kernel, other, r)
-                if o:
-                    out.append(o["ms"] / r["ms"])
-        return out
+        return [by_key[measured(r, other)]["ms"] / r["ms"] for r in rows
+                if r["kernel"] == kernel and r["impl"] == mine and select(r)
+                and measured(r, other) in by_key]  # fmt: skip
 
     def long_decode(r: dict) -> bool:
         return r["ctx"] >= 8192 and r["batch"] >= 8
