@@ -195,3 +195,19 @@ def test_only_flags_choose_which_kernels_are_timed(bench, tmp_path, monkeypatch,
 def test_decode_only_and_write_only_exclude_each_other(bench):
     with pytest.raises(SystemExit):
         bench.parse_args(["--decode-only", "--write-only"])
+
+
+def test_append_refuses_a_file_measured_on_another_gpu(bench, tmp_path):
+    out = tmp_path / "kernels.json"
+    out.write_text(json.dumps({"gpu": "NVIDIA A10", "command": "x", "peak_bw_gbs": 600.0,
+                               "rows": [], "skipped": []}))  # fmt: skip
+    args = bench.parse_args(["--append", "--out", str(out)])
+    result = {
+        "gpu": "NVIDIA H200",
+        "command": "y",
+        "peak_bw_gbs": 4270.0,
+        "rows": [],
+        "skipped": [],
+    }
+    with pytest.raises(SystemExit, match="was measured on NVIDIA A10"):
+        bench.merge_previous(args, result)
