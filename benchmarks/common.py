@@ -153,7 +153,8 @@ def parse_list(text: str) -> list[str]:
 
 
 def load_corpus_ids(tokenizer_dir: str | Path, corpus: str | Path = DEFAULT_CORPUS) -> list[int]:
-    """Token ids of the whole corpus, without special tokens (no BOS: SmolLM2 is trained without).
+    """Token ids of the whole corpus, without special tokens (a model's BOS is added per scored
+    sequence: :func:`tokenizer_bos`).
 
     Tokenized in one piece, so window boundaries later fall mid-sentence exactly as in a stream.
     """
@@ -164,24 +165,52 @@ def load_corpus_ids(tokenizer_dir: str | Path, corpus: str | Path = DEFAULT_CORP
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def make_windows(ids: Sequence[int], window: int, max_windows: int = 0) -> list[list[int]]:
+def tokenizer_bos(tokenizer_dir: str | Path) -> int | None:
+    """The BOS id a model's tokenizer puts in front of every text it encodes, or None when it adds
+    none (SmolLM2). Gemma 3 adds ``<bos>`` and scores about twice the perplexity without it, so
+    every sequence cut from the corpus must start with it, as the tokenizer would have begun it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return bos_of(tok.bos_token_id, tok("a")["input_ids"])
+
+
+def bos_of(bos_token_id: int | None, encoded: Sequence[int]) -> int | None:
+    """``bos_token_id`` when the tokenizer's encoding of a text (``encoded``) starts with it."""
+    if bos_token_id is None or not encoded or encoded[0] != bos_token_id:
+        return None
+    return int(bos_token_id)
+
+
+def make_windows(
+    ids: Sequence[int], window: int, max_windows: int = 0, bos: int | None = None
+) -> list[list[int]]:
     """Split ``ids`` into consecutive non-overlapping windows of exactly ``window`` tokens.
 
-    The ragged tail is dropped so every window has the same context profile. ``max_windows`` > 0
-    keeps only the first ones.
+    With ``bos`` every window is ``[bos]`` followed by ``window - 1`` corpus tokens, so each
+    starts as the model saw every sequence in training; the scored tokens (all after the first)
+    are then corpus tokens only. The ragged tail is dropped so every window has the same context
+    profile. ``max_windows`` > 0 keeps only the first ones.
     """
     if window < 2:
         raise ValueError("a window needs at least 2 tokens to score one")
-    n = len(ids) // window
+    body = window - (bos is not None)
+    n = len(ids) // body
     if max_windows > 0:
         n = min(n, max_windows)
-    return [list(ids[i * window : (i + 1) * window]) for i in range(n)]
+    head = [] if bos is None else [bos]
+    return [head + list(ids[i * body : (i + 1) * body]) for i in range(n)]
 
 
 def make_greedy_prompts(
-    ids: Sequence[int], num_prompts: int, lengths: Sequence[int], seed_offset: int = 0
+    ids: Sequence[int],
+    num_prompts: int,
+    lengths: Sequence[int],
+    seed_offset: int = 0,
+    bos: int | None = None,
 ) -> list[list[int]]:
-    """``num_prompts`` corpus slices of cycling ``lengths``, spread evenly over the corpus.
+    """``num_prompts`` corpus slices of cycling ``lengths``, spread evenly over the corpus, each
+    after ``bos`` when given (see :func:`make_windows`).
 
     Deterministic (no RNG): the same corpus gives the same prompts on every machine.
     """
@@ -189,10 +218,11 @@ def make_greedy_prompts(
     if len(ids) < longest + 1:
         raise ValueError("corpus shorter than the longest prompt")
     span = len(ids) - longest
+    head = [] if bos is None else [bos]
     out = []
     for i in range(num_prompts):
         start = (seed_offset + i * span // max(num_prompts, 1)) % (span + 1)
-        out.append(list(ids[start : start + lengths[i % len(lengths)]]))
+        out.append(head + list(ids[start : start + lengths[i % len(lengths)]]))
     return out
 
 
@@ -401,14 +431,29 @@ def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
-ACCURACY_OPTIONAL_KEYS = {"gpu", "command"}
-ACCURACY_ROW_KEYS = {"dtype", "ppl", "top1_agree", "kld", "greedy_agree"}
+ACCURACY_OPTIONAL_KEYS = {"gpu", "command", "date", "git_commit", "bos", "transformers_ppl"}
+ACCURACY_ROW_KEYS = {
+    "label",
+    "kv_cache_dtype",
+    "prefill",
+    "ppl",
+    "dppl_pct",
+    "dppl_se_pct",
+    "top1_agree",
+    "kld",
+    "greedy_agree",
+    "greedy_agree_se",
+    "kv_cache_tokens",
+}
+# How the scored tokens' attention got its K/V: "pages", read back from the KV cache (what judges
+# a cache); "bf16", prompt chunks over their own fresh BF16 K/V (our default prefill).
+PREFILL_KINDS = ("pages", "bf16")
 THROUGHPUT_KEYS = {"gpu", "command", "model", "rows"}
 THROUGHPUT_ROW_KEYS = {"dtype", "ctx", "num_prompts", "output_len", "gen_tok_s", "kv_cache_tokens"}
 
 
 def validate_accuracy(doc: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's accuracy JSON."""
+    """Raise ``ValueError`` unless ``doc`` has exactly the schema of ``accuracy.py``'s JSON."""
     keys = set(doc)
     if not ACCURACY_KEYS <= keys or keys - ACCURACY_KEYS - ACCURACY_OPTIONAL_KEYS:
         raise ValueError(f"accuracy keys {sorted(keys)}")
@@ -416,15 +461,23 @@ def validate_accuracy(doc: Mapping[str, Any]) -> None:
         raise ValueError("model and corpus must be strings")
     if not isinstance(doc["tokens"], int) or isinstance(doc["tokens"], bool):
         raise ValueError("tokens must be an int")
+    labels = [row.get("label") for row in doc["rows"]]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate row labels {labels}")
     for row in doc["rows"]:
         if set(row) != ACCURACY_ROW_KEYS:
             raise ValueError(f"accuracy row keys {sorted(row)}")
-        if not isinstance(row["dtype"], str):
-            raise ValueError("dtype must be a string")
+        if not isinstance(row["label"], str) or not isinstance(row["kv_cache_dtype"], str):
+            raise ValueError("label and kv_cache_dtype must be strings")
+        if row["prefill"] not in PREFILL_KINDS:
+            raise ValueError(f"prefill must be one of {PREFILL_KINDS}, got {row['prefill']!r}")
         _check_float(row["ppl"], "ppl", nullable=False)
-        _check_float(row["top1_agree"], "top1_agree", nullable=True)
-        _check_float(row["kld"], "kld", nullable=True)
+        for key in ("dppl_pct", "dppl_se_pct", "top1_agree", "kld", "greedy_agree_se"):
+            _check_float(row[key], key, nullable=True)
         _check_float(row["greedy_agree"], "greedy_agree", nullable=False)
+        tokens = row["kv_cache_tokens"]
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)):
+            raise ValueError("kv_cache_tokens must be an int or null")
 
 
 def validate_throughput(doc: Mapping[str, Any]) -> None:

@@ -90,6 +90,21 @@ def test_make_windows_drops_tail_and_caps() -> None:
         common.make_windows(ids, 1)
 
 
+def test_every_window_and_greedy_prompt_starts_with_the_models_bos() -> None:
+    """Gemma 3 scores twice the perplexity on a chunk without <bos>: with a BOS, each window is
+    BOS + window-1 consecutive corpus tokens (no corpus token lost or repeated), each prompt too."""
+    ids = list(range(100, 111))
+    assert common.make_windows(ids, 4, bos=2) == [[2, 100, 101, 102], [2, 103, 104, 105],
+                                                   [2, 106, 107, 108]]  # fmt: skip
+    prompts = common.make_greedy_prompts(list(range(100, 5100)), 8, (10, 20), bos=2)
+    assert [len(p) for p in prompts] == [11, 21] * 4
+    for p in prompts:
+        assert p[0] == 2 and p[1:] == list(range(p[1], p[1] + len(p) - 1))
+    # the BOS is the tokenizer's only when its encoding of a text starts with it (SmolLM2's not)
+    assert common.bos_of(2, [2, 17, 18]) == 2
+    assert common.bos_of(1, [17, 18]) is None and common.bos_of(None, [2, 17]) is None
+
+
 def test_greedy_prompts_are_deterministic_slices() -> None:
     ids = list(range(5000))
     a = common.make_greedy_prompts(ids, 8, (10, 20))
@@ -289,15 +304,21 @@ def test_compute_rows_reference_first_and_schema() -> None:
     res = {"auto": result(0.0), "int8": result(0.01)}
     res["int8"]["greedy"] = res["int8"]["greedy"].copy()
     res["int8"]["greedy"][1, 16] = -1
-    rows, extras = accuracy.compute_rows(res, "auto", targets, 32)
-    assert [r["dtype"] for r in rows] == ["auto", "int8"]
+    runs = {"int8": {"int8kv_prefill": "triton", "kv_cache_tokens": 2000},
+            "auto": {"kv_cache_tokens": 1000}}  # fmt: skip
+    rows, extras = accuracy.compute_rows(res, "auto", targets, 32, runs=runs)
+    assert [r["label"] for r in rows] == ["auto", "int8"]
     assert rows[0]["top1_agree"] == 1.0 and rows[0]["kld"] == 0.0 and rows[0]["greedy_agree"] == 1.0
     assert rows[1]["greedy_agree"] == pytest.approx(0.75)
     assert extras["int8"]["greedy_seq_agree"] == 0.5
     assert extras["int8"]["greedy_prefix"] == [32, 16]
-    assert extras["int8"]["greedy_agree_se"] == pytest.approx(0.25)  # fractions 1 and 0.5
+    assert rows[1]["greedy_agree_se"] == pytest.approx(0.25)  # fractions 1 and 0.5
     assert "greedy_vs_int8_per_token_head" not in extras["int8"]  # that row did not run
-    assert extras["auto"]["ppl_delta_pct"] == 0.0
+    assert rows[0]["dppl_pct"] == 0.0 and rows[1]["dppl_pct"] != 0.0
+    assert [(r["prefill"], r["kv_cache_tokens"]) for r in rows] == [("pages", 1000), ("pages", 2000)]
+    # a row of ours that did not run with INT8KV_PREFILL=triton did not read the pages
+    rows, _ = accuracy.compute_rows(res, "auto", targets, 32, runs={"int8": {}})
+    assert rows[1]["prefill"] == "bf16" and rows[1]["kv_cache_dtype"] == "int8"
     # with the row to compare with: each other row's mean difference, prompt by prompt
     res["int8_per_token_head"] = result(0.02)
     res["int8_per_token_head"]["greedy"] = res["auto"]["greedy"].copy()
@@ -316,7 +337,9 @@ def test_compute_rows_reference_first_and_schema() -> None:
 
 
 def test_validate_accuracy_rejects_extra_and_missing_keys() -> None:
-    row = {"dtype": "int8", "ppl": 10.0, "top1_agree": None, "kld": None, "greedy_agree": 1.0}
+    row = {"label": "int8", "kv_cache_dtype": "int8", "prefill": "pages", "ppl": 10.0,
+           "dppl_pct": 0.1, "dppl_se_pct": None, "top1_agree": None, "kld": None,
+           "greedy_agree": 1.0, "greedy_agree_se": 0.01, "kv_cache_tokens": 100}  # fmt: skip
     good = {"model": "m", "corpus": "c", "tokens": 5, "rows": [row]}
     common.validate_accuracy(good)
     for bad in (
@@ -325,6 +348,9 @@ def test_validate_accuracy_rejects_extra_and_missing_keys() -> None:
         {**good, "rows": [{**row, "seq": 1.0}]},
         {**good, "rows": [{**row, "ppl": None}]},
         {**good, "rows": [{**row, "greedy_agree": float("nan")}]},
+        {**good, "rows": [{**row, "prefill": "flash"}]},
+        {**good, "rows": [{**row, "kv_cache_tokens": 1.5}]},
+        {**good, "rows": [row, row]},
         {**good, "tokens": 5.0},
     ):
         with pytest.raises(ValueError):
@@ -614,9 +640,13 @@ def _fake_accuracy_child(fail: set[str]):
             top_ids=np.concatenate([p[1] for p in parts]).astype(np.int32),
             top_lp=np.concatenate([p[2] for p in parts]).astype(np.float32),
             greedy=greedy,
-            meta=np.array(json.dumps({"label": label, "kv_cache_tokens": 1000})),
-        )
-        assert ("INT8KV_SHIM" in env) == (label not in ("auto", "int8_per_token_head"))
+            meta=np.array(json.dumps({"label": label, "kv_cache_tokens": 1000,
+                                      "int8kv_prefill": env.get("INT8KV_PREFILL", "")})),
+        )  # fmt: skip
+        ours = label not in ("auto", "int8_per_token_head")
+        assert ("INT8KV_SHIM" in env) == ours
+        # every row of ours reads the pages but the one that asks for the BF16 prefill
+        assert (env.get("INT8KV_PREFILL") == "triton") == (ours and "bf16_prefill" not in label)
         return 0, 0.1, "done"
 
     return run
@@ -627,6 +657,7 @@ def test_accuracy_main_end_to_end_with_faked_engines(
 ) -> None:
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(accuracy.common, "load_corpus_ids", lambda m, c: list(range(3000)))
+    monkeypatch.setattr(accuracy.common, "tokenizer_bos", lambda m: 7)
     monkeypatch.setattr(accuracy.common, "run_child", _fake_accuracy_child({"int4"}))
     monkeypatch.setattr(accuracy.common, "gpu_name", lambda: "FakeGPU")
     out = tmp_path / "res" / "accuracy.json"
@@ -635,7 +666,7 @@ def test_accuracy_main_end_to_end_with_faked_engines(
             "--model",
             str(tmp_path),
             "--dtypes",
-            "auto,int8_per_token_head,int8,int4",
+            "auto,int8_per_token_head,int8,int8_bf16_prefill,int4",
             "--window",
             "256",
             "--min-scored",
@@ -655,8 +686,13 @@ def test_accuracy_main_end_to_end_with_faked_engines(
     assert rc == 1  # int4 failed, the rest is still written
     doc = json.loads(out.read_text())
     common.validate_accuracy(doc)
-    assert [r["dtype"] for r in doc["rows"]] == ["auto", "int8_per_token_head", "int8"]
-    assert doc["tokens"] == 11 * 255 and doc["gpu"] == "FakeGPU"
+    labels = [r["label"] for r in doc["rows"]]
+    assert labels == ["auto", "int8_per_token_head", "int8", "int8_bf16_prefill"]
+    assert [r["prefill"] for r in doc["rows"]] == ["pages", "pages", "pages", "bf16"]
+    # 3000 corpus tokens in windows of BOS + 255: 11 windows, 255 scored each
+    assert doc["tokens"] == 11 * 255 and doc["gpu"] == "FakeGPU" and doc["bos"] == 7
+    inputs = json.loads((tmp_path / "w" / "inputs.json").read_text())
+    assert all(w[0] == 7 for w in inputs["windows"] + inputs["greedy_prompts"])
     assert doc["rows"][0]["kld"] == 0.0 and doc["rows"][1]["kld"] > 0
     details = json.loads((out.parent / "accuracy_details.json").read_text())
     assert "unsupported kv cache dtype" in details["runs"]["int4"]["error"]
@@ -850,7 +886,7 @@ def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
 def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference() -> None:
     def doc(rows, command):
         return {"model": "m", "corpus": "c", "tokens": 10, "gpu": "g", "command": command,
-                "rows": [{"dtype": d, "ppl": p} for d, p in rows]}  # fmt: skip
+                "rows": [{"label": d, "ppl": p} for d, p in rows]}  # fmt: skip
 
     new = doc([("auto", 20.0), ("int8", 20.1)], "new")
     old = doc([("auto", 20.0), ("int8", 20.3), ("int8_static", 20.5)], "old")
@@ -858,7 +894,7 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
     old_runs = {"runs": {"auto": {}, "int8": {"run": "old"}, "int8_static": {"run": "old"}}}
     merged, details = accuracy.merge_rows(new, runs, old, old_runs)
     # the new run's int8 row wins; int8_static comes from the old run, after the new rows
-    assert [(r["dtype"], r["ppl"]) for r in merged["rows"]] == [
+    assert [(r["label"], r["ppl"]) for r in merged["rows"]] == [
         ("auto", 20.0), ("int8", 20.1), ("int8_static", 20.5)
     ]  # fmt: skip
     assert merged["command"] == "old ; new"
