@@ -25,9 +25,10 @@ BENCH_DIR = REPO / "benchmarks"
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CORPUS = BENCH_DIR / "corpus" / "pride_and_prejudice.txt"
 
-# (q_heads, kv_heads, head_dim) of the kernel benchmarks (issue 3): a Llama-3-8B-like GQA
-# model, a Qwen2-7B-like one, and SmolLM2-135M's, the model of the end-to-end runs.
-MODEL_SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
+# (q_heads, kv_heads, head_dim) of the kernel benchmarks: a Llama-3-8B-like GQA model, a
+# Qwen2-7B-like one, SmolLM2-135M's (the first real model of the end-to-end runs), Gemma 3 270M's
+# (head size 256 on one KV head: the second) and a 256-wide GQA shape (Gemma-class models).
+MODEL_SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64), (4, 1, 256), (16, 8, 256)]
 
 SHIM_ENV = "INT8KV_SHIM"
 SCALES_ENV = "INT8KV_SCALES"

@@ -135,15 +135,20 @@ class Cache:
             self.sv = torch.full((nkv,), 0.01, device=DEV)
 
 
-def attention_fn(impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int, max_s: int):
+def attention_fn(
+    impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int, max_s: int, window: int = 0
+):
     d = q.shape[-1]
     scale = d**-0.5
+    # vLLM's convention for a window of w keys (position - j < w): FlashAttention's (w - 1, 0)
+    fa_window = (window - 1, 0) if window else (-1, -1)
     if impl == "bf16_fa2":
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
         return lambda: flash_attn_varlen_func(
             q, cache.k, cache.v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q, seqused_k=seq_lens,
             max_seqlen_k=max_s, softmax_scale=scale, causal=True, block_table=bt, fa_version=2,
+            window_size=list(fa_window),
         )  # fmt: skip
     if impl in ("bf16", "upstream_int8_pth"):
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
@@ -160,7 +165,7 @@ def attention_fn(impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int,
         return lambda: unified_attention(
             q=q, k=cache.k, v=cache.v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q,
             seqused_k=seq_lens, max_seqlen_k=max_s, softmax_scale=scale, causal=True,
-            window_size=(-1, -1), block_table=bt, softcap=0, q_descale=None, k_descale=None,
+            window_size=fa_window, block_table=bt, softcap=0, q_descale=None, k_descale=None,
             v_descale=None, seq_threshold_3D=thr, num_par_softmax_segments=segs,
             softmax_segm_output=so, softmax_segm_max=sm, softmax_segm_expsum=se,
             kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD if quant else KVQuantMode.NONE,
@@ -192,10 +197,11 @@ def attention_fn(impl: str, cache: Cache, q, out, qsl, seq_lens, bt, max_q: int,
         q, cache.raw, out, kv_dtype=impl, block_size=BLOCK, num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
         max_seq_len=max_s, softmax_scale=scale, k_scale=cache.sk, v_scale=cache.sv, workspace=ws,
+        sliding_window=window or None,
     )  # fmt: skip
 
 
-def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len) -> dict:
+def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> dict:
     blocks_per_seq = -(-ctx // BLOCK)
     must_kv = batch * ctx * kv_bytes_per_token(impl, nkv, d)
     copies = max(1, min(8, -(-2 * L2_BYTES // must_kv)))
@@ -205,16 +211,21 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len) -> dict:
     out = torch.empty_like(q)
     qsl = torch.arange(0, batch * q_len + 1, q_len, device=DEV, dtype=torch.int32)
     sl = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
-    fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, ctx) for c in caches]
+    fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, ctx, window) for c in caches]
 
     def run():
         for f in fns:
             f()
 
     ms = graph_ms(run) / copies
-    moved = must_kv + 2 * q.numel() * q.element_size()
-    return dict(kernel=kernel, impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=batch,
-                ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
+    # a sliding window must read only its keys (one page more where it starts mid-page)
+    read_kv = must_kv if not window else batch * min(ctx, window) * kv_bytes_per_token(impl, nkv, d)
+    moved = read_kv + 2 * q.numel() * q.element_size()
+    row = dict(kernel=kernel, impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=batch,
+               ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
+    if window:
+        row["window"] = window
+    return row
 
 
 def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
@@ -336,6 +347,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # vLLM's 1024 sequences at 1K (--shapes 2 --batches 1024 --ctxs 1024 --decode-only).
     ap.add_argument("--batches", type=int, nargs="*", help="decode batch sizes (default: matrix)")
     ap.add_argument("--ctxs", type=int, nargs="*", help="decode contexts (default: matrix)")
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="decode rows also on a sliding-window layer of this many keys (Gemma 3: 512), whose "
+        "time must stay flat as the context grows",
+    )
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
     only.add_argument("--write-only", action="store_true", help="cache-write rows only")
@@ -352,7 +370,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def row_key(row: dict) -> tuple:
     """What a row measures; a later row with the same key replaces it (--append)."""
     shape = (row["q_heads"], row["kv_heads"], row["head_dim"], row["batch"], row["ctx"])
-    return (row["kernel"], row["impl"], *shape, row.get("slots"))
+    return (row["kernel"], row["impl"], *shape, row.get("slots"), row.get("window"))
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -466,6 +484,9 @@ def main() -> None:
                 for ctx in ctxs:
                     for impl in args.impls:
                         attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1)
+                    for impl in args.impls if args.window else ():
+                        attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1,
+                                args.window)  # fmt: skip
         if "prefill" in kinds:
             prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
             for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1

@@ -758,6 +758,7 @@ def _plan_launch(
     workspace: AttentionWorkspace | None,
     num_splits: int | None,
     v_e4m3: bool = False,
+    sliding_window: int | None = None,
 ) -> _Plan:
     """Launch shape of the attention kernel from Python ints only (shared by int8 and int4)."""
     num_tokens, num_q_heads, head_size = query.shape
@@ -771,7 +772,9 @@ def _plan_launch(
             max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
         if num_splits is None:
             sms = _device_sms(query.device)
-            splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms, max_splits)
+            # a sliding-window layer reads at most the window's keys, however long the sequence
+            keys = min(max_seq_len, sliding_window) if sliding_window else max_seq_len
+            splits = choose_num_splits(num_seqs, num_kv_heads, keys, sms, max_splits)
         else:
             splits = min(num_splits, max_splits)
     if splits > 1 and workspace is None:
@@ -854,7 +857,7 @@ def paged_attention(
     group = num_q_heads // num_kv_heads
     plan = _plan_launch(
         query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits,
-        v_e4m3=v_e4m3,
+        v_e4m3=v_e4m3, sliding_window=sliding_window,
     )  # fmt: skip
     cfg, block_q, num_q_blocks, splits = plan.cfg, plan.block_q, plan.num_q_blocks, plan.splits
     use_split = splits > 1

@@ -430,8 +430,9 @@ def paged_attention_int4(
         return
     group = num_q_heads // num_kv_heads
     plan = _plan_launch(
-        query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits
-    )
+        query, num_seqs, group, max_query_len, max_seq_len, num_kv_heads, workspace, num_splits,
+        sliding_window=sliding_window,
+    )  # fmt: skip
     cfg = plan.cfg
     use_split = plan.splits > 1
     q_rot = rotate(query)  # fp32, contiguous

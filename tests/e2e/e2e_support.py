@@ -16,7 +16,7 @@ from typing import Any
 
 # The child-process runner (timeout kills the engine core too) is the benchmarks' own.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from common import run_child  # noqa: E402
+from common import config_for, ensure_scales, llm_kwargs_for, run_child  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "benchmarks" / "corpus" / "pride_and_prejudice.txt"
@@ -63,6 +63,13 @@ PROMPT_ROUNDS = int(os.environ.get("INT8KV_E2E_PROMPT_ROUNDS", "3"))
 # How many fewer prompts (a fraction) a comparison may keep identical than its control measured in
 # the same run: 0.15 is about 11 of 72, two standard errors of the difference.
 SLACK = float(os.environ.get("INT8KV_E2E_SLACK", "0.15"))
+
+
+def kv_settings(dtype: str) -> tuple[dict[str, Any], bool]:
+    """(LLM kwargs, shim on?) of a KV-cache dtype, as the benchmarks run it: BF16 (``auto``) and
+    upstream's ``int8_per_token_head`` on vLLM's Triton backend without the shim, ``auto_fa2`` on
+    FlashAttention-2, ours with the shim and no backend named (its plugin must pick ours)."""
+    return llm_kwargs_for(dtype), bool(config_for(dtype)["shim"])
 
 
 def corpus_token_ids(tokenizer_dir: str | Path) -> list[int]:

@@ -1259,3 +1259,20 @@ def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_p
     common.write_json({"a": 3}, doc)  # a later save (kernels.py saves after every row)
     assert json.loads((out / "r.json").read_text()) == {"a": 3}
     assert common.copy_to_out(out / "r.json") is None  # already in $OUT
+
+
+@pytest.mark.parametrize(
+    "path", sorted(common.RESULTS_DIR.glob("accuracy*.json")), ids=lambda p: p.name
+)
+def test_committed_accuracy_headline_rows_read_the_cache(path: Path) -> None:
+    """A quantized dtype's headline row (label = dtype) must have been measured through the pages:
+    on the FlashAttention-2 prefill most scored tokens never read the quantized cache."""
+    if path.name.endswith("_details.json"):
+        pytest.skip("details file")
+    doc = json.loads(path.read_text())
+    common.validate_accuracy(doc)
+    for row in doc["rows"]:
+        if row["label"] == row["kv_cache_dtype"] or row["kv_cache_dtype"] == "auto":
+            assert row["prefill"] == "pages", f"{path.name}: {row['label']} did not read the cache"
+        if row["label"].endswith(accuracy.BF16_PREFILL_SUFFIX):
+            assert row["prefill"] == "bf16", f"{path.name}: {row['label']} is mislabelled"

@@ -45,6 +45,7 @@ from e2e_support import (  # noqa: E402
     assert_like_control,
     compare_greedy,
     generation_phase,
+    kv_settings,
 )
 
 pytestmark = pytest.mark.gpu
@@ -55,9 +56,6 @@ TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))  # see the tiny 
 # upstream's int8 cache: the control of the int8-vs-BF16 comparison
 UPSTREAM = "int8_per_token_head"
 
-# auto (BF16) needs a named backend on the H200 bundle (no FA3); TRITON_ATTN is the backend of
-# upstream's quantized caches too. Our dtypes name no backend: the shim's plugin must pick ours.
-BF16 = {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,
     "max_num_seqs": 32,  # also bounds the CUDA graph capture sizes (shorter compile)
@@ -85,11 +83,7 @@ DTYPES = [d.strip() for d in os.environ.get("INT8KV_E2E_DTYPES", "int8").split("
 
 def _kv(dtype: str) -> tuple[dict[str, Any], bool]:
     """(LLM kwargs, shim on?) of a KV-cache dtype; upstream ones run without the shim."""
-    if dtype == "auto":
-        return dict(BF16), False
-    if dtype == "int8_per_token_head":  # upstream's, as a yardstick for ours
-        return {"kv_cache_dtype": dtype, "attention_backend": "TRITON_ATTN"}, False
-    return {"kv_cache_dtype": dtype}, True
+    return kv_settings(dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -220,3 +220,15 @@ def test_decode_splits_stop_at_short_splits_and_the_cap():
     assert choose_num_splits(1, 1, 256, 132) == 2  # two splits of MIN_TOKENS_PER_SPLIT
     assert choose_num_splits(1, 1, 255, 132) == 1
     assert choose_num_splits(1, 1, 1 << 20, 132, max_splits=8) == 8
+
+
+def test_sliding_window_decode_is_split_for_its_window_not_the_sequence() -> None:
+    """Gemma 3's sliding layers read 512 keys of a 32K sequence: splits sized for 32K would leave
+    most programs without a key."""
+    from int8kv_kernels.attention import _device_sms, _plan_launch, choose_num_splits
+
+    q = torch.zeros(1, 4, 256)  # one decoding sequence, 4 q heads on 1 kv head (Gemma 3)
+    full = _plan_launch(q, 1, 4, 1, 32768, 1, None, None)
+    windowed = _plan_launch(q, 1, 4, 1, 32768, 1, None, None, sliding_window=512)
+    assert windowed.splits == choose_num_splits(1, 1, 512, _device_sms(q.device))
+    assert windowed.splits < full.splits

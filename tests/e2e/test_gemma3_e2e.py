@@ -1,0 +1,164 @@
+"""End to end on Gemma 3 270M (``$GEMMA3_DIR``): head size 256, one KV head for four query heads,
+a 512-key sliding window in five of every six layers, QK-norm.
+
+Same rules as ``test_vllm_e2e.py`` (greedy, 32 tokens, EOS ignored; a divergence outside a near
+tie is a real mismatch and fails; identical counts judged against a control from the same run),
+on prompts cut from the corpus with Gemma's tokenizer, each starting with ``<bos>`` as Gemma must
+see every sequence. One extra phase: four prompts of 8K tokens (sixteen windows of the sliding
+layers), where every generated token's logprob must be finite and ``int8``'s agreement with BF16
+no worse than that of vLLM's other BF16 backend (FlashAttention-2 against Triton). About nine
+engines, two of them compiled (CUDA graphs): one 10-minute GPU call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_support import (  # noqa: E402
+    Comparison,
+    assert_like_control,
+    compare_greedy,
+    corpus_token_ids,
+    ensure_scales,
+    generation_phase,
+    kv_settings,
+    make_prompts,
+)
+
+pytestmark = pytest.mark.gpu
+
+UPSTREAM = "int8_per_token_head"
+LONG_PROMPT_TOKENS = 8192  # 16 windows of 512
+LONG_PROMPTS = 4
+MAX_MODEL_LEN = 8448  # the long prompts + 32 generated tokens, rounded up to a block multiple
+COMMON = {
+    "max_model_len": MAX_MODEL_LEN,
+    "max_num_seqs": 32,
+    "gpu_memory_utilization": 0.25,
+    "seed": 0,
+    "disable_log_stats": False,
+}
+DTYPES = [
+    d.strip()
+    for d in os.environ.get("INT8KV_E2E_GEMMA3_DTYPES", "int8,int8_static,int4").split(",")
+    if d.strip()
+]
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not importable (stage the GPU bundle first)")
+    path = os.environ.get("GEMMA3_DIR")
+    if not path or not (Path(path) / "config.json").exists():
+        pytest.skip("$GEMMA3_DIR is not set or holds no model (source the GPU bundle's stage.sh)")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def gemma_prompts(gemma3_dir: Path) -> dict[str, list[list[int]]]:
+    from transformers import AutoTokenizer
+
+    bos = AutoTokenizer.from_pretrained(str(gemma3_dir)).bos_token_id
+    ids = corpus_token_ids(gemma3_dir)
+    short = [[bos, *p] for p in make_prompts(ids)]
+    step = (len(ids) - LONG_PROMPT_TOKENS) // LONG_PROMPTS
+    long = [[bos, *ids[i * step : i * step + LONG_PROMPT_TOKENS - 1]] for i in range(LONG_PROMPTS)]
+    return {"short": short, "long": long}
+
+
+@pytest.fixture(scope="session")
+def gemma_scales(gemma3_dir: Path, e2e_workdir: Path) -> Path:
+    """``int8kv calibrate $GEMMA3_DIR``: one KV head, sliding layers; must simply work."""
+    path, info = ensure_scales("int8_static", str(gemma3_dir), e2e_workdir, e2e_workdir)
+    assert path is not None, f"int8kv calibrate failed on Gemma 3: {info}"
+    return path
+
+
+def _gemma(
+    engine, gemma3_dir, gemma_prompts, dtype: str, *, variant: str = "eager", scales=None
+) -> dict[str, Any]:
+    """One engine per (dtype, variant). ``eager``: prefix caching on, a miss pass (the dtype's
+    reference), a hit pass and the long prompts. ``pages``: the same with every prefill through
+    the quantized pages (``INT8KV_PREFILL=triton``). ``graphs``: default compilation, one pass."""
+    kw, shim = kv_settings(dtype)
+    kw |= {**COMMON, "model": str(gemma3_dir)}
+    short, long = gemma_prompts["short"], gemma_prompts["long"]
+    env: dict[str, str] = {}
+    if scales is not None:
+        env["INT8KV_SCALES"] = str(scales)
+    if variant == "graphs":
+        kw["enable_prefix_caching"] = False
+        phases = [generation_phase("ref", short, skip_reading_prefix_cache=True)]
+    else:
+        kw |= {"enforce_eager": True, "enable_prefix_caching": True}
+        phases = [
+            generation_phase("miss", short, skip_reading_prefix_cache=True),
+            generation_phase("hit", short),
+        ]
+        if variant == "eager":
+            phases.append(generation_phase("long", long, skip_reading_prefix_cache=True))
+        elif shim:
+            env["INT8KV_PREFILL"] = "triton"
+    return engine(f"gemma3_{dtype}_{variant}", kw, phases, shim, env or None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemma3_matches_bf16(engine, gemma3_dir, gemma_prompts, dtype, request) -> None:
+    scales = request.getfixturevalue("gemma_scales") if dtype == "int8_static" else None
+    ref = _gemma(engine, gemma3_dir, gemma_prompts, "auto")["phases"]["miss"]
+    got = _gemma(engine, gemma3_dir, gemma_prompts, dtype, scales=scales)["phases"]["miss"]
+    upstream = _gemma(engine, gemma3_dir, gemma_prompts, UPSTREAM)["phases"]["miss"]
+    assert_like_control(
+        compare_greedy(ref, got), compare_greedy(ref, upstream),
+        f"Gemma 3 {dtype} vs bf16", f"{UPSTREAM} vs bf16",
+    )  # fmt: skip
+
+
+def test_gemma3_prefix_cache_hit_matches_miss(engine, gemma3_dir, gemma_prompts) -> None:
+    def hit_vs_miss(kv: str) -> Comparison:
+        # vLLM's BF16 backend always reads its pages; ours only with INT8KV_PREFILL=triton
+        run = _gemma(
+            engine, gemma3_dir, gemma_prompts, kv, variant="eager" if kv == "auto" else "pages"
+        )
+        miss, hit = run["phases"]["miss"], run["phases"]["hit"]
+        assert sum(miss["num_cached_tokens"]) == 0, f"{kv}: the miss pass read the prefix cache"
+        assert sum(hit["num_cached_tokens"]) > 0, f"{kv}: no prefix-cache hit at all"
+        return compare_greedy(miss, hit)
+
+    assert_like_control(
+        hit_vs_miss("int8"), hit_vs_miss("auto"), "Gemma 3 int8 prefix-cache hit vs miss", "bf16"
+    )
+
+
+def test_gemma3_cuda_graphs_match_eager(engine, gemma3_dir, gemma_prompts) -> None:
+    def graphs_vs_eager(kv: str) -> Comparison:
+        eager = _gemma(engine, gemma3_dir, gemma_prompts, kv)["phases"]["miss"]
+        graphs = _gemma(engine, gemma3_dir, gemma_prompts, kv, variant="graphs")["phases"]["ref"]
+        return compare_greedy(eager, graphs)
+
+    assert_like_control(
+        graphs_vs_eager("int8"), graphs_vs_eager("auto"), "Gemma 3 int8 graphs vs eager", "bf16"
+    )
+
+
+def test_gemma3_8k_prompts_no_nan_and_bf16_backend_level(engine, gemma3_dir, gemma_prompts) -> None:
+    ref = _gemma(engine, gemma3_dir, gemma_prompts, "auto")["phases"]["long"]
+    fa2 = _gemma(engine, gemma3_dir, gemma_prompts, "auto_fa2")["phases"]["long"]
+    got = _gemma(engine, gemma3_dir, gemma_prompts, "int8")["phases"]["long"]
+    for prompt, (ids, lps) in enumerate(zip(got["token_ids"], got["logprobs"], strict=True)):
+        chosen = [dict((t, lp) for t, lp in pos)[tok] for tok, pos in zip(ids, lps, strict=True)]
+        assert all(math.isfinite(lp) for lp in chosen), f"int8: non-finite logprob, prompt {prompt}"
+    assert_like_control(
+        compare_greedy(ref, got), compare_greedy(ref, fa2), "Gemma 3 int8 at 8K vs bf16",
+        "bf16 FlashAttention-2 vs Triton",
+    )  # fmt: skip
