@@ -140,6 +140,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "accuracy.json"))
     p.add_argument("--workdir", default=None, help="inputs, per-dtype results and logs")
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="take the rows an earlier run (stopped by a time limit) finished into --workdir",
+    )
+    p.add_argument(
         "--merge-rows-from",
         metavar="OLD_JSON",
         help="no GPU run: add OLD_JSON's rows of dtypes --out lacks (see merge_rows) and exit",
@@ -466,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"accuracy: {label}: calibration failed: {runs[label]['error']}", flush=True)
             continue
         env = run_env(label, args.shim_everywhere, scales)
-        rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / f"accuracy_{label}.log")
+        if args.resume and result.exists():  # finished by an earlier run into this --workdir
+            rc, secs, tail = 0, 0.0, ""
+        else:
+            rc, secs, tail = common.run_child(
+                cmd, env, args.timeout, logdir / f"accuracy_{label}.log"
+            )
         run: dict[str, Any] = {
             "rc": rc,
             "wall_s": round(secs, 1),
