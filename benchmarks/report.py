@@ -17,6 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from int8kv_kernels.catalogue import CATALOGUE
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # Head size of the models the accuracy files measure (from their config.json): for a dtype the
@@ -75,6 +77,15 @@ def _decode_over_fa2(rows: list[dict], impl: str) -> list[float]:
         if r["kernel"] == "decode" and r["impl"] == impl
         and (key := (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"])) in fa2
     ]  # fmt: skip
+
+
+def _extent(result: dict) -> str:
+    """``3 head shapes, batch 1-128, context 1K-32K``: what a kernels file's decode rows span."""
+    rows = [r for r in result["rows"] if r["kernel"] == "decode"]
+    shapes = {(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows}
+    batches, ctxs = [r["batch"] for r in rows], [r["ctx"] for r in rows]
+    return (f"{len(shapes)} head shapes, batch {min(batches)}-{max(batches)}, "
+            f"context {min(ctxs) // 1024}K-{max(ctxs) // 1024}K")  # fmt: skip
 
 
 def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
@@ -373,8 +384,6 @@ def dtype_choice_table(
     int4_kernels_path: Path = RESULTS / "kernels_quick_int4.json",
 ) -> str:
     """Per dtype: capacity, ΔPPL and greedy agreement through the cache, decode speed vs FA2."""
-    from int8kv_kernels.catalogue import CATALOGUE
-
     acc = _load(accuracy_path)
     by_label = _rows_by_label(acc)
     ref = by_label["auto"]
@@ -433,8 +442,8 @@ def dtype_choice_table(
         f"({acc['tokens']} tokens), {acc['gpu']}, [`{accuracy_path.name}`]"
         f"(benchmarks/results/{accuracy_path.name}) ({_provenance(acc)}), ± one standard error. "
         f"Decode: median (range) over the {len(decode_points)} decode points of "
-        f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) (three head shapes, "
-        f"batch 1-128, context 1K-32K), {kernels['gpu']} ({_provenance(kernels)})."
+        f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) ({_extent(kernels)}), "
+        f"{kernels['gpu']} ({_provenance(kernels)})."
     )
     return "\n\n".join([caption, "\n".join(lines), *notes])
 
@@ -445,8 +454,6 @@ def headline(
     throughput_path: Path = RESULTS / "throughput.json",
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
-    from int8kv_kernels.catalogue import CATALOGUE
-
     acc = _load(accuracy_path)
     rows = _rows_by_label(acc)
     ours, upstream, bf16_prefill, ref = (
