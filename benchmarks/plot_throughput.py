@@ -1,9 +1,9 @@
 """Plot benchmarks/results/throughput.json: generation tok/s per config and context, and KV capacity.
 
-    python benchmarks/plot_throughput.py [throughput.json] [throughput.png]
+    python -m benchmarks.plot_throughput [throughput.json] [throughput.png]
 
-Needs matplotlib (``pip install matplotlib``); the GPU host usually lacks it, so the lead plots on
-the CPU machine from the fetched JSON.
+Needs matplotlib (``pip install ".[bench]"``); a GPU host without it can leave the plot to any
+machine that has the JSON.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results"
 
 # Fixed order and colours so plots of different runs compare at a glance.
 ORDER = ["auto_fa2", "auto_triton", "int8_per_token_head", "int8", "int8_static", "int4"]
@@ -95,7 +94,7 @@ def plot(json_path: str | Path, png_path: str | Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    src = Path(argv[1]) if len(argv) > 1 else common.RESULTS_DIR / "throughput.json"
+    src = Path(argv[1]) if len(argv) > 1 else RESULTS / "throughput.json"
     dst = Path(argv[2]) if len(argv) > 2 else src.with_suffix(".png")
     print(plot(src, dst))
     return 0

@@ -1,30 +1,96 @@
-"""Markdown tables for the README, generated from the result files (numbers are never typed).
+"""Markdown tables for README.md and docs/, generated from the result files (numbers are never typed).
 
-    python benchmarks/report.py kernels     # "Kernel speed", from benchmarks/results/kernels.json
-    python benchmarks/report.py kernel_targets  # "Kernel speed": issue 3's targets over that file
-    python benchmarks/report.py accuracy    # "Accuracy", from accuracy.json (+ accuracy_details.json)
-    python benchmarks/report.py throughput  # "Throughput", from throughput.json
-    python benchmarks/report.py profile_1k  # "Throughput", 1K: the profiled pair and its profiles
-    python benchmarks/report.py kernels_smol_b1024  # "Kernel speed", SmolLM2's heads at 1024 seqs
-    python benchmarks/report.py launch_overhead     # "Kernel speed", host time per launch
-    python benchmarks/report.py throughput_1k_s9_runs  # "Throughput", 1K: session 9's runs
+    python -m benchmarks.report NAME                    # print one table; NAME is a key of TABLES
+    python -m benchmarks.report --profile-summary FILE  # a `throughput.py --profile` table as the
+                                                        # JSON entry `throughput_1k_profiled` reads
 
-tests/test_readme_results.py checks that the README holds exactly what this prints.
+Each caption names the GPU, the date and git commit of the measurement (the commit that added it)
+and the command as recorded. tests/test_readme_results.py checks that every table is quoted
+verbatim in README.md, docs/results.md or docs/measurement-history.md.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
+from int8kv_kernels.catalogue import CATALOGUE
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
+# Head size of the models the accuracy files measure (from their config.json): for a dtype the
+# accuracy run did not serve, capacity comes from the catalogue's bytes per token at this size.
+MODEL_HEAD_SIZE = {"SmolLM2-135M-Instruct": 64}
 
-def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _provenance(doc: dict) -> str:
+    """``2026-12-01, commit `c1c5ebb```: when the measurement entered the repository."""
+    if "git_commit" not in doc:
+        return "date and commit not recorded"
+    return f"{doc['date']}, commit `{doc['git_commit'][:7]}`"
+
+
+def _short(command: str) -> str:
+    # The interpreter path and $OUT differ per machine; the script and its flags are what matter.
+    parts = command.split()
+    script = next((i for i, p in enumerate(parts) if p.endswith(".py")), 0)
+    kept: list[str] = []
+    for part in parts[script:]:
+        if part.startswith("/"):  # a machine-local output path: drop it with its flag
+            if kept and kept[-1].startswith("--"):
+                kept.pop()
+            continue
+        kept.append(part)
+    return "python " + " ".join(kept)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _spread(values: list[float]) -> str:
+    """``1.58x (1.33-2.05x)``: median and range of speed ratios."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
+
+
+# --------------------------------------------------------------------------------------------
+# kernels.json and its kind: microbenchmarks of the attention and write kernels
+
+
+def _decode_over_fa2(rows: list[dict], impl: str) -> list[float]:
+    """FlashAttention-2's decode time over ``impl``'s at every point both timed (>1: faster)."""
+    fa2 = {
+        (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"]): r["ms"]
+        for r in rows
+        if r["kernel"] == "decode" and r["impl"] == "bf16_fa2"
+    }
+    return [
+        fa2[key] / r["ms"]
+        for r in rows
+        if r["kernel"] == "decode" and r["impl"] == impl
+        and (key := (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"])) in fa2
+    ]  # fmt: skip
+
+
+def _extent(result: dict) -> str:
+    """``3 head shapes, batch 1-128, context 1K-32K``: what a kernels file's decode rows span."""
+    rows = [r for r in result["rows"] if r["kernel"] == "decode"]
+    shapes = {(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows}
+    batches, ctxs = [r["batch"] for r in rows], [r["ctx"] for r in rows]
+    return (f"{len(shapes)} head shapes, batch {min(batches)}-{max(batches)}, "
+            f"context {min(ctxs) // 1024}K-{max(ctxs) // 1024}K")  # fmt: skip
+
+
+def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     """Decode/prefill/write times of our int8 kernels against FA2, vLLM's Triton and upstream int8."""
-    result = json.loads(path.read_text())
+    result = _load(path)
     ms = {
         (
             r["kernel"],
@@ -41,7 +107,8 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
     # int4 (experimental) has a column only in files that time it
     with_int4 = any(r["impl"] == "int4" for r in result["rows"])
     lines = [
-        f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, `{_short(result['command'])}`.",
+        f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, {_provenance(result)}, "
+        f"`{_short(result['command'])}`.",
         "Speedups are the other kernel's time over ours (>1: ours faster); %bw counts the bytes "
         "`int8` must read.",
         "",
@@ -82,10 +149,15 @@ def kernels_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
-def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
-    """Issue 3's targets against every row of kernels.json they apply to: how many rows meet
-    each, and the spread of the measure over those rows."""
-    result = json.loads(path.read_text())
+def _long_decode(r: dict) -> bool:
+    """The decode points the speed targets are about: long contexts, batched."""
+    return r["ctx"] >= 8192 and r["batch"] >= 8
+
+
+def kernel_speed_targets_table(path: Path = RESULTS / "kernels.json") -> str:
+    """The kernel speed targets against every row of kernels.json they apply to: how many rows
+    meet each, and the spread of the measure over those rows."""
+    result = _load(path)
     peak = result["peak_bw_gbs"]
     rows = result["rows"]
 
@@ -102,9 +174,6 @@ def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
                 if r["kernel"] == kernel and r["impl"] == mine and select(r)
                 and measured(r, other) in by_key]  # fmt: skip
 
-    def long_decode(r: dict) -> bool:
-        return r["ctx"] >= 8192 and r["batch"] >= 8
-
     def short_decode(r: dict) -> bool:
         return r["ctx"] == 1024
 
@@ -113,14 +182,14 @@ def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
 
     every = lambda r: True  # noqa: E731
     bw = [100 * r["gbs"] / peak for r in rows
-          if r["kernel"] == "decode" and r["impl"] == "int8" and long_decode(r)]  # fmt: skip
+          if r["kernel"] == "decode" and r["impl"] == "int8" and _long_decode(r)]  # fmt: skip
     targets = [
         ("decode, ctx ≥ 8K, batch ≥ 8: vs `bf16_fa2`", "≥ 1.6x",
-         over("decode", "int8", "bf16_fa2", long_decode), 1.6, "x"),
+         over("decode", "int8", "bf16_fa2", _long_decode), 1.6, "x"),
         ("decode, ctx ≥ 8K, batch ≥ 8: vs `bf16` (Triton)", "≈ 2.5x",
-         over("decode", "int8", "bf16", long_decode), None, "x"),
+         over("decode", "int8", "bf16", _long_decode), None, "x"),
         ("decode, ctx ≥ 8K, batch ≥ 8: vs `upstream_int8_pth`", "≥ 2x",
-         over("decode", "int8", "upstream_int8_pth", long_decode), 2.0, "x"),
+         over("decode", "int8", "upstream_int8_pth", _long_decode), 2.0, "x"),
         ("decode, ctx ≥ 8K, batch ≥ 8: % of copy bandwidth", "≥ 80%", bw, 80.0, "%"),
         ("decode, ctx 1K: vs `bf16_fa2`", "≥ 1.0x",
          over("decode", "int8", "bf16_fa2", short_decode), 1.0, "x"),
@@ -134,8 +203,9 @@ def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
          over("write", "int8", "bf16_fa2", decode_step), 1 / 1.15, "x"),
     ]  # fmt: skip
     lines = [
-        f"{result['gpu']}, `{path.name}` ({len(rows)} rows). Per target: the rows it applies to "
-        "(`int8`, every model shape), how many meet it, and the measure's spread over them.",
+        f"{result['gpu']}, `{path.name}` ({len(rows)} rows), {_provenance(result)}. Per target: "
+        "the rows it applies to (`int8`, every model shape), how many meet it, and the measure's "
+        "spread over them.",
         "",
         "| target | wanted | rows | met | min | median | max |",
         "|---|---|---|---|---|---|---|",
@@ -149,333 +219,14 @@ def kernel_targets_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
-def _short(command: str) -> str:
-    # The interpreter path and $OUT differ per machine; the script and its flags are what matter.
-    parts = command.split()
-    script = next((i for i, p in enumerate(parts) if p.endswith(".py")), 0)
-    kept: list[str] = []
-    for part in parts[script:]:
-        if part.startswith("/"):  # a machine-local output path: drop it with its flag
-            if kept and kept[-1].startswith("--"):
-                kept.pop()
-            continue
-        kept.append(part)
-    return "python " + " ".join(kept)
-
-
-def accuracy_table(path: Path = RESULTS / "accuracy.json") -> str:
-    """Perplexity through the cache and agreement with BF16, per KV-cache dtype."""
-    result = json.loads(path.read_text())
-    details_path = path.with_name(path.stem + "_details.json")
-    runs = json.loads(details_path.read_text())["runs"] if details_path.exists() else {}
-    ref = result["rows"][0]
-    ref_tokens = runs.get(ref["dtype"], {}).get("kv_cache_tokens")
-    lines = [
-        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens scored), "
-        f"{result['gpu']}, `{_short(result['command'])}`. ΔPPL and KV tokens are relative to "
-        f"`{ref['dtype']}` (BF16).",
-        "",
-        "| `--kv-cache-dtype` | PPL | ΔPPL | top-1 agree | mean KL | greedy agree "
-        "| identical continuations | KV tokens vs BF16 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        run = runs.get(row["dtype"], {})
-        seq = run.get("greedy_seq_agree")
-        tokens = run.get("kv_cache_tokens")
-        lines.append(
-            f"| `{row['dtype']}` | {row['ppl']:.3f} | {100 * (row['ppl'] / ref['ppl'] - 1):+.3f}% "
-            f"| {_num(row['top1_agree'], '.4f')} | {_num(row['kld'], '.5f')} "
-            f"| {row['greedy_agree']:.3f} | {_num(seq, '.0%')} "
-            f"| {f'{tokens / ref_tokens:.2f}x' if tokens and ref_tokens else 'n/a'} |"
-        )
-    calibrations = [
-        f"`{label}` {run['calibrate_s']:.0f} s"
-        for label, run in runs.items()
-        if "calibrate_s" in run
-    ]
-    if calibrations:
-        lines += ["", f"`int8kv calibrate` (shipped text, defaults): {', '.join(calibrations)}."]
-    return "\n".join(lines)
-
-
-def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
-    """Generation throughput per configuration and context, with ratios against the baselines."""
-    result = json.loads(path.read_text())
-    rows = {(r["dtype"], r["ctx"]): r for r in result["rows"]}
-    bases = ("auto_fa2", "auto_triton", "int8_per_token_head")
-    lines = [
-        f"{result['model']}, {result['gpu']}, `{_short(result['command'].split(' ; ')[0])}`"
-        + (
-            " (rows of several runs, see the file's `command`)"
-            if " ; " in result["command"]
-            else ""
-        )
-        + ".",
-        "",
-        "| config | ctx | prompts | gen tok/s | vs `auto_fa2` | vs `auto_triton` "
-        "| vs `int8_per_token_head` | KV tokens | vs BF16 |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (dtype, ctx), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        ratios = []
-        for base in bases:
-            other = rows.get((base, ctx))
-            ratios.append(f"{row['gen_tok_s'] / other['gen_tok_s']:.2f}x" if other else "n/a")
-        bf16 = rows.get(("auto_fa2", ctx)) or rows.get(("auto_triton", ctx))
-        cap = f"{row['kv_cache_tokens'] / bf16['kv_cache_tokens']:.2f}x" if bf16 else "n/a"
-        lines.append(
-            f"| `{dtype}` | {ctx} | {row['num_prompts']} | {row['gen_tok_s']:.0f} | "
-            + " | ".join(ratios)
-            + f" | {row['kv_cache_tokens']} | {cap} |"
-        )
-    return "\n".join(lines)
-
-
-# Session 9's 1K runs on one H200 host, in the order they ran (each folder: one throughput.py call)
-S9_RUNS = ("throughput_int8_1k_run1", "throughput_auto_fa2_1k", "throughput_int8_1k_run2")
-
-
-def step_runs_table(folders: tuple[str, ...] = S9_RUNS) -> str:
-    """One line per timed run (each call's throughput.json and ``--step-stats`` details file):
-    speed, engine steps, time per step.
-    Runs of one workload with different times per step ran on a host whose speed moved."""
-    lines = [
-        "| run (in order) | config | gen tok/s | engine steps | tokens per step | ms per step |",
-        "|---|---|---|---|---|---|",
-    ]
-    for folder in folders:
-        run = RESULTS / "logs" / "session9" / folder
-        speed = {(r["dtype"], r["ctx"]): r["gen_tok_s"]
-                 for r in json.loads((run / "throughput.json").read_text())["rows"]}  # fmt: skip
-        for r in json.loads((run / "throughput_details.json").read_text())["rows"]:
-            lines.append(
-                f"| `{folder}` | `{r['dtype']}` | {speed[r['dtype'], r['ctx']]:.0f} "
-                f"| {r['engine_steps']} | {r['tokens_per_step']:.0f} | {r['ms_per_step']:.1f} |"
-            )
-    return "\n".join(lines)
-
-
-# Session 11's 1K calls on one H200 host, in order (throughput.py --repeats: several runs each)
-S11_RUNS = ("5_throughput_1k_fa2", "6_throughput_1k_int8", "9_throughput_1k_int8_fa2")
-S12_RUNS = ("5_throughput_1k_fa2", "6_throughput_1k_int8", "8_throughput_1k_int8_fa2")
-S13_PAIRED = ("5_paired_1k_r1", "6_paired_1k_r3")
-
-
-def repeat_runs_table(folders: tuple[str, ...] = S11_RUNS, session: str = "session11") -> str:
-    """One line per timed run of ``throughput.py --repeats`` calls (their details files), in the
-    order they ran, with the host probe (a fixed Python loop timed just before each run)."""
-    lines = [
-        "| call (in order) | config | run | gen tok/s | engine steps | tokens per step "
-        "| ms per step | host probe ms |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for folder in folders:
-        details = RESULTS / "logs" / session / folder / "throughput_details.json"
-        for r in json.loads(details.read_text())["rows"]:
-            for i, run in enumerate(r["runs"], 1):
-                lines.append(
-                    f"| `{folder}` | `{r['dtype']}` | {i} | {run['gen_tok_s']:.0f} "
-                    f"| {run['engine_steps']} | {run['tokens_per_step']:.0f} "
-                    f"| {run['ms_per_step']:.1f} | {run['host_probe_ms']:.1f} |"
-                )
-    return "\n".join(lines)
-
-
-def paired_runs_table(details_paths: list[Path]) -> str:
-    """One line per turn pair of ``throughput.py --paired`` calls (their details files): both
-    configurations' runs, taken back to back in the order shown, their host probes and the B/A
-    ratio; the last line per call and context is the median ratio the details file holds."""
-    lines = [
-        "| call | ctx | turn | order | A gen tok/s (probe ms) | B gen tok/s (probe ms) | B/A |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    every_call: dict[tuple[str, str, int], list[float]] = {}
-    for path in details_paths:
-        details = json.loads(path.read_text())
-        runs = {(r["dtype"], r["ctx"]): r["runs"] for r in details["rows"] if "runs" in r}
-        for pair in details.get("paired", []):
-            a, b, ctx = pair["a"], pair["b"], pair["ctx"]
-            label = f"`{path.parent.name}`"
-            # throughput.paired_ratios writes one order entry and one ratio per pair of runs
-            turns = zip(runs[(a, ctx)], runs[(b, ctx)], pair["order"], pair["ratios"], strict=True)
-            for k, (ra, rb, order, ratio) in enumerate(turns, 1):
-                lines.append(
-                    f"| {label} | {ctx} | {k} | {' '.join(f'`{x}`' for x in order)} "
-                    f"| {ra['gen_tok_s']:.0f} ({ra['host_probe_ms']:.1f}) "
-                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {ratio:.2f}x |"
-                )
-            lines.append(
-                f"| {label} | {ctx} | median | A = `{a}`, B = `{b}` | | | "
-                f"**{pair['median_ratio']:.2f}x** |"
-            )
-            every_call.setdefault((a, b, ctx), []).extend(pair["ratios"])
-    if len(details_paths) > 1:
-        for (a, b, ctx), ratios in every_call.items():
-            # the lower median, as throughput.paired_ratios takes within a call
-            lines.append(
-                f"| all calls | {ctx} | median of {len(ratios)} | A = `{a}`, B = `{b}` | | | "
-                f"**{statistics.median_low(ratios):.2f}x** |"
-            )
-    return "\n".join(lines)
-
-
-# vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
-_PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total", "cpu_avg",
-                 "self_cuda", "self_cuda_pct", "cuda_total", "cuda_avg", "calls")  # fmt: skip
-# our backend's custom ops and FlashAttention-2's: where each configuration's attention host time
-# shows up (vLLM lists only the rows with the most CUDA time, so one may be missing)
-_ATTENTION_OPS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update",
-                  "_vllm_fa2_C::varlen_fwd", "_C_cache_ops::reshape_and_cache_flash")  # fmt: skip
-
-
-def _seconds(text: str) -> float:
-    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0)):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * scale
-    raise ValueError(f"not a time: {text!r}")
-
-
-def parse_profile(path: Path) -> dict:
-    """Wall time, total GPU kernel time and per-op host time of a ``throughput.py --profile`` table."""
-    import re
-
-    lines = path.read_text().splitlines()
-    wall = float(re.search(r"([\d.]+) s wall", lines[0]).group(1))
-    ops: dict[str, dict] = {}
-    for line in lines:
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) != len(_PROFILE_COLS) or not cells[-1].isdigit():
-            continue
-        row = dict(zip(_PROFILE_COLS, cells, strict=True))
-        ops.setdefault(row["name"], row)  # the first (largest) row of a repeated name
-    gpu = _seconds(re.search(r"Self CUDA time total: (\S+)", "\n".join(lines[-3:])).group(1))
-    return {"wall_s": wall, "gpu_s": gpu, "ops": ops}
-
-
-def profile_table(
-    throughput_path: Path = RESULTS / "throughput_profiled_1k.json",
-    logs: Path = RESULTS / "logs",
-) -> str:
-    """The profiled 1K pair: throughput, and per configuration GPU busy time against wall time
-    and the host time of the attention ops, from the profile tables next to it."""
-    result = json.loads(throughput_path.read_text())
-    lines = [
-        throughput_table(throughput_path),
-        "",
-        "| config | profiled generate, wall s | GPU kernel time, s | GPU busy | host time per call "
-        "of the attention ops listed (CPU total) |",
-        "|---|---|---|---|---|",
-    ]
-    for row in sorted(result["rows"], key=lambda r: r["dtype"]):
-        prof = parse_profile(logs / f"profile_{row['dtype']}_{row['ctx']}.txt")
-        host = ", ".join(
-            f"`{name}` {_seconds(op['cpu_total']) * 1e6 / int(op['calls']):.0f} µs"
-            for name in _ATTENTION_OPS
-            if (op := prof["ops"].get(name))
-        )
-        lines.append(
-            f"| `{row['dtype']}` | {prof['wall_s']:.2f} | {prof['gpu_s']:.2f} | "
-            f"{100 * prof['gpu_s'] / prof['wall_s']:.0f}% | {host} |"
-        )
-    return "\n".join(lines)
-
-
-def launch_overhead_table(
-    path: Path = RESULTS / "launch_overhead.json",
-    wrappers_path: Path = RESULTS / "launch_overhead_wrappers.json",
-) -> str:
-    """Host time per call of the kernel wrappers (benchmarks/launch_overhead.py): on the GPU per
-    launch path, and our wrappers' own Python (``--stub-launches``, on a CPU)."""
-    result = json.loads(path.read_text())
-    wrappers = json.loads(wrappers_path.read_text()) if wrappers_path.exists() else {}
-    columns = [
-        (result, "_host_us", "GPU host, Triton's `kernel[grid]`"),
-        (result, "_direct_host_us", "GPU host, `DirectLauncher`"),
-        (result, "_replay_host_us", "GPU host, replay (layers after the first)"),
-        (wrappers, "_wrapper_us", "our wrapper's Python (CPU, launches stubbed)"),
-        (wrappers, "_binder_us", "Triton's binder alone (CPU, sm80 target)"),
-    ]
-    columns = [c for c in columns if f"write_kv_cache{c[1]}" in c[0]]
-    lines = [
-        f"{result['gpu']}, Triton {result['triton']}, `{_short(result['command'])}`"
-        + (f"; `{_short(wrappers['command'])}` on a CPU" if wrappers else "")
-        + ". Microseconds per call:",
-        "",
-        "| call | " + " | ".join(label for _, _, label in columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for name, label in (("noop", "a 2-argument Triton kernel"),
-                        ("write_kv_cache", "`write_kv_cache`"),
-                        ("paged_attention", "`paged_attention` (decode)")):  # fmt: skip
-        cells = " | ".join(
-            f"{res[name + suffix]:.1f}" if name + suffix in res else "-"  # no replay of noop
-            for res, suffix, _ in columns
-        )
-        lines.append(f"| {label} | {cells} |")
-    return "\n".join(lines)
-
-
-def reliability_table(
-    soak_path: Path = RESULTS / "soak.json", long_path: Path = RESULTS / "long_context.json"
-) -> str:
-    """The serving soak and the long-context comparison, one line each."""
-    soak = json.loads(soak_path.read_text())
-    long = json.loads(long_path.read_text())
-    ref = long["reference"]
-    lines = [
-        "| check | model, GPU | command | result |",
-        "|---|---|---|---|",
-        f"| serving soak, `--kv-cache-dtype {soak['dtype']}` | {soak['model']}, {soak['gpu']} "
-        f"| `{_short(soak['command'])}` | {soak['requests']} requests "
-        f"({soak['completed']} completed, {soak['cancelled']} cancelled mid-stream, "
-        f"{soak['shared_prefix_requests']} on shared prefixes), up to {soak['max_in_flight']} in "
-        f"flight, {soak['errors']} errors, probes identical before and after: "
-        f"{'yes' if soak['probe_identical'] else 'NO'} ({soak['load_s']:.0f} s of load) |",
-    ]
-    for dtype in dict.fromkeys(r["dtype"] for r in long["rows"]):
-        if dtype == ref:
-            continue
-        rows = [r for r in long["rows"] if r["dtype"] == dtype]
-        same = sum(r["identical_first_32"] for r in rows)
-        kinds = sorted({r["divergence"] for r in rows} - {"none"})
-        nan = sum(r["nan"] for r in rows)
-        lines.append(
-            f"| long context, `{dtype}` vs `{ref}` | {long['model']}, {long['gpu']} "
-            f"| `{_short(long['command'])}` | {len(rows)} prompts of {long['prompt_len']} tokens: "
-            f"{same}/{len(rows)} identical over the first 32 generated tokens"
-            + (f" (divergences: {', '.join(kinds)})" if kinds else "")
-            + f", {nan} with NaN |"
-        )
-    return "\n".join(lines)
-
-
-def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
-    """ΔPPL of simulated cache formats (benchmarks/kv_quant_sim.py)."""
-    result = json.loads(path.read_text())
-    lines = [
-        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens, windows of "
-        f"{result['window']}), {result['device']}, `{_short(result['command'])}`.",
-        "",
-        "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        lines.append(
-            f"| `{row['variant']}` | {row['ppl']:.3f} | {row['delta_pct']:+.2f}% "
-            f"| {_num(row['delta_se_pct'], '.2f')} | {row['kv_bytes_per_token_head']:g} "
-            f"| {row['capacity_vs_bf16']:.2f}x |"
-        )
-    return "\n".join(lines)
-
-
 def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str:
     """Share of the SMs' instruction issue the decode loop needs at each GPU's peak bandwidth."""
-    result = json.loads(path.read_text())
+    result = _load(path)
     rows = result["rows"]
     gpus = list(result["gpus"])
     lines = [
-        f"`{result['command']}` (sm80 PTX of the decode loop; GPU figures from spec sheets).",
+        f"`{result['command']}` on a CPU, {_provenance(result)} (sm80 PTX of the decode loop; GPU "
+        "figures from spec sheets).",
         "",
         "| dtype | q/kv heads, dim | warp-instructions per KiB of K/V | " + " | ".join(gpus) + " |",
         "|---|---|---|" + "---|" * len(gpus),
@@ -508,7 +259,7 @@ TUNE_CONFIGS = ((128, 4, 5), (128, 4, 4), (64, 4, 5), (64, 4, 4))
 def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
     """Per decode shape, the int8 kernel's bandwidth fraction under each of TUNE_CONFIGS (its best
     split count, no in-program split-K) and the sweep's best config."""
-    result = json.loads(path.read_text())
+    result = _load(path)
     best: dict[tuple, dict[tuple, float]] = {}
     for r in result["rows"]:
         if r["dtype"] == "int8" and r["chunks"] == 1:
@@ -518,7 +269,8 @@ def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
     q, kv, d = result["shape"]
     lines = [
         f"{result['gpu']}, {q}/{kv} heads, D={d}, copy bandwidth {result['copy_gbs']:.0f} GB/s, "
-        f"`{_short(result['command'])}`. Per cell: % of copy bandwidth (tile, warps, stages).",
+        f"{_provenance(result)}, `{_short(result['command'])}`. Per cell: % of copy bandwidth "
+        "(tile, warps, stages).",
         "",
         "| batch | ctx | "
         + " | ".join("/".join(map(str, c)) for c in TUNE_CONFIGS)
@@ -534,34 +286,545 @@ def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
     return "\n".join(lines)
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
+def launch_overhead_table(
+    path: Path = RESULTS / "launch_overhead.json",
+    wrappers_path: Path = RESULTS / "launch_overhead_wrappers.json",
+) -> str:
+    """Host time per call of the kernel wrappers (benchmarks/launch_overhead.py): on the GPU per
+    launch path, and our wrappers' own Python (``--stub-launches``, on a CPU)."""
+    result = _load(path)
+    wrappers = _load(wrappers_path) if wrappers_path.exists() else {}
+    columns = [
+        (result, "_host_us", "GPU host, Triton's `kernel[grid]`"),
+        (result, "_direct_host_us", "GPU host, `DirectLauncher`"),
+        (result, "_replay_host_us", "GPU host, replay (layers after the first)"),
+        (wrappers, "_wrapper_us", "our wrapper's Python (CPU, launches stubbed)"),
+        (wrappers, "_binder_us", "Triton's binder alone (CPU, sm80 target)"),
+    ]
+    columns = [c for c in columns if f"write_kv_cache{c[1]}" in c[0]]
+    lines = [
+        f"{result['gpu']}, Triton {result['triton']}, {_provenance(result)}, "
+        f"`{_short(result['command'])}`"
+        + (f"; `{_short(wrappers['command'])}` on a CPU" if wrappers else "")
+        + ". Microseconds per call:",
+        "",
+        "| call | " + " | ".join(label for _, _, label in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name, label in (("noop", "a 2-argument Triton kernel"),
+                        ("write_kv_cache", "`write_kv_cache`"),
+                        ("paged_attention", "`paged_attention` (decode)")):  # fmt: skip
+        cells = " | ".join(
+            f"{res[name + suffix]:.1f}" if name + suffix in res else "-"  # no replay of noop
+            for res, suffix, _ in columns
+        )
+        lines.append(f"| {label} | {cells} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# accuracy.json: perplexity and agreement through vLLM, per KV-cache dtype
+
+
+def _rows_by_label(result: dict) -> dict[str, dict]:
+    return {r["label"]: r for r in result["rows"]}
+
+
+def _pm(value: float, se: float | None, fmt: str, sign: str = "") -> str:
+    """``+0.078% ± 0.022``: a measure with its standard error (``%`` only after the value)."""
+    unit = "%" if fmt.endswith("%") else ""
+    spec = sign + fmt.rstrip("%")
+    text = f"{format(value, spec)}{unit}"
+    return text if se is None else f"{text} ± {format(se, fmt.rstrip('%').lstrip('+'))}"
+
+
+def accuracy_table(path: Path = RESULTS / "accuracy.json") -> str:
+    """Perplexity and agreement with BF16 per row of an accuracy file, the prefill path named."""
+    result = _load(path)
+    ref = _rows_by_label(result).get("auto") or result["rows"][0]
+    lines = [
+        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens scored), "
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. ΔPPL (± its "
+        f"standard error) and KV tokens are relative to `{ref['label']}` (BF16). Prefill `pages`: "
+        "every scored token's attention read K/V back from the KV-cache pages; `bf16`: a prompt "
+        "chunk attends over its own fresh BF16 K/V (the shim's default prefill), its context "
+        "from the pages.",
+        "",
+        "| row | `--kv-cache-dtype` | prefill | PPL | ΔPPL | top-1 agree | mean KL "
+        "| greedy agree | KV tokens vs BF16 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        tokens, ref_tokens = row.get("kv_cache_tokens"), ref.get("kv_cache_tokens")
+        lines.append(
+            f"| `{row['label']}` | `{row['kv_cache_dtype']}` | {row['prefill']} "
+            f"| {row['ppl']:.3f} | {_pm(row['dppl_pct'], row.get('dppl_se_pct'), '.3f%', '+')} "
+            f"| {_num(row.get('top1_agree'), '.4f')} | {_num(row.get('kld'), '.5f')} "
+            f"| {_pm(row['greedy_agree'], row.get('greedy_agree_se'), '.3f')} "
+            f"| {f'{tokens / ref_tokens:.2f}x' if tokens and ref_tokens else 'n/a'} |"
+        )
+    return "\n".join(lines)
+
+
+# What a user weighs per dtype, in the order a user meets them
+CHOICES = (
+    ("auto", "BF16, vLLM's default"),
+    ("int8_per_token_head", "vLLM 0.24.0's own INT8 cache"),
+    ("int8", "**the one to use**: no calibration"),
+    ("int8_static", "needs `int8kv calibrate` per model"),
+    ("int4", "experimental"),
+)
+# kernels.json names upstream's INT8 cache by its kernel
+KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
+
+
+def dtype_choice_table(
+    accuracy_path: Path = RESULTS / "accuracy.json",
+    kernels_path: Path = RESULTS / "kernels.json",
+    int4_kernels_path: Path = RESULTS / "kernels_quick_int4.json",
+) -> str:
+    """Per dtype: capacity, ΔPPL and greedy agreement through the cache, decode speed vs FA2."""
+    acc = _load(accuracy_path)
+    by_label = _rows_by_label(acc)
+    ref = by_label["auto"]
+    kernels = _load(kernels_path)
+    int4_kernels = _load(int4_kernels_path) if int4_kernels_path.exists() else {"rows": []}
+    head_size = MODEL_HEAD_SIZE.get(acc["model"])
+    decode_points = _decode_over_fa2(kernels["rows"], "int8")
+    notes: list[str] = []
+    lines = [
+        "| `--kv-cache-dtype` | what | KV tokens vs BF16 | ΔPPL through the cache "
+        "| greedy agreement with BF16 | decode attention vs FlashAttention-2 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for dtype, what in CHOICES:
+        # the headline row of a cache: its label is its dtype, and it read the pages
+        row = by_label.get(dtype) if by_label.get(dtype, {}).get("prefill") == "pages" else None
+        served = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype), None)
+        if served and served.get("kv_cache_tokens"):
+            capacity = f"{served['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x"
+        elif dtype in CATALOGUE and head_size:
+            capacity = f"{CATALOGUE[dtype].capacity_vs_bf16(head_size):.2f}x (catalogue)"
+        else:
+            capacity = "not measured"
+        if dtype == "auto":
+            dppl = greedy = "reference"
+        elif row:
+            dppl = _pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+")
+            greedy = _pm(row["greedy_agree"], row.get("greedy_agree_se"), ".3f")
+        else:
+            dppl = greedy = "not measured"
+            other = next((r for r in acc["rows"]
+                          if r["kv_cache_dtype"] == dtype and r["prefill"] == "bf16"), None)  # fmt: skip
+            if other:
+                notes.append(
+                    f"`{dtype}` through the pages is not measured yet; with the default prefill "
+                    f"(`{other['label']}`): ΔPPL "
+                    f"{_pm(other['dppl_pct'], other.get('dppl_se_pct'), '.3f%', '+')}, greedy "
+                    f"agreement {_pm(other['greedy_agree'], other.get('greedy_agree_se'), '.3f')}."
+                )
+        impl = KERNEL_IMPL.get(dtype, dtype)
+        if dtype == "auto":
+            speed = "1.00x"
+        elif points := _decode_over_fa2(kernels["rows"], impl):
+            speed = _spread(points)
+        elif points := _decode_over_fa2(int4_kernels["rows"], impl):
+            speed = _spread(points).replace("x)", f"x, {len(points)} points)")
+            notes.append(
+                f"`{dtype}`'s decode: {len(points)} points of `{int4_kernels_path.name}` "
+                f"({int4_kernels['gpu']}, {_provenance(int4_kernels)}), the matrix leaves it out."
+            )
+        else:
+            speed = "not measured"
+        lines.append(f"| `{dtype}` | {what} | {capacity} | {dppl} | {greedy} | {speed} |")
+    caption = (
+        f"Accuracy and KV tokens: {acc['model']} on `{Path(acc['corpus']).name}` "
+        f"({acc['tokens']} tokens), {acc['gpu']}, [`{accuracy_path.name}`]"
+        f"(benchmarks/results/{accuracy_path.name}) ({_provenance(acc)}), ± one standard error. "
+        f"Decode: median (range) over the {len(decode_points)} decode points of "
+        f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) ({_extent(kernels)}), "
+        f"{kernels['gpu']} ({_provenance(kernels)})."
+    )
+    return "\n\n".join([caption, "\n".join(lines), *notes])
+
+
+def headline(
+    accuracy_path: Path = RESULTS / "accuracy.json",
+    kernels_path: Path = RESULTS / "kernels.json",
+    throughput_path: Path = RESULTS / "throughput.json",
+) -> str:
+    """The README's measured headline for ``int8``, each figure with its model and GPU."""
+    acc = _load(accuracy_path)
+    rows = _rows_by_label(acc)
+    ours, upstream, bf16_prefill, ref = (
+        rows["int8"], rows["int8_per_token_head"], rows["int8_bf16_prefill"], rows["auto"]
+    )  # fmt: skip
+    kernels = _load(kernels_path)
+    long = [r for r in kernels["rows"] if _long_decode(r)]
+    vs_fa2 = _decode_over_fa2(long, "int8")
+    fa2_over_upstream = _decode_over_fa2(long, "upstream_int8_pth")
+    vs_upstream = statistics.median(a / b for a, b in zip(vs_fa2, fa2_over_upstream, strict=True))
+    tput = _load(throughput_path)
+    speed = {(r["dtype"], r["ctx"]): r["gen_tok_s"] for r in tput["rows"]}
+
+    def e2e(ctx: int) -> str:
+        return f"{speed['int8', ctx] / speed['auto_fa2', ctx]:.2f}x"
+
+    def pct(row: dict) -> str:
+        return _pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+")
+
+    model, gpu = acc["model"], acc["gpu"]
+    details = accuracy_path.with_name(accuracy_path.stem + "_details.json")
+    chunk = _load(details).get("settings", {}).get("chunk") if details.exists() else None
+    chunks = f", {chunk}-token chunks" if chunk else ""
+    return "\n".join([
+        f"- **Capacity:** `int8` holds {ours['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x "
+        f"the tokens of a BF16 cache in the same memory ({model}, head size "
+        f"{MODEL_HEAD_SIZE.get(model, '?')}; {CATALOGUE['int8'].capacity_vs_bf16(128):.2f}x at "
+        "head size 128).",
+        f"- **The cache is as accurate as upstream's:** read back from the pages, perplexity "
+        f"moves {pct(ours)} from BF16's, against {pct(upstream)} for vLLM's "
+        f"`int8_per_token_head` ({model}, {acc['tokens']} tokens, {gpu}).",
+        "- **Prompts are processed in BF16:** by default a prompt chunk attends over its own "
+        "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
+        f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
+        f"(`{bf16_prefill['label']}`, same run{chunks}).",
+        f"- **Decode attention:** {statistics.median(vs_fa2):.2f}x FlashAttention-2 on BF16 "
+        f"(median of {len(vs_fa2)} points at ≥ 8K context and batch ≥ 8, "
+        f"{min(vs_fa2):.2f}-{max(vs_fa2):.2f}x) and {vs_upstream:.2f}x upstream's INT8 kernel "
+        f"({kernels['gpu']}).",
+        f"- **End to end:** {e2e(8192)} FlashAttention-2's generation throughput at 8K context "
+        f"and {e2e(1024)} at 1K ({tput['model']}, {tput['gpu']}).",
+    ])  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# throughput: LLM.generate over random prompts, per configuration and context
+
+
+def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
+    """Generation throughput per configuration and context, with ratios against the baselines."""
+    result = _load(path)
+    rows = {(r["dtype"], r["ctx"]): r for r in result["rows"]}
+    bases = ("auto_fa2", "auto_triton", "int8_per_token_head")
+    per_row = all("git_commit" in r for r in result["rows"])
+    lines = [
+        f"{result['model']}, {result['gpu']}, {_provenance(result)}, "
+        f"`{_short(result['command'].split(' ; ')[0])}`"
+        + (
+            " (rows of several runs, see the file's `command`)"
+            if " ; " in result["command"]
+            else ""
+        )
+        + ".",
+        "",
+        "| config | ctx | prompts | gen tok/s | vs `auto_fa2` | vs `auto_triton` "
+        "| vs `int8_per_token_head` | KV tokens | vs BF16 |" + (" measured |" if per_row else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if per_row else ""),
+    ]
+    for (dtype, ctx), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ratios = []
+        for base in bases:
+            other = rows.get((base, ctx))
+            ratios.append(f"{row['gen_tok_s'] / other['gen_tok_s']:.2f}x" if other else "n/a")
+        bf16 = rows.get(("auto_fa2", ctx)) or rows.get(("auto_triton", ctx))
+        cap = f"{row['kv_cache_tokens'] / bf16['kv_cache_tokens']:.2f}x" if bf16 else "n/a"
+        lines.append(
+            f"| `{dtype}` | {ctx} | {row['num_prompts']} | {row['gen_tok_s']:.0f} | "
+            + " | ".join(ratios)
+            + f" | {row['kv_cache_tokens']} | {cap} |"
+            + (f" {_provenance(row)} |" if per_row else "")
+        )
+    return "\n".join(lines)
+
+
+def _calls_caption(result: dict) -> str:
+    """Who measured, and each call's command in the order they ran."""
+    calls = "; ".join(
+        f"{i}. `{_short(call['command'])}`" for i, call in enumerate(result["calls"], 1)
+    )
+    return f"{result['model']}, {result['gpu']}, {_provenance(result)}. Calls, in order: {calls}."
+
+
+def single_runs_table(path: Path = RESULTS / "throughput_1k_single_runs.json") -> str:
+    """One line per call of one timed run each: speed, engine steps, time per step.
+    Runs of one workload with different times per step ran on a host whose speed moved."""
+    result = _load(path)
+    lines = [
+        _calls_caption(result),
+        "",
+        "| call | config | gen tok/s | engine steps | tokens per step | ms per step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, call in enumerate(result["calls"], 1):
+        for r in call["rows"]:
+            lines.append(
+                f"| {i} | `{r['dtype']}` | {r['gen_tok_s']:.0f} "
+                f"| {r['engine_steps']} | {r['tokens_per_step']:.0f} | {r['ms_per_step']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def repeat_runs_table(path: Path = RESULTS / "throughput_1k_repeats.json") -> str:
+    """One line per timed run of ``throughput.py --repeats`` calls, in the order they ran, with
+    the host probe (a fixed Python loop timed just before each run)."""
+    result = _load(path)
+    lines = [
+        _calls_caption(result),
+        "",
+        "| call | config | run | gen tok/s | engine steps | tokens per step "
+        "| ms per step | host probe ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, call in enumerate(result["calls"], 1):
+        for r in call["rows"]:
+            for k, run in enumerate(r["runs"], 1):
+                lines.append(
+                    f"| {i} | `{r['dtype']}` | {k} | {run['gen_tok_s']:.0f} "
+                    f"| {run['engine_steps']} | {run['tokens_per_step']:.0f} "
+                    f"| {run['ms_per_step']:.1f} | {run['host_probe_ms']:.1f} |"
+                )
+    return "\n".join(lines)
+
+
+def paired_runs_table(path: Path = RESULTS / "throughput_1k_paired.json") -> str:
+    """One line per turn pair of ``throughput.py --paired`` calls: both configurations' runs,
+    taken back to back in the order shown, their host probes and the B/A ratio; the last line
+    per call and context is the median ratio the call recorded."""
+    result = _load(path)
+    lines = [
+        _calls_caption(result),
+        "",
+        "| call | ctx | turn | order | A gen tok/s (probe ms) | B gen tok/s (probe ms) | B/A |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    every_call: dict[tuple[str, str, int], list[float]] = {}
+    for i, call in enumerate(result["calls"], 1):
+        runs = {(r["dtype"], r["ctx"]): r["runs"] for r in call["rows"] if "runs" in r}
+        for pair in call.get("paired", []):
+            a, b, ctx = pair["a"], pair["b"], pair["ctx"]
+            # throughput.paired_ratios writes one order entry and one ratio per pair of runs
+            turns = zip(runs[(a, ctx)], runs[(b, ctx)], pair["order"], pair["ratios"], strict=True)
+            for k, (ra, rb, order, ratio) in enumerate(turns, 1):
+                lines.append(
+                    f"| {i} | {ctx} | {k} | {' '.join(f'`{x}`' for x in order)} "
+                    f"| {ra['gen_tok_s']:.0f} ({ra['host_probe_ms']:.1f}) "
+                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {ratio:.2f}x |"
+                )
+            lines.append(
+                f"| {i} | {ctx} | median | A = `{a}`, B = `{b}` | | | "
+                f"**{pair['median_ratio']:.2f}x** |"
+            )
+            every_call.setdefault((a, b, ctx), []).extend(pair["ratios"])
+    if len(result["calls"]) > 1:
+        for (a, b, ctx), ratios in every_call.items():
+            # the lower median, as throughput.paired_ratios takes within a call
+            lines.append(
+                f"| all calls | {ctx} | median of {len(ratios)} | A = `{a}`, B = `{b}` | | | "
+                f"**{statistics.median_low(ratios):.2f}x** |"
+            )
+    return "\n".join(lines)
+
+
+# vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
+_PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total", "cpu_avg",
+                 "self_cuda", "self_cuda_pct", "cuda_total", "cuda_avg", "calls")  # fmt: skip
+# our backend's custom ops and FlashAttention-2's: where each configuration's attention host time
+# shows up (vLLM lists only the rows with the most CUDA time, so one may be missing)
+_ATTENTION_OPS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update",
+                  "_vllm_fa2_C::varlen_fwd", "_C_cache_ops::reshape_and_cache_flash")  # fmt: skip
+
+
+def _seconds(text: str) -> float:
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(f"not a time: {text!r}")
+
+
+def parse_profile(path: Path) -> dict:
+    """Wall time, total GPU kernel time and per-op host time of a ``throughput.py --profile`` table."""
+    lines = path.read_text().splitlines()
+    wall = float(re.search(r"([\d.]+) s wall", lines[0]).group(1))
+    ops: dict[str, dict] = {}
+    for line in lines:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(_PROFILE_COLS) or not cells[-1].isdigit():
+            continue
+        row = dict(zip(_PROFILE_COLS, cells, strict=True))
+        ops.setdefault(row["name"], row)  # the first (largest) row of a repeated name
+    gpu = _seconds(re.search(r"Self CUDA time total: (\S+)", "\n".join(lines[-3:])).group(1))
+    return {"wall_s": wall, "gpu_s": gpu, "ops": ops}
+
+
+def profile_summary(path: Path) -> dict:
+    """What ``profile_table`` reads of a profile: wall and GPU time, the attention ops' host time.
+    Profiles are text tables too large to keep; a result file keeps this instead."""
+    prof = parse_profile(path)
+    return {
+        "source": path.name,
+        "wall_s": prof["wall_s"],
+        "gpu_s": prof["gpu_s"],
+        "ops": {name: {"cpu_total_s": _seconds(op["cpu_total"]), "calls": int(op["calls"])}
+                for name, op in prof["ops"].items() if name in _ATTENTION_OPS},  # fmt: skip
+    }
+
+
+def profile_table(throughput_path: Path = RESULTS / "throughput_profiled_1k.json") -> str:
+    """The profiled 1K pair: throughput, and per configuration GPU busy time against wall time
+    and the host time of the attention ops, from the file's ``profiles``."""
+    result = _load(throughput_path)
+    lines = [
+        throughput_table(throughput_path),
+        "",
+        "| config | profiled generate, wall s | GPU kernel time, s | GPU busy | host time per call "
+        "of the attention ops listed (CPU total) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in sorted(result["rows"], key=lambda r: r["dtype"]):
+        prof = result["profiles"][row["dtype"]]
+        host = ", ".join(
+            f"`{name}` {op['cpu_total_s'] * 1e6 / op['calls']:.0f} µs"
+            for name in _ATTENTION_OPS
+            if (op := prof["ops"].get(name))
+        )
+        lines.append(
+            f"| `{row['dtype']}` | {prof['wall_s']:.2f} | {prof['gpu_s']:.2f} | "
+            f"{100 * prof['gpu_s'] / prof['wall_s']:.0f}% | {host} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# serving, long context, format simulation, GPU test runs
+
+
+def reliability_table(
+    soak_path: Path = RESULTS / "soak.json", long_path: Path = RESULTS / "long_context.json"
+) -> str:
+    """The serving soak and the long-context comparison, one line each."""
+    soak = _load(soak_path)
+    long = _load(long_path)
+    ref = long["reference"]
+    lines = [
+        "| check | model, GPU | measured | command | result |",
+        "|---|---|---|---|---|",
+        f"| serving soak, `--kv-cache-dtype {soak['dtype']}` | {soak['model']}, {soak['gpu']} "
+        f"| {_provenance(soak)} | `{_short(soak['command'])}` | {soak['requests']} requests "
+        f"({soak['completed']} completed, {soak['cancelled']} cancelled mid-stream, "
+        f"{soak['shared_prefix_requests']} on shared prefixes), up to {soak['max_in_flight']} in "
+        f"flight, {soak['errors']} errors, probes identical before and after: "
+        f"{'yes' if soak['probe_identical'] else 'NO'} ({soak['load_s']:.0f} s of load) |",
+    ]
+    for dtype in dict.fromkeys(r["dtype"] for r in long["rows"]):
+        if dtype == ref:
+            continue
+        rows = [r for r in long["rows"] if r["dtype"] == dtype]
+        same = sum(r["identical_first_32"] for r in rows)
+        kinds = sorted({r["divergence"] for r in rows} - {"none"})
+        nan = sum(r["nan"] for r in rows)
+        lines.append(
+            f"| long context, `{dtype}` vs `{ref}` | {long['model']}, {long['gpu']} "
+            f"| {_provenance(long)} | `{_short(long['command'])}` | {len(rows)} prompts of "
+            f"{long['prompt_len']} tokens: {same}/{len(rows)} identical over the first 32 "
+            "generated tokens"
+            + (f" (divergences: {', '.join(kinds)})" if kinds else "")
+            + f", {nan} with NaN |"
+        )
+    return "\n".join(lines)
+
+
+def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
+    """ΔPPL of simulated cache formats (benchmarks/kv_quant_sim.py)."""
+    result = _load(path)
+    lines = [
+        f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens, windows of "
+        f"{result['window']}), {result['device']}, {_provenance(result)}, "
+        f"`{_short(result['command'])}`.",
+        "",
+        "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| `{row['variant']}` | {row['ppl']:.3f} | {row['delta_pct']:+.2f}% "
+            f"| {_num(row['delta_se_pct'], '.2f')} | {row['kv_bytes_per_token_head']:g} "
+            f"| {row['capacity_vs_bf16']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
+    """Every recorded GPU test run, latest first: pytest's summary, and the greedy comparisons of
+    the end-to-end tests (identical prompts over the first tokens, with the BF16 control's)."""
+    result = _load(path)
+    lines = [
+        "| measured | GPU | command | result | greedy comparisons: identical prompts (control) |",
+        "|---|---|---|---|---|",
+    ]
+    for run in reversed(result["rows"]):  # the file lists them in the order they ran
+        parts = []
+        for c in run.get("comparisons", []):
+            text = f"{c['what']}: {c['identical']}/{c['prompts']}"
+            if control := c.get("control"):
+                text += f" ({control['what']}: {control['identical']}/{control['prompts']})"
+            parts.append(text)
+        result_text = run["result"] + (f" ({run['note']})" if "note" in run else "")
+        lines.append(
+            f"| {_provenance(run)} | {run['gpu']} | `{run['command']}` | {result_text} "
+            f"| {'; '.join(parts) or '-'} |"
+        )
+    return "\n".join(lines)
 
 
 TABLES = {
-    "kernels": kernels_table,
-    "kernel_targets": kernel_targets_table,
-    "kernels_quick_s13": lambda: kernels_table(RESULTS / "kernels_quick_s13.json"),
+    # README.md
+    "headline": headline,
+    "dtype_choice": dtype_choice_table,
+    # docs/results.md
     "accuracy": accuracy_table,
-    "throughput": throughput_table,
-    "profile_1k": profile_table,
-    "kernels_smol_b1024": lambda: kernels_table(RESULTS / "kernels_smol_b1024.json"),
-    "launch_overhead": launch_overhead_table,
-    "throughput_1k_direct": lambda: throughput_table(RESULTS / "throughput_1k_direct.json"),
-    "throughput_1k_s9": lambda: throughput_table(RESULTS / "throughput_1k_s9.json"),
-    "throughput_1k_s9_runs": step_runs_table,
-    "reliability": reliability_table,
-    "kv_quant_sim": kv_quant_sim_table,
-    "issue_budget": issue_budget_table,
-    "throughput_1k_s11": lambda: throughput_table(RESULTS / "throughput_1k_s11.json"),
-    "throughput_1k_s11_runs": repeat_runs_table,
-    "throughput_1k_s12_runs": lambda: repeat_runs_table(S12_RUNS, "session12"),
-    "throughput_1k_s13_paired": lambda: paired_runs_table(
-        [RESULTS / "logs/session13" / c / "throughput_details.json" for c in S13_PAIRED]
+    "kernel_speed": kernel_speed_table,
+    "kernel_speed_targets": kernel_speed_targets_table,
+    "kernel_speed_smollm2_1024_seqs": lambda: kernel_speed_table(
+        RESULTS / "kernels_smol_b1024.json"
     ),
+    "decode_issue_budget": issue_budget_table,
     "tune_decode": tune_decode_table,
     "tune_decode_9_3_64": lambda: tune_decode_table(RESULTS / "tune_decode_9_3_64.json"),
+    "launch_overhead": launch_overhead_table,
+    "throughput": throughput_table,
+    "throughput_1k_paired": paired_runs_table,
+    "reliability": reliability_table,
+    "int4_format_simulation": kv_quant_sim_table,
+    "gpu_test_runs": gpu_test_runs_table,
+    # docs/measurement-history.md
+    "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
+    "throughput_1k_repeats": repeat_runs_table,
+    "throughput_1k_repeats_pooled": lambda: throughput_table(RESULTS / "throughput_1k_repeats.json"),
+    "throughput_1k_repeats_with_replays": lambda: repeat_runs_table(
+        RESULTS / "throughput_1k_repeats_with_replays.json"
+    ),
+    "throughput_1k_single_runs": single_runs_table,
+    "throughput_1k_single_runs_pooled": lambda: throughput_table(
+        RESULTS / "throughput_1k_single_runs.json"
+    ),
+    "throughput_1k_profiled": profile_table,
+    "throughput_1k_direct_launches": lambda: throughput_table(RESULTS / "throughput_1k_direct.json"),
 }
+if (RESULTS / "accuracy_gemma3.json").exists():
+    TABLES["accuracy_gemma3"] = lambda: accuracy_table(RESULTS / "accuracy_gemma3.json")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--profile-summary"]:
+        print(json.dumps({p: profile_summary(Path(p)) for p in argv[1:]}, indent=2))
+        return 0
+    if len(argv) != 1 or argv[0] not in TABLES:
+        print(f"usage: python -m benchmarks.report {{{','.join(TABLES)}}}", file=sys.stderr)
+        return 2
+    print(TABLES[argv[0]]())
+    return 0
+
 
 if __name__ == "__main__":
-    print(TABLES[sys.argv[1]]())
+    sys.exit(main(sys.argv[1:]))

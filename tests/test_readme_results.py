@@ -1,4 +1,4 @@
-"""The README quotes the result files: each generated table must appear in it verbatim."""
+"""The docs quote the result files: each generated table must appear verbatim where it belongs."""
 
 import importlib.util
 import json
@@ -16,26 +16,60 @@ def _report():
     return module
 
 
-# Tables of superseded measurements are quoted in the history document instead.
-HISTORY = (
-    "kernels_quick_s13",
-    "profile_1k",
-    "throughput_1k_direct",
-    "throughput_1k_s9",
-    "throughput_1k_s9_runs",
-    "throughput_1k_s11",
-    "throughput_1k_s11_runs",
-    "throughput_1k_s12_runs",
-)
+# Where each table is quoted: what a user chooses by in the README, every current measurement in
+# docs/results.md, superseded ones with their reasoning in docs/measurement-history.md.
+README, RESULTS, HISTORY = "README.md", "docs/results.md", "docs/measurement-history.md"
+WHERE = {
+    "headline": README,
+    "dtype_choice": README,
+    "accuracy": RESULTS,
+    "accuracy_gemma3": RESULTS,
+    "kernel_speed": RESULTS,
+    "kernel_speed_targets": RESULTS,
+    "kernel_speed_smollm2_1024_seqs": RESULTS,
+    "decode_issue_budget": RESULTS,
+    "tune_decode": RESULTS,
+    "tune_decode_9_3_64": RESULTS,
+    "launch_overhead": RESULTS,
+    "throughput": RESULTS,
+    "throughput_1k_paired": RESULTS,
+    "reliability": RESULTS,
+    "int4_format_simulation": RESULTS,
+    "gpu_test_runs": RESULTS,
+    "kernel_speed_int4": HISTORY,
+    "throughput_1k_repeats": HISTORY,
+    "throughput_1k_repeats_pooled": HISTORY,
+    "throughput_1k_repeats_with_replays": HISTORY,
+    "throughput_1k_single_runs": HISTORY,
+    "throughput_1k_single_runs_pooled": HISTORY,
+    "throughput_1k_profiled": HISTORY,
+    "throughput_1k_direct_launches": HISTORY,
+}
 
 
 @pytest.mark.parametrize("table", sorted(_report().TABLES))
-def test_readme_or_history_quotes_result_file(table: str) -> None:
+def test_docs_quote_result_file(table: str) -> None:
+    assert table in WHERE, f"say in WHERE which document quotes `{table}`"
     generated = _report().TABLES[table]()
-    doc = "docs/measurement-history.md" if table in HISTORY else "README.md"
+    doc = WHERE[table]
     assert generated in (REPO / doc).read_text(), (
-        f"regenerate with `python benchmarks/report.py {table}` and quote it in {doc}"
+        f"regenerate with `python -m benchmarks.report {table}` and quote it in {doc}"
     )
+
+
+def test_result_files_say_when_and_where_they_were_measured() -> None:
+    # a reader trusts a number that names its GPU, command, date and commit
+    for path in sorted((REPO / "benchmarks" / "results").glob("*.json")):
+        if path.stem.endswith("_details"):  # a run's per-configuration companion
+            assert path.with_name(path.name.replace("_details", "")).exists(), path.name
+            continue
+        doc = json.loads(path.read_text())
+        measured = doc["rows"] if path.name == "gpu_test_runs.json" else [doc]
+        for entry in measured:
+            missing = {"gpu", "date", "git_commit"} - set(entry)
+            assert not missing, f"{path.name}: no {', '.join(sorted(missing))}"
+            assert len(entry["git_commit"]) == 40, path.name
+            assert "command" in entry or "calls" in entry or "settings" in entry, path.name
 
 
 def row(kernel: str, impl: str, batch: int, ctx: int, ms: float, **extra) -> dict:
@@ -58,7 +92,7 @@ def test_kernels_table_rows_for_the_fa2_prefill_path_and_consecutive_writes(tmp_
     ]
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": rows}))
-    lines = _report().kernels_table(path).splitlines()[5:]
+    lines = _report().kernel_speed_table(path).splitlines()[5:]
     assert [line.split(" | ")[0] for line in lines] == [
         "| prefill", "| prefill, gather + FA2", "| write", "| write, consecutive slots",
     ]  # fmt: skip
@@ -87,7 +121,7 @@ def test_kernel_targets_count_the_rows_each_target_applies_to(tmp_path) -> None:
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1000.0, "rows": rows}))
     table = {line.split(" | ")[0][2:]: line.split(" | ")[2:]
-             for line in _report().kernel_targets_table(path).splitlines() if line.startswith("| ")}  # fmt: skip
+             for line in _report().kernel_speed_targets_table(path).splitlines() if line.startswith("| ")}  # fmt: skip
     # rows, met, min, median, max
     assert table["decode, ctx ≥ 8K, batch ≥ 8: vs `bf16_fa2`"] == [
         "2", "1", "1.50x", "1.75x", "2.00x |"]  # fmt: skip
@@ -121,6 +155,45 @@ def test_parse_profile_reads_wall_gpu_total_and_op_rows(tmp_path) -> None:
     assert prof["wall_s"] == 6.16 and prof["gpu_s"] == 1.508
     assert prof["ops"]["vllm::unified_kv_cache_update"]["cpu_total"] == "800.000ms"
     assert prof["ops"]["_attn_fwd"]["calls"] == "4260"
+    # what a result file keeps of it: the attention ops only, times in seconds
+    assert _report().profile_summary(path) == {
+        "source": "profile_int8_1024.txt", "wall_s": 6.16, "gpu_s": 1.508,
+        "ops": {"vllm::unified_kv_cache_update": {"cpu_total_s": 0.8, "calls": 3060}},
+    }  # fmt: skip
+
+
+def _accuracy_row(label: str, dtype: str, prefill: str, dppl: float, tokens: int) -> dict:
+    return {"label": label, "kv_cache_dtype": dtype, "prefill": prefill, "ppl": 10.0,
+            "dppl_pct": dppl, "dppl_se_pct": 0.01, "top1_agree": 0.9, "kld": 0.001,
+            "greedy_agree": 0.5, "greedy_agree_se": 0.02, "kv_cache_tokens": tokens}  # fmt: skip
+
+
+def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) -> None:
+    rows = [
+        _accuracy_row("auto", "auto", "pages", 0.0, 1000),
+        _accuracy_row("int8_per_token_head", "int8_per_token_head", "pages", 0.08, 1880),
+        # the default prefill's row may not stand in for the cache's
+        _accuracy_row("int8", "int8", "bf16", 0.003, 1940),
+        _accuracy_row("int8_static_bf16_prefill", "int8_static", "bf16", 0.06, 2000),
+    ]
+    acc = tmp_path / "accuracy.json"
+    acc.write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "corpus": "c.txt", "tokens": 5,
+                               "gpu": "G", "command": "x", "date": "d", "git_commit": "a" * 40,
+                               "rows": rows}))  # fmt: skip
+    kernels = tmp_path / "kernels.json"
+    decode = [row("decode", impl, 8, 8192, ms) for impl, ms in
+              (("bf16_fa2", 2.0), ("int8", 1.0), ("upstream_int8_pth", 4.0))]  # fmt: skip
+    kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": decode}))
+    lines = _report().dtype_choice_table(acc, kernels, tmp_path / "absent.json").splitlines()
+    cells = {line.split(" | ")[0][3:-1]: line.split(" | ")[2:] for line in lines
+             if line.startswith("| `")}  # fmt: skip
+    assert cells["int8"] == ["1.94x", "not measured", "not measured", "2.00x (2.00-2.00x) |"]
+    assert cells["int8_per_token_head"][1:] == ["+0.080% ± 0.010", "0.500 ± 0.020",
+                                                "0.50x (0.50-0.50x) |"]  # fmt: skip
+    # no row served int4: capacity from the catalogue at the model's head size, no speed
+    assert cells["int4"] == ["3.56x (catalogue)", "not measured", "not measured", "not measured |"]
+    assert lines[-1].startswith("`int8_static` through the pages is not measured yet; with the "
+                                "default prefill (`int8_static_bf16_prefill`): ΔPPL +0.060%")  # fmt: skip
 
 
 def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None:
@@ -148,8 +221,6 @@ def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None
 
 
 def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
-    folder = tmp_path / "7_paired_1k"
-    folder.mkdir()
     runs_a = [
         {"gen_tok_s": 100.0, "host_probe_ms": 8.0},
         {"gen_tok_s": 50.0, "host_probe_ms": 16.0},
@@ -158,7 +229,8 @@ def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
         {"gen_tok_s": 110.0, "host_probe_ms": 8.1},
         {"gen_tok_s": 60.0, "host_probe_ms": 15.0},
     ]
-    details = {
+    call = {
+        "command": "python3 benchmarks/throughput.py --paired --repeats 2",
         "rows": [
             {"dtype": "auto_fa2", "ctx": 1024, "runs": runs_a},
             {"dtype": "int8", "ctx": 1024, "runs": runs_b},
@@ -168,26 +240,21 @@ def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
              "order": [["auto_fa2", "int8"], ["int8", "auto_fa2"]]}
         ],
     }  # fmt: skip
-    (folder / "throughput_details.json").write_text(json.dumps(details))
-    table = _report().paired_runs_table([folder / "throughput_details.json"]).splitlines()
-    assert (
-        table[2]
-        == "| `7_paired_1k` | 1024 | 1 | `auto_fa2` `int8` | 100 (8.0) | 110 (8.1) | 1.10x |"
-    )
-    assert (
-        table[3]
-        == "| `7_paired_1k` | 1024 | 2 | `int8` `auto_fa2` | 50 (16.0) | 60 (15.0) | 1.20x |"
-    )
-    assert table[4].endswith("| A = `auto_fa2`, B = `int8` | | | **1.10x** |")
-    assert len(table) == 5
+    measurement = {"gpu": "G", "model": "M", "date": "2026-12-01", "git_commit": "a" * 40}
+    path = tmp_path / "paired.json"
+    path.write_text(json.dumps(measurement | {"calls": [call]}))
+    table = _report().paired_runs_table(path).splitlines()
+    assert table[0].endswith("Calls, in order: 1. `python benchmarks/throughput.py --paired --repeats 2`.")
+    assert table[4] == "| 1 | 1024 | 1 | `auto_fa2` `int8` | 100 (8.0) | 110 (8.1) | 1.10x |"
+    assert table[5] == "| 1 | 1024 | 2 | `int8` `auto_fa2` | 50 (16.0) | 60 (15.0) | 1.20x |"
+    assert table[6].endswith("| A = `auto_fa2`, B = `int8` | | | **1.10x** |")
+    assert len(table) == 7
     # a second call: its own lines, then one line over every pair of both calls
-    second = tmp_path / "8_paired_1k"
-    second.mkdir()
-    details["paired"][0] |= {"ratios": [0.9, 1.3], "median_ratio": 0.9}
-    (second / "throughput_details.json").write_text(json.dumps(details))
-    paths = [folder / "throughput_details.json", second / "throughput_details.json"]
-    table = _report().paired_runs_table(paths).splitlines()
-    assert len(table) == 9 and table[7].startswith("| `8_paired_1k` | 1024 | median |")
-    assert table[8] == (
+    second = json.loads(json.dumps(call))
+    second["paired"][0] |= {"ratios": [0.9, 1.3], "median_ratio": 0.9}
+    path.write_text(json.dumps(measurement | {"calls": [call, second]}))
+    table = _report().paired_runs_table(path).splitlines()
+    assert len(table) == 11 and table[9].startswith("| 2 | 1024 | median |")
+    assert table[10] == (
         "| all calls | 1024 | median of 4 | A = `auto_fa2`, B = `int8` | | | **1.10x** |"
     )
