@@ -31,6 +31,11 @@
 #   bash benchmarks/run_gpu_e2e.sh longctx [args]        # benchmarks/long_context.py (~5-8 min)
 #   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5 min)
 #
+# Serving numbers (vllm serve + vllm bench serve -> benchmarks/results/serving.json):
+#
+#   bash benchmarks/run_gpu_e2e.sh serve [args]          # python -m benchmarks.serve_bench: one
+#        model per call, --time-budget-s under the call's limit, --append after the first call
+#
 #   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
 #        returns at most 8 files: end every call with this)
 #
@@ -39,12 +44,12 @@
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2) ;;
+case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve) ;;
   pack)
     OUT=${OUT:-/tmp/int8kv-out}
     tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
     exit $? ;;
-  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|pack [args]"; exit 2 ;;
+  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -127,6 +132,7 @@ case "$step" in
   accuracy) run python3 benchmarks/accuracy.py "$@"; rc=$? ;;
   throughput) run python3 benchmarks/throughput.py "$@"; rc=$? ;;
   soak) run python3 benchmarks/soak.py "$@"; rc=$? ;;
+  serve) run python3 -m benchmarks.serve_bench "$@"; rc=$? ;;
   longctx) run python3 benchmarks/long_context.py "$@"; rc=$? ;;
   # NVLink multicast stays off for the TP=2 engines (shared host; the test sets these too)
   tp2) NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \

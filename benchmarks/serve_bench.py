@@ -1,0 +1,1077 @@
+"""Serving numbers taken with vLLM's own tools: ``vllm bench serve`` against ``vllm serve``.
+
+For each model and dtype (row label of ``benchmarks/common.CONFIGS``) this script
+
+1. starts ``vllm serve MODEL`` on 127.0.0.1 at a free port (refusing a port that is taken), with
+   ``INT8KV_SHIM=1`` in its environment, vLLM's default CUDA graphs and torch.compile,
+   ``--kv-cache-dtype`` from the label (``auto_fa2`` forces FlashAttention-2 with
+   ``--attention-config``: the GPU bundle has no FA3, Hopper's default; ``int8_per_token_head`` is
+   upstream's, on vLLM's Triton backend), ``--max-model-len`` = the longest input + output (at most
+   the model's ``max_position_embeddings``) and ``--gpu-memory-utilization``;
+2. waits for ``/health`` (bounded) and records ``engine_start_s`` (process start to healthy) and
+   ``kv_cache_tokens`` (the server log's ``GPU KV cache size: N tokens``);
+3. per input length, sends a few warm-up requests (own random token ids, so no timed prompt is a
+   prefix-cache hit) and then runs, per concurrency, ``vllm bench serve --backend vllm
+   --dataset-name random --random-input-len L --random-output-len 256 --ignore-eos
+   --temperature 0 --max-concurrency C --num-prompts N --save-result ...``; every point has its own
+   ``--seed`` (a function of L and C, the same for every dtype), so no point re-sends the prompts of
+   an earlier one into the prefix cache;
+4. stops the server (SIGTERM to its process group, SIGKILL after a bound) and waits until the group
+   is gone before the next one starts.
+
+Input lengths: ``8K`` and ``32K`` where the model allows; a length with ``L + output_len`` above the
+model's context is cut to ``context - output_len`` (SmolLM2's 8192: 7936, and its 32K is dropped as
+the same point), and the row records the real ``input_len``. ``num_prompts`` per point is
+``max(--prompts-per-concurrency * C, --min-prompts)``.
+
+Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
+``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
+``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p99``, ``output_tok_s``,
+``kv_cache_tokens``, ``engine_start_s``) after EVERY point, so a run cut off keeps what it measured,
+and a plot beside it (``serving.png``: median TPOT against concurrency, one panel per model and
+input length, one line per dtype; needs matplotlib, ``--plot-only`` redraws it from the JSON).
+``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
+and concurrency) and refuses a file measured on another GPU, so one model per call works.
+Raw ``vllm bench serve`` results, server and client logs and ``serve_bench_runs.json`` (commands,
+start-up phases from the server log, errors) go to ``--logdir`` (``$OUT/serve_bench`` on a device
+run), never into the repository.
+
+Models (``--models``): ``smollm2`` ($SMOLLM2_DIR), ``gemma3`` ($GEMMA3_DIR), ``llama3-8b-shape``: a
+random-weight Llama with Llama-3-8B's attention and MLP shape (32 q / 8 kv heads of 128, hidden
+4096, intermediate 14336, ``--llama-layers`` layers, 40960 positions) and SmolLM2's tokenizer, made
+on first use under ``--workdir``; or ``NAME=FOLDER``.
+
+``--time-budget-s``: no new point (or server) starts after it, and no child runs past it.
+``--dry-run`` prints every command without running anything.
+
+GPU host, from the repository root: ``python -m benchmarks.serve_bench --models smollm2
+--dtypes auto_fa2,int8_per_token_head,int8 --input-lens 8K --concurrency 1,8,32 --append``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import concurrent.futures
+import contextlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import common, soak
+
+DEFAULT_OUT = common.RESULTS_DIR / "serving.json"
+DEFAULT_WORKDIR = Path("/tmp/int8kv-serve-bench")
+DTYPE_ORDER = ["auto_fa2", "int8_per_token_head", "int8", "int4"]
+ROW_KEYS = [
+    "model",
+    "dtype",
+    "input_len",
+    "output_len",
+    "concurrency",
+    "num_prompts",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "itl_ms_p99",
+    "output_tok_s",
+    "kv_cache_tokens",
+    "engine_start_s",
+]
+ROW_KEY = ("model", "dtype", "input_len", "concurrency")
+LLAMA_SHAPE = "llama3-8b-shape"
+LLAMA_CONTEXT = 40960  # Llama-3.1's 131072 is more than any point here needs
+# What the models' config.json say; only a --dry-run without the folders falls back on these.
+KNOWN_CONTEXT = {"smollm2": 8192, "gemma3": 32768, LLAMA_SHAPE: LLAMA_CONTEXT}
+MODEL_ENV = {"smollm2": "SMOLLM2_DIR", "gemma3": "GEMMA3_DIR"}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+# vllm/v1/core/kv_cache_utils.py: logger.info_once("GPU KV cache size: %s tokens", f"{n:,}")
+KV_CACHE_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+# Where a slow engine start spends its time (messages of vLLM 0.24.0's model runner, compiler
+# monitor and engine core); kept in the run details, not in the rows.
+STARTUP_PHASES = {
+    "load_weights_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
+    "model_loading_s": re.compile(
+        r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"
+    ),
+    "torch_compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init_engine_s": re.compile(
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
+    ),
+}
+WARMUP_OUTPUT_TOKENS = 16
+STOP_GRACE_S = 30.0  # the engine core's own shutdown, after the API server has exited
+
+
+# --------------------------------------------------------------------------------------------
+# arguments and the plan (pure)
+
+
+def parse_len(text: str) -> int:
+    """``"8K"`` -> 8192, ``"32k"`` -> 32768, ``"7936"`` -> 7936."""
+    t = text.strip()
+    n = int(t[:-1]) * 1024 if t[-1:] in ("k", "K") else int(t)
+    if n < 1:
+        raise ValueError(f"input length must be positive, got {text!r}")
+    return n
+
+
+def parse_ints(text: str) -> list[int]:
+    out = [int(t) for t in common.parse_list(text)]
+    if not out or min(out) < 1:
+        raise ValueError(f"need positive integers, got {text!r}")
+    return out
+
+
+def effective_input_lens(requested: Iterable[int], output_len: int, context: int) -> list[int]:
+    """Input lengths that fit ``context`` with ``output_len`` generated: each cut to
+    ``context - output_len`` where longer, duplicates merged, ascending."""
+    room = context - output_len
+    if room < 1:
+        raise ValueError(f"context {context} leaves no room for {output_len} output tokens")
+    return sorted({min(n, room) for n in requested})
+
+
+def num_prompts_for(concurrency: int, per_concurrency: int, min_prompts: int) -> int:
+    """Prompts of one point: enough waves at ``concurrency`` for a stable median, at least
+    ``min_prompts`` (concurrency 1 is otherwise a handful of requests)."""
+    return max(per_concurrency * concurrency, min_prompts)
+
+
+def point_seed(base: int, input_len: int, concurrency: int) -> int:
+    """The random dataset's seed of a point: distinct across the points of one server (the same
+    prompts twice would be prefix-cache hits), equal across dtypes (same prompts for each)."""
+    return base * 1_000_003 + input_len * 1000 + concurrency
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: Path
+    build_llama: bool = False  # made by this script on first use
+
+
+def model_specs(
+    text: str, workdir: Path, env: Mapping[str, str], dry_run: bool = False
+) -> list[ModelSpec]:
+    """``--models``: known names, or ``NAME=FOLDER`` (a dry run names an unset variable)."""
+    specs = []
+    for item in common.parse_list(text):
+        if "=" in item:
+            name, path = item.split("=", 1)
+            specs.append(ModelSpec(name.strip(), Path(path.strip())))
+        elif item == LLAMA_SHAPE:
+            specs.append(ModelSpec(item, workdir / "models" / LLAMA_SHAPE, build_llama=True))
+        elif item in MODEL_ENV:
+            folder = env.get(MODEL_ENV[item]) or (f"${MODEL_ENV[item]}" if dry_run else "")
+            if not folder:
+                raise ValueError(f"model {item}: ${MODEL_ENV[item]} is not set")
+            specs.append(ModelSpec(item, Path(folder)))
+        else:
+            known = ", ".join([*MODEL_ENV, LLAMA_SHAPE])
+            raise ValueError(f"unknown model {item!r} (known: {known}, or NAME=FOLDER)")
+    if len({s.name for s in specs}) != len(specs):
+        raise ValueError(f"a model is named twice in {text!r}")
+    return specs
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """A model folder's config.json, its text part for multimodal-style configs."""
+    cfg = json.loads((folder / "config.json").read_text())
+    return cfg.get("text_config", cfg) if "max_position_embeddings" not in cfg else cfg
+
+
+def model_context(spec: ModelSpec, dry_run: bool = False) -> int:
+    """``max_position_embeddings`` of a model (the Llama shape's before it is made)."""
+    if spec.build_llama:
+        return LLAMA_CONTEXT
+    if (spec.path / "config.json").exists():
+        return int(read_config(spec.path)["max_position_embeddings"])
+    if dry_run and spec.name in KNOWN_CONTEXT:
+        return KNOWN_CONTEXT[spec.name]
+    raise FileNotFoundError(f"model {spec.name}: no config.json in {spec.path}")
+
+
+# --------------------------------------------------------------------------------------------
+# the random-weight Llama-3-8B-shaped model
+
+
+def llama_shape_config(
+    vocab_size: int,
+    num_layers: int,
+    bos_token_id: int | None,
+    eos_token_id: int | list[int] | None,
+    **shape: Any,
+) -> dict[str, Any]:
+    """``LlamaConfig`` arguments of Llama-3-8B's shape (keyword overrides shrink it for tests)."""
+    cfg: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": LLAMA_CONTEXT,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+    return cfg | shape
+
+
+def llama_weight_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Hugging Face Llama tensor names and (out, in) shapes of a config."""
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab_size"], h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (cfg["vocab_size"], h)
+    return shapes
+
+
+def make_random_llama(
+    out_dir: Path, tokenizer_dir: Path, num_layers: int, seed: int = 0, **shape: Any
+) -> Path:
+    """Write a random-weight Llama (``llama_shape_config``) with ``tokenizer_dir``'s tokenizer to
+    ``out_dir``, unless one of the same config is already there: BF16 safetensors, normal weights
+    of std 0.02 from a seeded generator, norms at 1. Built beside ``out_dir`` and renamed into
+    place, so a run killed halfway leaves no half model behind."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    src = read_config(tokenizer_dir)
+    cfg_kw = llama_shape_config(
+        int(src["vocab_size"]),
+        num_layers,
+        src.get("bos_token_id"),
+        src.get("eos_token_id"),
+        **shape,
+    )
+    marker = out_dir / "int8kv_random_llama.json"
+    want = {"config": cfg_kw, "seed": seed}
+    if marker.exists() and json.loads(marker.read_text()) == want:
+        return out_dir
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    LlamaConfig(**cfg_kw, dtype="bfloat16", architectures=["LlamaForCausalLM"]).save_pretrained(
+        str(tmp)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shp in llama_weight_shapes(cfg_kw).items():
+        if len(shp) == 1:
+            tensors[name] = torch.ones(shp, dtype=torch.bfloat16)
+        else:
+            w = torch.randn(shp, generator=gen, dtype=torch.float32).mul_(0.02)
+            tensors[name] = w.to(torch.bfloat16)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for f in TOKENIZER_FILES:
+        if (tokenizer_dir / f).exists():
+            shutil.copyfile(tokenizer_dir / f, tmp / f)
+    marker_tmp = tmp / marker.name
+    marker_tmp.write_text(json.dumps(want, indent=1))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# commands
+
+
+def vllm_serve_dtype_env(dtype: str, shim_everywhere: bool) -> dict[str, str]:
+    """The server's environment: the shim on for every row unless ``shim_everywhere`` is off
+    (then only where the label needs it, as the offline benchmarks run)."""
+    return common.child_env(dtype, shim_everywhere=shim_everywhere)
+
+
+def bench_argv(
+    vllm_cmd: Sequence[str],
+    base_url: str,
+    model: str,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    num_prompts: int,
+    seed: int,
+    result_dir: Path,
+    result_filename: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """One ``vllm bench serve`` point (flags as in vllm/benchmarks/serve.py and datasets.py)."""
+    return [
+        *vllm_cmd,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--ignore-eos",
+        # greedy: the server's default sampling (generation_config) would add a sort over the
+        # vocabulary per token on the GPU bundle's PyTorch sampler, the same for every dtype
+        "--temperature",
+        "0",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(num_prompts),
+        "--seed",
+        str(seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_filename,
+        *extra,
+    ]
+
+
+class Server(soak.VllmServer):
+    """``benchmarks/soak.py``'s launcher with this script's executable, port and environment:
+    refuses a port that is taken, and its stop waits for the whole process group (the engine core
+    exits after the API server; the next engine's memory profile must not see its memory)."""
+
+    def __init__(
+        self,
+        vllm_cmd: Sequence[str],
+        model: str,
+        dtype: str,
+        *,
+        port: int,
+        env: Mapping[str, str],
+        **kw: Any,
+    ) -> None:
+        super().__init__(model, dtype, **kw)
+        if port:
+            self.argv[self.argv.index("--port") + 1] = str(port)
+            self.port, self.base_url = port, f"http://127.0.0.1:{port}"
+        # soak's argv starts with [python, -m, vllm.entrypoints.cli.main]
+        self.argv = [*vllm_cmd, *self.argv[3:]]
+        self.env = dict(env)
+
+    def __enter__(self) -> Server:
+        if not port_is_free(self.port):
+            raise RuntimeError(f"port {self.port} on 127.0.0.1 is taken: not starting vllm serve")
+        LIVE.add(self)
+        super().__enter__()
+        return self
+
+    def stop(self) -> None:
+        super().stop()
+        if self.proc is not None:  # its own session: the group id is its pid
+            wait_group_gone(self.proc.pid, STOP_GRACE_S)
+        LIVE.discard(self)
+
+
+LIVE: set[Server] = set()
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    for server in list(LIVE):
+        server.stop()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no process of group ``pgid`` is left, SIGKILL it after ``timeout_s``; whether
+    it went by itself."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # a reused group id of someone else: ours is gone
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# parsing what vLLM wrote
+
+
+def kv_cache_tokens_from_log(text: str) -> int | None:
+    """``GPU KV cache size: 1,234,567 tokens`` -> 1234567 (the last such line), or None."""
+    found = KV_CACHE_RE.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def startup_phases_from_log(text: str) -> dict[str, float]:
+    out = {}
+    for key, rx in STARTUP_PHASES.items():
+        found = rx.findall(text)
+        if found:
+            out[key] = float(found[-1])
+    return out
+
+
+def result_to_row(
+    result: Mapping[str, Any],
+    *,
+    model: str,
+    dtype: str,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    kv_cache_tokens: int | None,
+    engine_start_s: float,
+) -> dict[str, Any]:
+    """A serving.json row from one ``vllm bench serve --save-result`` JSON (its field names:
+    vllm/benchmarks/serve.py, ``median_*_ms`` and ``p{50,99}_*_ms`` with ``--metric-percentiles
+    50,99``). Refuses a point where any request failed: its percentiles would cover only the rest."""
+    completed, failed = int(result["completed"]), int(result.get("failed", 0))
+    if failed or completed != int(result["num_prompts"]):
+        raise ValueError(f"{failed} of {result['num_prompts']} requests failed")
+    if int(result.get("max_concurrency") or 0) != concurrency:
+        raise ValueError(f"result is for concurrency {result.get('max_concurrency')}")
+
+    def ms(key: str) -> float:
+        v = float(result[key])
+        if not math.isfinite(v):
+            raise ValueError(f"{key} is {v}")
+        return round(v, 3)
+
+    row = {
+        "model": model,
+        "dtype": dtype,
+        "input_len": input_len,
+        "output_len": output_len,
+        "concurrency": concurrency,
+        "num_prompts": completed,
+        "ttft_ms_p50": ms("median_ttft_ms"),
+        "ttft_ms_p99": ms("p99_ttft_ms"),
+        "tpot_ms_p50": ms("median_tpot_ms"),
+        "tpot_ms_p99": ms("p99_tpot_ms"),
+        "itl_ms_p99": ms("p99_itl_ms"),
+        "output_tok_s": round(float(result["output_throughput"]), 1),
+        "kv_cache_tokens": kv_cache_tokens,
+        "engine_start_s": round(engine_start_s, 1),
+    }
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# results file
+
+
+def load_previous(path: Path, gpu: str) -> dict[str, Any] | None:
+    """``--append``: the existing document, or None; refuses one measured on another GPU."""
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("gpu") != gpu:
+        raise SystemExit(f"--append: {path} was measured on {doc.get('gpu')}, this is {gpu}")
+    return doc
+
+
+def merged_doc(
+    previous: Mapping[str, Any] | None, gpu: str, command: str, rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """serving.json: this run's rows over the previous file's (same model/dtype/input/conc)."""
+    if previous is None:
+        return {"gpu": gpu, "command": command, "rows": [dict(r) for r in rows]}
+    merged = common.merge_rows(previous["rows"], rows, ROW_KEY)
+    return {"gpu": gpu, "command": f"{previous['command']} ; {command}", "rows": merged}
+
+
+def plot(doc: Mapping[str, Any], png: Path) -> Path:
+    """Median TPOT against concurrency: a panel per (model, input_len), a line per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["rows"]
+    panels = sorted({(r["model"], r["input_len"]) for r in rows})
+    if not panels:
+        raise ValueError("no rows to plot")
+    dtypes = sorted({r["dtype"] for r in rows}, key=lambda d: (DTYPE_ORDER + [d]).index(d))
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, constrained_layout=True
+    )
+    for ax, (model, input_len) in zip(axes.flat, panels, strict=False):
+        mine = [r for r in rows if (r["model"], r["input_len"]) == (model, input_len)]
+        for dtype in dtypes:
+            pts = sorted((r["concurrency"], r["tpot_ms_p50"]) for r in mine if r["dtype"] == dtype)
+            if pts:
+                color = f"C{(DTYPE_ORDER + [dtype]).index(dtype)}"
+                ax.plot(*zip(*pts, strict=True), marker="o", label=dtype, color=color)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["concurrency"] for r in mine})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        outs = "/".join(str(o) for o in sorted({r["output_len"] for r in mine}))
+        ax.set_title(f"{model}, input {input_len}, output {outs}", fontsize=9)
+        ax.set_xlabel("concurrency (vllm bench serve --max-concurrency)")
+        ax.set_ylabel("median TPOT (ms)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(f"vllm serve + vllm bench serve, {doc.get('gpu', '?')}", fontsize=10)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+def save_plot(doc: Mapping[str, Any], png: Path) -> None:
+    try:
+        plot(doc, png)
+    except ImportError as e:  # the GPU host may lack matplotlib: --plot-only elsewhere
+        print(f"serve_bench: no plot ({e}); redraw with --plot-only", flush=True)
+        return
+    except ValueError as e:
+        print(f"serve_bench: no plot ({e})", flush=True)
+        return
+    common.copy_to_out(png)
+    print(f"serve_bench: wrote {png}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# warm-up
+
+
+def warm_up(
+    base_url: str,
+    model: str,
+    input_len: int,
+    vocab_size: int,
+    prompts: int,
+    seed: int,
+    timeout_s: float,
+) -> float:
+    """``prompts`` concurrent completions of ``input_len`` random token ids (none of them a timed
+    prompt, which are vLLM's arange-like random-dataset sequences), so the first timed point does
+    not pay for first-use compiles at this length. Seconds taken; raises on any failure."""
+    rng = np.random.default_rng(seed)
+    # clear of the low and high ids where tokenizers keep their special tokens
+    lo, hi = min(1000, vocab_size // 4), max(vocab_size - 1000, vocab_size // 2)
+    ids = [rng.integers(lo, hi, size=input_len).tolist() for _ in range(prompts)]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
+
+    def one(prompt: list[int]) -> None:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": WARMUP_OUTPUT_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        req = urllib.request.Request(
+            f"{base_url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with opener.open(req, timeout=timeout_s) as r:
+            if r.status != 200:
+                raise RuntimeError(f"warm-up request answered {r.status}")
+            json.loads(r.read())
+
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=prompts) as pool:
+        for fut in [pool.submit(one, prompt) for prompt in ids]:
+            fut.result(timeout=timeout_s)
+    return time.monotonic() - t0
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class Budget:
+    seconds: float  # 0: none
+    start: float = field(default_factory=time.monotonic)
+    hit: bool = False
+
+    def left(self) -> float:
+        if self.seconds <= 0:
+            return math.inf
+        return self.seconds - (time.monotonic() - self.start)
+
+    def cap(self, timeout_s: float) -> float:
+        """A child's timeout, shortened so it ends within the budget."""
+        return max(1.0, min(timeout_s, self.left()))
+
+    def exhausted(self) -> bool:
+        if self.left() <= 0:
+            self.hit = True
+        return self.hit
+
+
+@dataclass
+class Run:
+    """Everything one invocation measured and did; saved after every point."""
+
+    args: argparse.Namespace
+    gpu: str
+    command: str
+    previous: dict[str, Any] | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    failures: int = 0
+
+    def save(self) -> None:
+        # a run that measured nothing leaves an existing file alone, --append or not
+        if self.rows:
+            doc = merged_doc(self.previous, self.gpu, self.command, self.rows)
+            common.write_json(doc, self.args.out)
+        details = {
+            "gpu": self.gpu,
+            "command": self.command,
+            "out": str(self.args.out),
+            "servers": self.servers,
+        }
+        path = Path(self.args.logdir) / "serve_bench_runs.json"  # beside the raw results
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(details, indent=1) + "\n")
+
+
+def plan_points(
+    input_lens: Sequence[int], concurrencies: Sequence[int], per_conc: int, min_prompts: int
+) -> list[tuple[int, int, int]]:
+    """(input_len, concurrency, num_prompts) of one server, in the order they run."""
+    return [
+        (n, c, num_prompts_for(c, per_conc, min_prompts))
+        for n in input_lens
+        for c in sorted(concurrencies)
+    ]
+
+
+def make_server(
+    args: argparse.Namespace, spec: ModelSpec, dtype: str, max_len: int, startup_timeout_s: float
+) -> Server:
+    return Server(
+        args.vllm,
+        str(spec.path),
+        dtype,
+        port=args.port,
+        env=vllm_serve_dtype_env(dtype, not args.shim_only_where_needed),
+        max_model_len=max_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        extra_args=args.serve_args,
+        log_path=Path(args.logdir) / f"server_{spec.name}_{dtype}.log",
+        startup_timeout_s=startup_timeout_s,
+        seed=args.seed,
+    )
+
+
+def point_name(spec: ModelSpec, dtype: str, input_len: int, concurrency: int) -> str:
+    return f"{spec.name}_{dtype}_in{input_len}_c{concurrency}"
+
+
+def point_argv(
+    args: argparse.Namespace,
+    server: Server,
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    concurrency: int,
+    num_prompts: int,
+) -> tuple[list[str], Path]:
+    """The ``vllm bench serve`` command of one point and where it saves its result."""
+    result = Path(args.logdir) / "raw" / f"{point_name(spec, dtype, input_len, concurrency)}.json"
+    argv = bench_argv(
+        args.vllm,
+        server.base_url,
+        str(spec.path),
+        input_len,
+        args.output_len,
+        concurrency,
+        num_prompts,
+        point_seed(args.seed, input_len, concurrency),
+        result.parent,
+        result.name,
+        args.bench_args,
+    )
+    return argv, result
+
+
+def run_server(
+    run: Run,
+    spec: ModelSpec,
+    dtype: str,
+    input_lens: Sequence[int],
+    budget: Budget,
+    vocab_size: int,
+) -> None:
+    """One ``vllm serve`` and all its points; appends to ``run`` and saves after each point."""
+    args = run.args
+    tag = f"{spec.name}_{dtype}"
+    max_len = max(input_lens) + args.output_len
+    server = make_server(args, spec, dtype, max_len, budget.cap(args.startup_timeout_s))
+    info: dict[str, Any] = {
+        "model": spec.name,
+        "model_path": str(spec.path),
+        "dtype": dtype,
+        "server_command": shlex.join(server.argv),
+        "shim": server.env.get(common.SHIM_ENV) == "1",
+        "server_log": str(server.log_path),
+        "max_model_len": max_len,
+        "points": [],
+    }
+    run.servers.append(info)
+    print(f"serve_bench: {tag}: starting {shlex.join(server.argv)}", flush=True)
+    try:
+        with server:
+            log = server.tail(10**9)
+            kv_tokens = kv_cache_tokens_from_log(log)
+            info |= {
+                "engine_start_s": round(server.start_s, 1),
+                "kv_cache_tokens": kv_tokens,
+                "startup_phases": startup_phases_from_log(log),
+            }
+            print(
+                f"serve_bench: {tag}: healthy after {server.start_s:.0f}s, "
+                f"KV cache {kv_tokens} tokens {info['startup_phases']}",
+                flush=True,
+            )
+            for input_len in input_lens:
+                if not measure_length(
+                    run, server, info, spec, dtype, input_len, budget, vocab_size
+                ):
+                    break
+    except RuntimeError as e:
+        info["error"] = str(e)[-1500:]
+        run.failures += 1
+        print(f"serve_bench: {tag}: {str(e)[-600:]}", file=sys.stderr, flush=True)
+    info["server_log_tail"] = server.tail(1500)
+    run.save()
+
+
+def measure_length(
+    run: Run,
+    server: Server,
+    info: dict[str, Any],
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    budget: Budget,
+    vocab_size: int,
+) -> bool:
+    """The warm-up and every concurrency at one input length; False when the run must stop using
+    this server (budget spent or server gone)."""
+    args = run.args
+    tag = f"{spec.name}_{dtype}"
+    points = plan_points(
+        [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
+    )
+    if args.warmup_prompts > 0:
+        if budget.exhausted():
+            return False
+        try:
+            secs = warm_up(
+                server.base_url,
+                str(spec.path),
+                input_len,
+                vocab_size,
+                args.warmup_prompts,
+                point_seed(args.seed, input_len, 0) + 7,
+                budget.cap(args.point_timeout_s),
+            )
+            info.setdefault("warmup_s", {})[str(input_len)] = round(secs, 1)
+            print(f"serve_bench: {tag}: warm-up at {input_len} took {secs:.1f}s", flush=True)
+        except Exception as e:  # reported; the points still run, only less warm
+            info.setdefault("warmup_error", {})[str(input_len)] = repr(e)[-500:]
+            print(f"serve_bench: {tag}: warm-up at {input_len} failed: {e!r}", flush=True)
+    for n, c, prompts in points:
+        if budget.exhausted():
+            print("serve_bench: time budget spent: no new points", flush=True)
+            return False
+        if not server.alive():
+            info["error"] = "vllm serve exited during the points"
+            run.failures += 1
+            return False
+        point = run_point(run, server, info, spec, dtype, n, c, prompts, budget)
+        info["points"].append(point)
+        if "error" in point:
+            run.failures += 1
+        run.save()
+    return True
+
+
+def run_point(
+    run: Run,
+    server: Server,
+    info: Mapping[str, Any],
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    concurrency: int,
+    num_prompts: int,
+    budget: Budget,
+) -> dict[str, Any]:
+    args = run.args
+    name = point_name(spec, dtype, input_len, concurrency)
+    argv, result_path = point_argv(args, server, spec, dtype, input_len, concurrency, num_prompts)
+    result_path.unlink(missing_ok=True)
+    seed = point_seed(args.seed, input_len, concurrency)
+    env = dict(os.environ)
+    env.pop(common.SHIM_ENV, None)  # the client is plain vLLM
+    rc, secs, tail = common.run_child(
+        argv, env, budget.cap(args.point_timeout_s), Path(args.logdir) / "bench" / f"{name}.log"
+    )
+    point: dict[str, Any] = {
+        "input_len": input_len,
+        "concurrency": concurrency,
+        "num_prompts": num_prompts,
+        "seed": seed,
+        "command": shlex.join(argv),
+        "rc": rc,
+        "wall_s": round(secs, 1),
+        "result": str(result_path),
+    }
+    msg = f"serve_bench: {name}: rc={rc} in {secs:.0f}s"
+    if rc != 0 or not result_path.exists():
+        point["error"] = "timeout" if rc == -9 else common.error_summary(tail)
+        print(f"{msg}: {point['error']}", flush=True)
+        return point
+    try:
+        result = json.loads(result_path.read_text())
+        row = result_to_row(
+            result,
+            model=spec.name,
+            dtype=dtype,
+            input_len=input_len,
+            output_len=args.output_len,
+            concurrency=concurrency,
+            kv_cache_tokens=info.get("kv_cache_tokens"),
+            engine_start_s=float(info.get("engine_start_s", 0.0)),
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        point["error"] = f"{type(e).__name__}: {e}"
+        print(f"{msg}: {point['error']}", flush=True)
+        return point
+    point |= {"mean_input_tokens": result["total_input_tokens"] / max(result["completed"], 1)}
+    run.rows = common.merge_rows(run.rows, [row], ROW_KEY)
+    print(
+        f"{msg}: TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, "
+        f"{row['output_tok_s']} tok/s",
+        flush=True,
+    )
+    return point
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.serve_bench", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--models", default=f"smollm2,gemma3,{LLAMA_SHAPE}")
+    p.add_argument("--dtypes", default=",".join(DTYPE_ORDER), help="row labels (common.CONFIGS)")
+    p.add_argument("--input-lens", default="8K,32K", help="e.g. 8K,32K or 7936")
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--concurrency", default="1,8,32,128")
+    p.add_argument("--prompts-per-concurrency", type=int, default=4)
+    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--warmup-prompts", type=int, default=2, help="per input length; 0: none")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--llama-layers", type=int, default=2, help=f"layers of {LLAMA_SHAPE}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    p.add_argument("--time-budget-s", type=float, default=540, help="0: none")
+    p.add_argument("--startup-timeout-s", type=float, default=420)
+    p.add_argument("--point-timeout-s", type=float, default=300)
+    p.add_argument(
+        "--vllm",
+        default=shlex.join([sys.executable, "-m", "vllm.entrypoints.cli.main"]),
+        help="the vllm command (for serve and bench serve)",
+    )
+    p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')
+    p.add_argument("--bench-args", default="", help="more `vllm bench serve` flags")
+    p.add_argument(
+        "--shim-only-where-needed",
+        action="store_true",
+        help="upstream rows without INT8KV_SHIM=1 (as the offline benchmarks run them)",
+    )
+    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--append", action="store_true", help="merge into an existing --out")
+    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR), help="the random model lives here")
+    p.add_argument("--logdir", default=None, help="default: $OUT/serve_bench or WORKDIR/runs")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    args.command = shlex.join(["python", "-m", "benchmarks.serve_bench", *given])
+    try:
+        args.dtypes = common.parse_list(args.dtypes)
+        args.input_lens = [parse_len(t) for t in common.parse_list(args.input_lens)]
+        args.concurrency = parse_ints(args.concurrency)
+        if not args.dtypes or not args.input_lens:
+            raise ValueError("need at least one dtype and one input length")
+        if min(args.output_len, args.prompts_per_concurrency, args.min_prompts) < 1:
+            raise ValueError("--output-len, --prompts-per-concurrency, --min-prompts must be >= 1")
+        if args.warmup_prompts < 0 or not 1 <= args.llama_layers <= 32:
+            raise ValueError("--warmup-prompts >= 0 and 1 <= --llama-layers <= 32")
+    except ValueError as e:
+        p.error(str(e))
+    args.vllm = shlex.split(args.vllm)
+    args.serve_args = shlex.split(args.serve_args)
+    args.bench_args = shlex.split(args.bench_args)
+    if args.logdir is None:
+        out = os.environ.get("OUT")
+        args.logdir = str(Path(out) / "serve_bench" if out else Path(args.workdir) / "runs")
+    args.out = Path(args.out)
+    return args
+
+
+def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
+    for spec in specs:
+        context = model_context(spec, dry_run=True)
+        lens = effective_input_lens(args.input_lens, args.output_len, context)
+        if spec.build_llama:
+            print(f"# make {LLAMA_SHAPE} ({args.llama_layers} layers) in {spec.path}")
+        for dtype in args.dtypes:
+            server = make_server(args, spec, dtype, max(lens) + args.output_len, 0)
+            shim = f"{common.SHIM_ENV}=1 " if server.env.get(common.SHIM_ENV) == "1" else ""
+            print(f"{shim}{shlex.join(server.argv)}")
+            for n, c, prompts in plan_points(
+                lens, args.concurrency, args.prompts_per_concurrency, args.min_prompts
+            ):
+                if c == min(args.concurrency) and args.warmup_prompts:
+                    print(f"# warm-up: {args.warmup_prompts} requests of {n} random token ids")
+                print(shlex.join(point_argv(args, server, spec, dtype, n, c, prompts)[0]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.plot_only:
+        save_plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+        return 0
+    try:
+        specs = model_specs(args.models, Path(args.workdir), os.environ, args.dry_run)
+    except ValueError as e:
+        print(f"serve_bench: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return dry_run(args, specs)
+    if args.port and not port_is_free(args.port):
+        print(f"serve_bench: port {args.port} on 127.0.0.1 is taken", file=sys.stderr)
+        return 2
+    gpu = common.gpu_name()
+    previous = load_previous(args.out, gpu) if args.append else None
+    run = Run(args, gpu, args.command, previous)
+    budget = Budget(args.time_budget_s)
+    # SIGTERM (a device call's timeout) must still take the server down: exit through finally
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for spec in specs:
+            if budget.exhausted():
+                break
+            try:
+                prepare_model(spec, args)
+                context = model_context(spec)
+                lens = effective_input_lens(args.input_lens, args.output_len, context)
+                vocab = int(read_config(spec.path)["vocab_size"])
+            except Exception as e:  # this model is skipped, the others still run
+                print(f"serve_bench: {spec.name}: {e!r}", file=sys.stderr, flush=True)
+                run.servers.append({"model": spec.name, "error": str(e)})
+                run.failures += 1
+                continue
+            for dtype in args.dtypes:
+                if budget.exhausted():
+                    break
+                run_server(run, spec, dtype, lens, budget, vocab)
+    finally:
+        _stop_live_servers()
+        run.save()
+        signal.signal(signal.SIGTERM, old_handler)
+    if run.rows:
+        print(f"serve_bench: wrote {args.out} ({len(run.rows)} rows this run)", flush=True)
+    if not args.no_plot:
+        save_plot(merged_doc(previous, gpu, run.command, run.rows), args.out.with_suffix(".png"))
+    if budget.hit:
+        print("serve_bench: TIME BUDGET HIT: some points were not run", flush=True)
+    return 1 if run.failures or budget.hit else 0
+
+
+def prepare_model(spec: ModelSpec, args: argparse.Namespace) -> None:
+    """Make the random Llama on first use (from SmolLM2's tokenizer and vocabulary)."""
+    if not spec.build_llama:
+        return
+    tok = os.environ.get(MODEL_ENV["smollm2"])
+    if not tok:
+        raise ValueError(f"{LLAMA_SHAPE} takes SmolLM2's tokenizer: ${MODEL_ENV['smollm2']} unset")
+    t0 = time.monotonic()
+    make_random_llama(spec.path, Path(tok), args.llama_layers, seed=args.seed)
+    print(f"serve_bench: {LLAMA_SHAPE} ready in {spec.path} ({time.monotonic() - t0:.0f}s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Stand-in for the ``vllm`` command in the CPU tests of ``benchmarks/serve_bench.py``.
+
+``fake_vllm.py serve MODEL --host H --port P ...``: logs what vLLM logs at start-up (the KV cache
+line among them), then serves on H:P ``/health``, ``/v1/completions`` (streamed as vLLM streams it,
+or one JSON answer) and nothing else (``/tokenize`` is a 404, which ``vllm bench serve`` skips).
+
+``fake_vllm.py bench serve ...``: with ``FAKE_VLLM_REAL_BENCH=1``, the real ``vllm bench serve``
+(installed vLLM) with the same arguments; otherwise it writes a ``--save-result`` JSON with the
+fields vLLM writes, after ``FAKE_BENCH_S`` seconds.
+
+Every call appends ``{"argv", "pid", "shim"}`` to the JSON-lines file ``$FAKE_VLLM_RECORD``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+KV_TOKENS = "1,234,567"
+
+
+def record(argv: list[str]) -> None:
+    path = os.environ.get("FAKE_VLLM_RECORD")
+    if path:
+        entry = {"argv": argv, "pid": os.getpid(), "shim": os.environ.get("INT8KV_SHIM")}
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # the stream ends when the connection closes
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions":
+            self.send_response(404)
+            self.end_headers()
+            return
+        n = int(body["max_tokens"])
+        prompt = body["prompt"]
+        usage = {
+            "prompt_tokens": len(prompt) if isinstance(prompt, list) else len(prompt.split()),
+            "completion_tokens": n,
+        }
+        self.send_response(200)
+        if not body.get("stream"):
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            choice = {"index": 0, "text": " t5" * n, "finish_reason": "length"}
+            self.wfile.write(json.dumps({"choices": [choice], "usage": usage}).encode())
+            return
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(n):
+            time.sleep(0.001)
+            chunk = {"choices": [{"index": 0, "text": " t5", "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def serve(argv: list[str]) -> None:
+    print("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_model_runner.py:5256] Model loading took "
+          "0.27 GiB memory and 1.500000 seconds", flush=True)  # fmt: skip
+    time.sleep(float(os.environ.get("FAKE_START_S", "0")))
+    print(f"(EngineCore pid=1) INFO 01-01 00:00:01 [kv_cache_utils.py:2146] GPU KV cache size: "
+          f"{KV_TOKENS} tokens", flush=True)  # fmt: skip
+    print("(EngineCore pid=1) INFO 01-01 00:00:02 [core.py:345] init engine (profile, create kv "
+          "cache, warmup model) took 12.34 s", flush=True)  # fmt: skip
+    host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8000"))
+    ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+def bench(argv: list[str]) -> None:
+    if os.environ.get("FAKE_VLLM_REAL_BENCH") == "1":
+        os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv])
+    time.sleep(float(os.environ.get("FAKE_BENCH_S", "0")))
+    n, c = int(flag(argv, "--num-prompts")), int(flag(argv, "--max-concurrency"))
+    inp, out = int(flag(argv, "--random-input-len")), int(flag(argv, "--random-output-len"))
+    base = 1.0 + c / 100  # latencies grow with concurrency
+    result = {
+        "date": "20250101-000000",
+        "backend": "vllm",
+        "model_id": flag(argv, "--model"),
+        "num_prompts": n,
+        "max_concurrency": c,
+        "duration": 2.0,
+        "completed": n,
+        "failed": 0,
+        "total_input_tokens": n * inp,
+        "total_output_tokens": n * out,
+        "output_throughput": n * out / 2.0,
+        "median_ttft_ms": 10 * base,
+        "p50_ttft_ms": 10 * base,
+        "p99_ttft_ms": 20 * base,
+        "median_tpot_ms": 2 * base,
+        "p50_tpot_ms": 2 * base,
+        "p99_tpot_ms": 3 * base,
+        "median_itl_ms": 2 * base,
+        "p50_itl_ms": 2 * base,
+        "p99_itl_ms": 4 * base,
+    }
+    os.makedirs(flag(argv, "--result-dir"), exist_ok=True)
+    path = os.path.join(flag(argv, "--result-dir"), flag(argv, "--result-filename"))
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    record(args)
+    if args[:1] == ["serve"]:
+        serve(args)
+    elif args[:2] == ["bench", "serve"]:
+        bench(args)
+    else:
+        sys.exit(f"fake vllm: unknown command {args}")

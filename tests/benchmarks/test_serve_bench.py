@@ -1,0 +1,652 @@
+"""CPU tests of ``benchmarks/serve_bench.py``: the plan, vLLM's log and result formats, the merge,
+the command lines, the random Llama, and whole runs against a stand-in ``vllm`` (``fake_vllm.py``:
+a tiny HTTP server for ``serve``, a result writer or the real client for ``bench serve``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import serve_bench as sb
+
+HERE = Path(__file__).resolve().parent
+FAKE_VLLM = shlex.join([sys.executable, str(HERE / "fake_vllm.py")])
+VLLM_DIR = Path(importlib.util.find_spec("vllm").origin).parent  # found, not imported
+
+
+# --------------------------------------------------------------------------------------------
+# the plan
+
+
+def test_arguments_and_defaults() -> None:
+    args = sb.parse_args([])
+    assert args.dtypes == ["auto_fa2", "int8_per_token_head", "int8", "int4"]
+    assert args.input_lens == [8192, 32768] and args.output_len == 256
+    assert args.concurrency == [1, 8, 32, 128]
+    assert args.vllm[1:] == ["-m", "vllm.entrypoints.cli.main"]
+    args = sb.parse_args(["--input-lens", "8k, 7936", "--dtypes", "int8,,int4", "--vllm", "vllm"])
+    assert args.input_lens == [8192, 7936] and args.dtypes == ["int8", "int4"]
+    assert args.vllm == ["vllm"]
+    assert sb.parse_args(["--serve-args=--enforce-eager --max-num-seqs 64"]).serve_args == [
+        "--enforce-eager",
+        "--max-num-seqs",
+        "64",
+    ]
+    for bad in (["--concurrency", "0,8"], ["--input-lens", "8M"], ["--dtypes", ","]):
+        with pytest.raises(SystemExit):
+            sb.parse_args(bad)
+
+
+def test_models_map_to_folders(tmp_path: Path) -> None:
+    env = {"SMOLLM2_DIR": "/m/smol", "GEMMA3_DIR": "/m/gemma"}
+    specs = sb.model_specs("smollm2,gemma3,llama3-8b-shape,mine=/x/y", tmp_path, env)
+    assert [(s.name, str(s.path), s.build_llama) for s in specs] == [
+        ("smollm2", "/m/smol", False),
+        ("gemma3", "/m/gemma", False),
+        ("llama3-8b-shape", str(tmp_path / "models" / "llama3-8b-shape"), True),
+        ("mine", "/x/y", False),
+    ]
+    with pytest.raises(ValueError, match="GEMMA3_DIR"):
+        sb.model_specs("gemma3", tmp_path, {})
+    with pytest.raises(ValueError, match="unknown model"):
+        sb.model_specs("llama70b", tmp_path, env)
+
+
+def test_input_lengths_fit_the_context() -> None:
+    # SmolLM2 (8192): "8K" becomes 7936 and "32K" collapses into it
+    assert sb.effective_input_lens([8192, 32768], 256, 8192) == [7936]
+    assert sb.effective_input_lens([8192, 32768], 256, 32768) == [8192, 32512]  # Gemma 3
+    assert sb.effective_input_lens([32768, 8192], 256, 40960) == [8192, 32768]  # Llama shape
+    assert sb.effective_input_lens([1024], 256, 8192) == [1024]
+    with pytest.raises(ValueError):
+        sb.effective_input_lens([8192], 256, 256)
+    # max_model_len of a server: its longest input + output, never above the context
+    for context in (8192, 32768, 40960):
+        lens = sb.effective_input_lens([8192, 32768], 256, context)
+        assert max(lens) + 256 <= context
+
+
+def test_num_prompts_rule_and_seeds() -> None:
+    assert [sb.num_prompts_for(c, 4, 8) for c in (1, 2, 8, 32, 128)] == [8, 8, 32, 128, 512]
+    assert sb.num_prompts_for(1, 4, 20) == 20
+    points = sb.plan_points([8192, 32768], [32, 1, 8], 4, 8)
+    assert points == [
+        (8192, 1, 8),
+        (8192, 8, 32),
+        (8192, 32, 128),
+        (32768, 1, 8),
+        (32768, 8, 32),
+        (32768, 32, 128),
+    ]
+    seeds = [sb.point_seed(0, n, c) for n, c, _ in points]
+    assert len(set(seeds)) == len(seeds)  # no point re-sends another's prompts
+    assert sb.point_seed(0, 8192, 8) != sb.point_seed(1, 8192, 8)
+
+
+# --------------------------------------------------------------------------------------------
+# what vLLM writes
+
+
+def test_kv_cache_line_parser() -> None:
+    source = (VLLM_DIR / "v1" / "core" / "kv_cache_utils.py").read_text()
+    # the format the parser reads: vLLM formats the count with thousands separators
+    assert 'logger.info_once("GPU KV cache size: %s tokens", f"{num_tokens:,}")' in source
+    line = f"GPU KV cache size: {1234567:,} tokens"  # as the logger fills its %s
+    log = (
+        "(EngineCore pid=42) INFO 05-12 10:00:00 [kv_cache_utils.py:2146] " + line + "\n"
+        "(EngineCore pid=42) INFO 05-12 10:00:00 [kv_cache_utils.py:2148] Maximum concurrency "
+        "for 8,192 tokens per request: 150.70x\n"
+    )
+    assert sb.kv_cache_tokens_from_log(log) == 1234567
+    assert sb.kv_cache_tokens_from_log("GPU KV cache size: 999 tokens") == 999
+    assert sb.kv_cache_tokens_from_log("GPU KV cache size: 1,000 tokens\n" + line) == 1234567
+    assert sb.kv_cache_tokens_from_log("INFO nothing here") is None
+
+
+def test_startup_phases_parser() -> None:
+    log = (
+        "INFO [default_loader.py:431] Loading weights took 0.41 seconds\n"
+        "INFO [gpu_model_runner.py:5256] Model loading took 0.27 GiB memory and 1.234567 seconds\n"
+        "INFO [monitor.py:20] torch.compile took 38.20 s in total\n"
+        "INFO [gpu_model_runner.py:6657] Graph capturing finished in 12 secs, took 0.50 GiB\n"
+        "INFO [core.py:345] init engine (profile, create kv cache, warmup model) took 61.50 s "
+        "(compilation: 38.20 s)\n"
+    )
+    assert sb.startup_phases_from_log(log) == {
+        "load_weights_s": 0.41,
+        "model_loading_s": 1.234567,
+        "torch_compile_s": 38.2,
+        "graph_capture_s": 12.0,
+        "init_engine_s": 61.5,
+    }
+    sources = {
+        "model_executor/model_loader/default_loader.py": '"Loading weights took %.2f seconds"',
+        "v1/worker/gpu_model_runner.py": '"Graph capturing finished in %.0f secs, took %.2f GiB"',
+        "compilation/monitor.py": '"torch.compile took %.2f s in total"',
+        "v1/engine/core.py": '"init engine (profile, create kv cache, warmup model) took "',
+    }
+    for rel, text in sources.items():
+        assert text in (VLLM_DIR / rel).read_text(), rel
+
+
+def _bench_result(**over: object) -> dict:
+    """A ``vllm bench serve --save-result`` JSON (no --save-detailed) with its real field names."""
+    doc = {
+        "date": "20250101-120000",
+        "endpoint_type": "vllm",
+        "backend": "vllm",
+        "label": None,
+        "model_id": "/models/smollm2",
+        "tokenizer_id": "/models/smollm2",
+        "num_prompts": 32,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": 8,
+        "duration": 12.5,
+        "completed": 32,
+        "failed": 0,
+        "total_input_tokens": 32 * 7936,
+        "total_output_tokens": 32 * 256,
+        "request_throughput": 2.56,
+        "request_goodput": None,
+        "output_throughput": 655.36,
+        "total_token_throughput": 20971.5,
+        "max_output_tokens_per_s": 800.0,
+        "max_concurrent_requests": 8,
+        "rtfx": 0.0,
+        "mean_ttft_ms": 41.0,
+        "median_ttft_ms": 40.1234,
+        "std_ttft_ms": 3.0,
+        "p50_ttft_ms": 40.1234,
+        "p99_ttft_ms": 55.5,
+        "mean_tpot_ms": 3.1,
+        "median_tpot_ms": 3.04567,
+        "std_tpot_ms": 0.1,
+        "p50_tpot_ms": 3.04567,
+        "p99_tpot_ms": 3.5,
+        "mean_itl_ms": 3.1,
+        "median_itl_ms": 3.0,
+        "std_itl_ms": 0.5,
+        "p50_itl_ms": 3.0,
+        "p99_itl_ms": 7.25,
+    }
+    return doc | over
+
+
+def test_result_json_becomes_a_row() -> None:
+    serve_py = (VLLM_DIR / "benchmarks" / "serve.py").read_text()
+    for text in (
+        'result[f"median_{metric_attribute_name}_ms"]',
+        'result[f"p{p_word}_{metric_attribute_name}_ms"]',
+        '"output_throughput": metrics.output_throughput',
+        '"completed": metrics.completed',
+        '"failed": metrics.failed',
+        'result_json["num_prompts"] = args.num_prompts',
+        'result_json["max_concurrency"] = args.max_concurrency',
+    ):
+        assert text in serve_py, text
+    kw = dict(
+        model="smollm2",
+        dtype="int8",
+        input_len=7936,
+        output_len=256,
+        concurrency=8,
+        kv_cache_tokens=1234567,
+        engine_start_s=63.44,
+    )
+    row = sb.result_to_row(_bench_result(), **kw)
+    assert list(row) == sb.ROW_KEYS
+    assert row == {
+        "model": "smollm2",
+        "dtype": "int8",
+        "input_len": 7936,
+        "output_len": 256,
+        "concurrency": 8,
+        "num_prompts": 32,
+        "ttft_ms_p50": 40.123,
+        "ttft_ms_p99": 55.5,
+        "tpot_ms_p50": 3.046,
+        "tpot_ms_p99": 3.5,
+        "itl_ms_p99": 7.25,
+        "output_tok_s": 655.4,
+        "kv_cache_tokens": 1234567,
+        "engine_start_s": 63.4,
+    }
+    with pytest.raises(ValueError, match="failed"):
+        sb.result_to_row(_bench_result(completed=31, failed=1), **kw)
+    with pytest.raises(ValueError, match="concurrency"):
+        sb.result_to_row(_bench_result(max_concurrency=32), **kw)
+    with pytest.raises(ValueError, match="nan"):
+        sb.result_to_row(_bench_result(p99_itl_ms=float("nan")), **kw)
+    with pytest.raises(KeyError):  # run without --metric-percentiles 50,99
+        sb.result_to_row({k: v for k, v in _bench_result().items() if k != "p99_tpot_ms"}, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# the results file
+
+
+def _row(model: str, dtype: str, n: int, c: int, tpot: float = 1.0) -> dict:
+    return {k: 0 for k in sb.ROW_KEYS} | {
+        "model": model,
+        "dtype": dtype,
+        "input_len": n,
+        "output_len": 256,
+        "concurrency": c,
+        "tpot_ms_p50": tpot,
+    }
+
+
+def test_merge_replaces_same_point_keeps_others_refuses_other_gpu(tmp_path: Path) -> None:
+    prev = {
+        "gpu": "NVIDIA H200",
+        "command": "python -m benchmarks.serve_bench --models smollm2",
+        "rows": [_row("smollm2", "int8", 7936, 8, 5.0), _row("smollm2", "int8", 7936, 32, 6.0)],
+    }
+    new = [_row("smollm2", "int8", 7936, 8, 4.0), _row("gemma3", "int8", 8192, 8, 7.0)]
+    doc = sb.merged_doc(
+        prev, "NVIDIA H200", "python -m benchmarks.serve_bench --models gemma3", new
+    )
+    got = {(r["model"], r["concurrency"]): r["tpot_ms_p50"] for r in doc["rows"]}
+    assert got == {("smollm2", 8): 4.0, ("smollm2", 32): 6.0, ("gemma3", 8): 7.0}
+    assert doc["command"].count("serve_bench") == 2
+    assert sb.merged_doc(None, "g", "cmd", new) == {"gpu": "g", "command": "cmd", "rows": new}
+
+    path = tmp_path / "serving.json"
+    assert sb.load_previous(path, "NVIDIA H200") is None
+    path.write_text(json.dumps(prev))
+    assert sb.load_previous(path, "NVIDIA H200")["rows"] == prev["rows"]
+    with pytest.raises(SystemExit, match="NVIDIA H200"):
+        sb.load_previous(path, "NVIDIA A100-SXM4-80GB")
+
+
+# --------------------------------------------------------------------------------------------
+# command lines
+
+
+def _server(dtype: str, shim_everywhere: bool = True, port: int = 0) -> sb.Server:
+    return sb.Server(
+        ["vllm"],
+        "/models/smollm2",
+        dtype,
+        port=port,
+        env=sb.vllm_serve_dtype_env(dtype, shim_everywhere),
+        max_model_len=8192,
+        gpu_memory_utilization=0.9,
+        extra_args=["--max-num-seqs", "256"],
+        log_path=Path("/tmp/unused.log"),
+        startup_timeout_s=60,
+    )
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_server_command_per_dtype() -> None:
+    for dtype, kv, backend, fa in (
+        ("auto_fa2", "auto", None, {"backend": "FLASH_ATTN", "flash_attn_version": 2}),
+        ("int8_per_token_head", "int8_per_token_head", "TRITON_ATTN", None),
+        ("int8", "int8", None, None),
+        ("int4", "int4", None, None),
+    ):
+        s = _server(dtype)
+        assert s.argv[:3] == ["vllm", "serve", "/models/smollm2"], s.argv
+        assert _flag(s.argv, "--host") == "127.0.0.1" and _flag(s.argv, "--port") == str(s.port)
+        assert s.base_url == f"http://127.0.0.1:{s.port}"
+        assert _flag(s.argv, "--kv-cache-dtype") == kv
+        assert _flag(s.argv, "--attention-backend") == backend
+        ac = _flag(s.argv, "--attention-config")
+        assert (json.loads(ac) if ac else None) == fa
+        assert _flag(s.argv, "--max-model-len") == "8192"
+        assert _flag(s.argv, "--gpu-memory-utilization") == "0.9"
+        assert s.argv[-2:] == ["--max-num-seqs", "256"]
+        assert "--enforce-eager" not in s.argv  # vLLM's default CUDA graphs and compile
+        assert s.env["INT8KV_SHIM"] == "1"
+    # as the offline benchmarks run upstream rows: without the shim
+    assert "INT8KV_SHIM" not in _server("auto_fa2", shim_everywhere=False).env
+    assert _server("int8", shim_everywhere=False).env["INT8KV_SHIM"] == "1"
+    s = _server("int8", port=18123)
+    assert (s.port, _flag(s.argv, "--port"), s.base_url) == (
+        18123,
+        "18123",
+        "http://127.0.0.1:18123",
+    )
+
+
+def test_attention_config_is_what_vllm_parses() -> None:
+    """``--attention-config`` of auto_fa2 through the parser vLLM's CLI uses for that flag
+    (vllm/engine/arg_utils.py: TypeAdapter(cls).validate_json), in a fresh interpreter."""
+    value = _flag(_server("auto_fa2").argv, "--attention-config")
+    code = (
+        "import sys; from pydantic import TypeAdapter; "
+        "from vllm.config.attention import AttentionConfig; "
+        "c = TypeAdapter(AttentionConfig).validate_json(sys.argv[1]); "
+        "print('PARSED', c.backend.name, c.flash_attn_version)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, value], capture_output=True, text=True, timeout=300
+    )
+    assert "PARSED FLASH_ATTN 2" in out.stdout, out.stderr[-3000:]
+
+
+def test_bench_command() -> None:
+    argv = sb.bench_argv(
+        ["vllm"], "http://127.0.0.1:9", "/m", 7936, 256, 8, 32, 11, Path("/r"), "p.json", ["--x"]
+    )
+    assert argv[:3] == ["vllm", "bench", "serve"]
+    want = {
+        "--backend": "vllm",
+        "--base-url": "http://127.0.0.1:9",
+        "--model": "/m",
+        "--dataset-name": "random",
+        "--random-input-len": "7936",
+        "--random-output-len": "256",
+        "--max-concurrency": "8",
+        "--num-prompts": "32",
+        "--seed": "11",
+        "--metric-percentiles": "50,99",
+        "--result-dir": "/r",
+        "--result-filename": "p.json",
+    }
+    assert {k: _flag(argv, k) for k in want} == want
+    assert {"--ignore-eos", "--save-result"} <= set(argv) and argv[-1] == "--x"
+
+
+# --------------------------------------------------------------------------------------------
+# the random Llama
+
+
+def _tokenizer_dir(path: Path, vocab: int = 300) -> Path:
+    """A word-level tokenizer folder (t0 ... tN) with a config.json, as SmolLM2's folder has."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="t1", eos_token="t2").save_pretrained(
+        str(path)
+    )
+    cfg = {"vocab_size": vocab, "bos_token_id": 1, "eos_token_id": 2, "model_type": "llama"}
+    (path / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 4096}))
+    return path
+
+
+def test_llama_shape_config() -> None:
+    cfg = sb.llama_shape_config(49152, 2, 1, 2)
+    shape = {k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+    assert shape == {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    assert (cfg["hidden_size"], cfg["intermediate_size"]) == (4096, 14336)
+    assert (cfg["num_hidden_layers"], cfg["max_position_embeddings"]) == (2, 40960)
+    assert cfg["vocab_size"] == 49152 and not cfg["tie_word_embeddings"]
+    w = sb.llama_weight_shapes(cfg)
+    assert w["model.layers.1.self_attn.q_proj.weight"] == (4096, 4096)
+    assert w["model.layers.1.self_attn.k_proj.weight"] == (1024, 4096)
+    assert w["model.layers.0.mlp.down_proj.weight"] == (4096, 14336)
+    assert "model.layers.2.mlp.up_proj.weight" not in w
+    params = sum(int.__mul__(*s) if len(s) == 2 else s[0] for s in w.values())
+    assert 0.83e9 < params < 0.85e9  # 2 x 218M per layer + 2 x 201M embeddings: 1.7 GB BF16
+
+
+def test_random_llama_folder_loads_in_transformers(tmp_path: Path) -> None:
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    tok = _tokenizer_dir(tmp_path / "smol")
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    small |= dict(num_key_value_heads=2, head_dim=16)
+    out = sb.make_random_llama(tmp_path / "llama", tok, 2, seed=3, **small)
+    cfg = AutoConfig.from_pretrained(str(out))
+    assert cfg.architectures == ["LlamaForCausalLM"] and cfg.dtype == torch.bfloat16
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 16)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.num_hidden_layers) == (300, 40960, 2)
+    assert AutoTokenizer.from_pretrained(str(out))("t5 t6")["input_ids"][-2:] == [5, 6]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        k = f.get_tensor("model.layers.1.self_attn.k_proj.weight")
+        norm = f.get_tensor("model.norm.weight")
+    assert names == set(sb.llama_weight_shapes(sb.llama_shape_config(300, 2, 1, 2, **small)))
+    assert tuple(k.shape) == (32, 64) and k.dtype == torch.bfloat16
+    assert abs(float(k.float().std()) - 0.02) < 0.004 and bool((norm == 1).all())
+    model, info = LlamaForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    # made once: a second call keeps the folder, another seed remakes it
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    sb.make_random_llama(tmp_path / "llama", tok, 2, seed=3, **small)
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    sb.make_random_llama(tmp_path / "llama", tok, 2, seed=4, **small)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert not torch.equal(f.get_tensor("model.layers.1.self_attn.k_proj.weight"), k)
+    assert not (tmp_path / "llama.partial").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# whole runs against the stand-in vllm
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    model = _tokenizer_dir(tmp_path / "model")
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.delenv("INT8KV_SHIM", raising=False)
+    return {"model": model, "record": record, "out": tmp_path / "serving.json", "tmp": tmp_path}
+
+
+def _argv(fake: dict, *extra: str) -> list[str]:
+    return [
+        "--vllm",
+        FAKE_VLLM,
+        "--models",
+        f"fake={fake['model']}",
+        "--output-len",
+        "16",
+        "--prompts-per-concurrency",
+        "1",
+        "--min-prompts",
+        "2",
+        "--out",
+        str(fake["out"]),
+        "--logdir",
+        str(fake["tmp"] / "logs"),
+        "--workdir",
+        str(fake["tmp"] / "work"),
+        "--no-plot",
+        *extra,
+    ]
+
+
+def _records(fake: dict) -> list[dict]:
+    if not fake["record"].exists():
+        return []
+    return [json.loads(x) for x in fake["record"].read_text().splitlines()]
+
+
+def _assert_all_gone(records: list[dict]) -> None:
+    for r in records:
+        if r["argv"][0] == "serve":
+            with pytest.raises(ProcessLookupError):
+                os.kill(r["pid"], 0)
+
+
+def test_run_against_fake_server(fake: dict) -> None:
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8", "--input-lens", "1K,8K", "--concurrency", "4,1"),
+        )
+    )
+    assert rc == 0
+    doc = json.loads(fake["out"].read_text())
+    assert set(doc) - {"date", "git_commit"} == {"gpu", "command", "rows"}
+    assert doc["command"].startswith("python -m benchmarks.serve_bench --vllm ")
+    rows = doc["rows"]
+    assert [(r["dtype"], r["input_len"], r["concurrency"], r["num_prompts"]) for r in rows] == [
+        (d, n, c, max(c, 2)) for d in ("auto_fa2", "int8") for n in (1024, 4080) for c in (1, 4)
+    ]  # 8K cut to the fake model's 4096 positions - 16 output tokens
+    for r in rows:
+        assert list(r) == sb.ROW_KEYS
+        assert r["kv_cache_tokens"] == 1234567 and r["engine_start_s"] > 0
+        assert r["model"] == "fake" and r["output_len"] == 16
+        assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
+
+    recs = _records(fake)
+    serves = [r for r in recs if r["argv"][0] == "serve"]
+    benches = [r["argv"] for r in recs if r["argv"][:2] == ["bench", "serve"]]
+    assert len(serves) == 2 and len(benches) == 8
+    assert all(s["shim"] == "1" for s in serves)  # INT8KV_SHIM=1 for every server
+    assert all(r["shim"] is None for r in recs if r["argv"][0] == "bench")  # a plain client
+    fa2, int8 = serves[0]["argv"], serves[1]["argv"]
+    assert json.loads(_flag(fa2, "--attention-config")) == {
+        "backend": "FLASH_ATTN",
+        "flash_attn_version": 2,
+    }
+    assert _flag(int8, "--kv-cache-dtype") == "int8" and "--attention-config" not in int8
+    assert _flag(fa2, "--max-model-len") == "4096" and _flag(fa2, "--host") == "127.0.0.1"
+    port = _flag(fa2, "--port")
+    assert {_flag(b, "--base-url") for b in benches[:4]} == {f"http://127.0.0.1:{port}"}
+    seeds = [_flag(b, "--seed") for b in benches]
+    assert len(set(seeds[:4])) == 4 and seeds[:4] == seeds[4:]  # per point; same per dtype
+    _assert_all_gone(recs)
+
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    first = runs["servers"][0]
+    assert first["startup_phases"] == {"model_loading_s": 1.5, "init_engine_s": 12.34}
+    assert set(first["warmup_s"]) == {"1024", "4080"}
+    assert all(Path(p["result"]).exists() for s in runs["servers"] for p in s["points"])
+    assert not str(first["points"][0]["result"]).startswith(str(sb.common.REPO))
+
+
+def test_time_budget_stops_new_points_and_keeps_rows(
+    fake: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_BENCH_S", "1.5")
+    t0 = time.monotonic()
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "int8,int4", "--input-lens", "1K", "--concurrency", "1,2,4,8,16,32"),
+            *("--time-budget-s", "6", "--warmup-prompts", "0"),
+        )
+    )
+    assert rc == 1
+    # the budget, then a server stop; all 12 points and two server starts take over 22 s
+    assert time.monotonic() - t0 < 15
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert 1 <= len(rows) < 12
+    assert {r["dtype"] for r in rows} == {"int8"}  # no second server after the budget
+    recs = _records(fake)
+    assert len([r for r in recs if r["argv"][0] == "serve"]) == 1
+    _assert_all_gone(recs)
+
+
+def test_append_merges_and_refuses_another_gpu(fake: dict) -> None:
+    base = ("--input-lens", "1K", "--concurrency", "1", "--warmup-prompts", "0")
+    assert sb.main(_argv(fake, "--dtypes", "int8", *base)) == 0
+    assert sb.main(_argv(fake, "--dtypes", "int4", "--append", *base)) == 0
+    doc = json.loads(fake["out"].read_text())
+    assert sorted(r["dtype"] for r in doc["rows"]) == ["int4", "int8"]
+    assert sb.main(_argv(fake, "--dtypes", "int4", "--append", *base)) == 0  # replaces its row
+    assert len(json.loads(fake["out"].read_text())["rows"]) == 2
+    assert sb.main(_argv(fake, "--dtypes", "int8", *base)) == 0  # no --append: a fresh file
+    assert len(json.loads(fake["out"].read_text())["rows"]) == 1
+
+    doc["gpu"] = "NVIDIA H200"  # this machine has none: gpu_name() says "unknown"
+    fake["out"].write_text(json.dumps(doc))
+    n_before = len(_records(fake))
+    with pytest.raises(SystemExit, match="NVIDIA H200"):
+        sb.main(_argv(fake, "--dtypes", "int8", "--append", *base))
+    assert len(_records(fake)) == n_before  # refused before starting anything
+
+
+def test_taken_port_is_refused(fake: dict) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc = sb.main(_argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--port", str(port)))
+        assert rc == 2
+        # the check inside the launcher too (a port taken between planning and starting)
+        with pytest.raises(RuntimeError, match="taken"), _server("int8", port=port):
+            pass
+    assert not [r for r in _records(fake) if r["argv"][0] == "serve"]
+
+
+def test_server_that_dies_is_reported(fake: dict) -> None:
+    dying = shlex.join([sys.executable, "-c", "import sys; print('boom: CUDA error'); sys.exit(3)"])
+    argv = _argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--startup-timeout-s", "60")
+    argv[argv.index("--vllm") + 1] = dying
+    assert sb.main(argv) == 1
+    assert not fake["out"].exists()  # nothing measured: no results file
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    assert "exited with 3" in runs["servers"][0]["error"]
+    assert "boom" in runs["servers"][0]["server_log_tail"]
+
+
+def test_real_vllm_bench_serve_against_fake_server(
+    fake: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed ``vllm bench serve`` takes every flag we pass and writes the fields we read."""
+    monkeypatch.setenv("FAKE_VLLM_REAL_BENCH", "1")
+    argv = _argv(fake, "--dtypes", "int8", "--input-lens", "64", "--concurrency", "2")
+    assert sb.main([*argv, "--warmup-prompts", "1", "--point-timeout-s", "400"]) == 0, (
+        fake["tmp"] / "logs" / "bench" / "fake_int8_in64_c2.log"
+    ).read_text()[-3000:]
+    (row,) = json.loads(fake["out"].read_text())["rows"]
+    assert (row["input_len"], row["concurrency"], row["num_prompts"]) == (64, 2, 2)
+    assert 0 < row["ttft_ms_p50"] <= row["ttft_ms_p99"]
+    assert 0 < row["tpot_ms_p50"] <= row["tpot_ms_p99"] and row["output_tok_s"] > 0
+    raw = json.loads((fake["tmp"] / "logs" / "raw" / "fake_int8_in64_c2.json").read_text())
+    assert raw["total_output_tokens"] == 2 * 16 and raw["max_concurrency"] == 2
+
+
+def test_dry_run_prints_every_command(fake: dict, capsys: pytest.CaptureFixture) -> None:
+    argv = _argv(fake, "--dtypes", "auto_fa2,int8", "--input-lens", "1K,2K")
+    assert sb.main([*argv, "--concurrency", "1,8", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    serves = [ln for ln in lines if " serve /" in ln and " bench serve " not in ln]
+    assert len(serves) == 2 and all(ln.startswith("INT8KV_SHIM=1 ") for ln in serves)
+    assert len([ln for ln in lines if " bench serve " in ln]) == 2 * 2 * 2
+    assert len([ln for ln in lines if ln.startswith("# warm-up")]) == 2 * 2
+    assert not _records(fake) and not fake["out"].exists()  # nothing ran
+    # on a machine without the models: their variables stand in for the folders
+    assert sb.main(["--models", "smollm2,llama3-8b-shape", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert " serve '$SMOLLM2_DIR' " in out
+    assert "--max-model-len 8192" in out and "--max-model-len 33024" in out  # 7936+256, 32K+256
+    assert re.search(r"# make llama3-8b-shape \(2 layers\)", out)
+
+
+def test_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    doc = {
+        "gpu": "NVIDIA H200",
+        "command": "x",
+        "rows": [
+            _row(m, d, n, c, tpot=c * (0.5 if d == "int8" else 1.0))
+            for m in ("smollm2", "gemma3")
+            for d in ("auto_fa2", "int8")
+            for n in (8192,)
+            for c in (1, 8, 32)
+        ],
+    }
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the GPU host may lack it
+    sb.save_plot(doc, tmp_path / "serving.png")
+    assert "no plot" in capsys.readouterr().out and not (tmp_path / "serving.png").exists()
+    monkeypatch.undo()
+    pytest.importorskip("matplotlib")
+    png = sb.plot(doc, tmp_path / "serving.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        sb.plot({"rows": []}, tmp_path / "empty.png")
