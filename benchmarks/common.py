@@ -432,7 +432,11 @@ def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
-ACCURACY_OPTIONAL_KEYS = {"gpu", "command", "date", "git_commit", "bos", "transformers_ppl"}
+ACCURACY_OPTIONAL_KEYS = {
+    "gpu", "command", "date", "git_commit", "bos", "transformers_ppl",
+    # a file whose rows come from several runs (--merge-rows-from): each run's command and commit
+    "parts",
+}  # fmt: skip
 ACCURACY_ROW_KEYS = {
     "label",
     "kv_cache_dtype",

@@ -23,7 +23,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 # Head size of the models the accuracy files measure (from their config.json): for a dtype the
 # accuracy run did not serve, capacity comes from the catalogue's bytes per token at this size.
-MODEL_HEAD_SIZE = {"SmolLM2-135M-Instruct": 64}
+MODEL_HEAD_SIZE = {"SmolLM2-135M-Instruct": 64, "gemma-3-270m": 256}
 
 
 def _load(path: Path) -> dict:
@@ -34,7 +34,10 @@ def _provenance(doc: dict) -> str:
     """``2026-12-01, commit `c1c5ebb```: when the measurement entered the repository."""
     if "git_commit" not in doc:
         return "date and commit not recorded"
-    return f"{doc['date']}, commit `{doc['git_commit'][:7]}`"
+    first = {"date": doc["date"], "git_commit": doc["git_commit"]}
+    # a file whose rows came from several runs names each run's commit
+    parts = [first] + [q for q in doc.get("parts", []) if q["git_commit"] != doc["git_commit"]]
+    return " and ".join(f"{q['date']}, commit `{q['git_commit'][:7]}`" for q in parts)
 
 
 def _short(command: str) -> str:
@@ -64,18 +67,24 @@ def _spread(values: list[float]) -> str:
 # kernels.json and its kind: microbenchmarks of the attention and write kernels
 
 
+def _point(r: dict) -> tuple:
+    """What a kernels row measures, whoever timed it: shape, batch, context and, for a decode on a
+    sliding-window layer, its window (such rows compare only with rows of the same window)."""
+    return (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"], r.get("window"))
+
+
 def _decode_over_fa2(rows: list[dict], impl: str) -> list[float]:
-    """FlashAttention-2's decode time over ``impl``'s at every point both timed (>1: faster)."""
+    """FlashAttention-2's decode time over ``impl``'s at every full-attention point both timed
+    (>1: faster)."""
     fa2 = {
-        (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"]): r["ms"]
+        _point(r): r["ms"]
         for r in rows
-        if r["kernel"] == "decode" and r["impl"] == "bf16_fa2"
+        if r["kernel"] == "decode" and r["impl"] == "bf16_fa2" and not r.get("window")
     }
     return [
         fa2[key] / r["ms"]
         for r in rows
-        if r["kernel"] == "decode" and r["impl"] == impl
-        and (key := (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"])) in fa2
+        if r["kernel"] == "decode" and r["impl"] == impl and (key := _point(r)) in fa2
     ]  # fmt: skip
 
 
@@ -91,18 +100,7 @@ def _extent(result: dict) -> str:
 def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     """Decode/prefill/write times of our int8 kernels against FA2, vLLM's Triton and upstream int8."""
     result = _load(path)
-    ms = {
-        (
-            r["kernel"],
-            r["impl"],
-            r["q_heads"],
-            r["kv_heads"],
-            r["head_dim"],
-            r["batch"],
-            r["ctx"],
-        ): r
-        for r in result["rows"]
-    }
+    ms = {(r["kernel"], r["impl"], *_point(r)): r for r in result["rows"]}
     peak = result["peak_bw_gbs"]
     # int4 (experimental) has a column only in files that time it
     with_int4 = any(r["impl"] == "int4" for r in result["rows"])
@@ -110,7 +108,8 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
         f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, {_provenance(result)}, "
         f"`{_short(result['command'])}`.",
         "Speedups are the other kernel's time over ours (>1: ours faster); %bw counts the bytes "
-        "`int8` must read.",
+        "`int8` must read; `decode, window W` is a sliding-window layer's decode, which reads only "
+        "the window's keys.",
         "",
         "| kernel | q/kv heads, dim | batch | ctx | `int8` µs | %bw | vs `bf16_fa2` | vs `bf16` (Triton) "
         "| vs `upstream_int8_pth` | `int8_static` vs `bf16_fa2` |"
@@ -121,7 +120,8 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     label = {"int8": None, "int8_fa2": "prefill, gather + FA2"}
     order = {"decode": 0, "prefill": 1, "write": 2}
     for key, ours in sorted(
-        ms.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][2:], kv[0][1])
+        ms.items(),
+        key=lambda kv: (order.get(kv[0][0], 3), kv[0][2:7], kv[0][7] or 0, kv[0][1]),
     ):
         kernel, impl, *shape = key
         if impl not in label:
@@ -135,8 +135,10 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
             row, fa2 = ms.get((kernel, impl, *shape)), ms.get((kernel, "bf16_fa2", *shape))
             return f"{fa2['ms'] / row['ms']:.2f}x" if row and fa2 else "n/a"
 
-        nq, nkv, d, batch, ctx = shape
+        nq, nkv, d, batch, ctx, window = shape
         bw = f"{100 * ours['gbs'] / peak:.0f}%" if kernel == "decode" else "-"
+        if window:
+            kernel = f"decode, window {window}"
         static, int4 = impl.replace("int8", "int8_static"), impl.replace("int8", "int4")
         if kernel == "write" and ours.get("slots") == "consecutive":
             kernel = "write, consecutive slots"
@@ -150,8 +152,8 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
 
 
 def _long_decode(r: dict) -> bool:
-    """The decode points the speed targets are about: long contexts, batched."""
-    return r["ctx"] >= 8192 and r["batch"] >= 8
+    """The decode points the speed targets are about: long contexts, batched, full attention."""
+    return r["ctx"] >= 8192 and r["batch"] >= 8 and not r.get("window")
 
 
 def kernel_speed_targets_table(path: Path = RESULTS / "kernels.json") -> str:
@@ -163,8 +165,7 @@ def kernel_speed_targets_table(path: Path = RESULTS / "kernels.json") -> str:
 
     def measured(r: dict, impl: str) -> tuple:
         """What ``r`` measures, timed by ``impl``."""
-        shape = (r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["ctx"])
-        return (r["kernel"], impl, *shape, r.get("slots"))
+        return (r["kernel"], impl, *_point(r), r.get("slots"))
 
     by_key = {measured(r, r["impl"]): r for r in rows}
 
@@ -175,7 +176,20 @@ def kernel_speed_targets_table(path: Path = RESULTS / "kernels.json") -> str:
                 and measured(r, other) in by_key]  # fmt: skip
 
     def short_decode(r: dict) -> bool:
-        return r["ctx"] == 1024
+        return r["ctx"] == 1024 and not r.get("window")
+
+    def windowed(r: dict) -> bool:
+        return bool(r.get("window"))
+
+    # A sliding-window decode reads the same keys at any context: its time at the longest context
+    # over its time at 1K, per (shape, batch, window), should stay near 1.
+    at_1k = {_point(r)[:4] + (r.get("window"),): r["ms"] for r in rows
+             if r["kernel"] == "decode" and r["impl"] == "int8" and windowed(r)
+             and r["ctx"] == 1024}  # fmt: skip
+    longest = max((r["ctx"] for r in rows if windowed(r)), default=0)
+    flat = [at_1k[key] / r["ms"] for r in rows
+            if r["kernel"] == "decode" and r["impl"] == "int8" and windowed(r)
+            and r["ctx"] == longest and (key := _point(r)[:4] + (r.get("window"),)) in at_1k]  # fmt: skip
 
     def decode_step(r: dict) -> bool:
         return r["slots"] == "random"
@@ -193,6 +207,10 @@ def kernel_speed_targets_table(path: Path = RESULTS / "kernels.json") -> str:
         ("decode, ctx ≥ 8K, batch ≥ 8: % of copy bandwidth", "≥ 80%", bw, 80.0, "%"),
         ("decode, ctx 1K: vs `bf16_fa2`", "≥ 1.0x",
          over("decode", "int8", "bf16_fa2", short_decode), 1.0, "x"),
+        ("decode, sliding window, any ctx: vs `bf16_fa2` (same window)", "≥ 1.0x",
+         over("decode", "int8", "bf16_fa2", windowed), 1.0, "x"),
+        (f"decode, sliding window: time at 1K over time at {longest // 1024}K (flat: 1.0x)",
+         "≥ 0.9x", flat, 0.9, "x"),
         ("prefill, gather + FA2 (the shim's path): vs `bf16_fa2`", "≥ 0.9x",
          over("prefill", "int8_fa2", "bf16_fa2", every), 0.9, "x"),
         ("prefill, gather + FA2: vs `bf16` (Triton)", "≥ 1.0x",
@@ -379,17 +397,18 @@ KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
 
 
 def dtype_choice_table(
-    accuracy_path: Path = RESULTS / "accuracy.json",
+    accuracy_paths: tuple[Path, ...] = (
+        RESULTS / "accuracy.json",
+        RESULTS / "accuracy_gemma3.json",
+    ),
     kernels_path: Path = RESULTS / "kernels.json",
     int4_kernels_path: Path = RESULTS / "kernels_quick_int4.json",
 ) -> str:
-    """Per dtype: capacity, ΔPPL and greedy agreement through the cache, decode speed vs FA2."""
-    acc = _load(accuracy_path)
-    by_label = _rows_by_label(acc)
-    ref = by_label["auto"]
+    """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model (one
+    accuracy file each, cells in the files' order), decode speed vs FA2."""
+    accs = [_load(p) for p in accuracy_paths if p.exists()]
     kernels = _load(kernels_path)
     int4_kernels = _load(int4_kernels_path) if int4_kernels_path.exists() else {"rows": []}
-    head_size = MODEL_HEAD_SIZE.get(acc["model"])
     decode_points = _decode_over_fa2(kernels["rows"], "int8")
     notes: list[str] = []
     lines = [
@@ -398,31 +417,38 @@ def dtype_choice_table(
         "|---|---|---|---|---|---|",
     ]
     for dtype, what in CHOICES:
-        # the headline row of a cache: its label is its dtype, and it read the pages
-        row = by_label.get(dtype) if by_label.get(dtype, {}).get("prefill") == "pages" else None
-        served = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype), None)
-        if served and served.get("kv_cache_tokens"):
-            capacity = f"{served['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x"
-        elif dtype in CATALOGUE and head_size:
-            capacity = f"{CATALOGUE[dtype].capacity_vs_bf16(head_size):.2f}x (catalogue)"
-        else:
-            capacity = "not measured"
-        if dtype == "auto":
-            dppl = greedy = "reference"
-        elif row:
-            dppl = _pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+")
-            greedy = _pm(row["greedy_agree"], row.get("greedy_agree_se"), ".3f")
-        else:
-            dppl = greedy = "not measured"
-            other = next((r for r in acc["rows"]
-                          if r["kv_cache_dtype"] == dtype and r["prefill"] == "bf16"), None)  # fmt: skip
-            if other:
-                notes.append(
-                    f"`{dtype}` through the pages is not measured yet; with the default prefill "
-                    f"(`{other['label']}`): ΔPPL "
-                    f"{_pm(other['dppl_pct'], other.get('dppl_se_pct'), '.3f%', '+')}, greedy "
-                    f"agreement {_pm(other['greedy_agree'], other.get('greedy_agree_se'), '.3f')}."
-                )
+        capacity, dppl, greedy = [], [], []
+        for acc in accs:
+            by_label = _rows_by_label(acc)
+            ref = by_label["auto"]
+            head_size = MODEL_HEAD_SIZE.get(acc["model"])
+            # the headline row of a cache: its label is its dtype, and it read the pages
+            row = by_label.get(dtype) if by_label.get(dtype, {}).get("prefill") == "pages" else None
+            served = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype), None)
+            if served and served.get("kv_cache_tokens"):
+                capacity.append(f"{served['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x")
+            elif dtype in CATALOGUE and head_size:
+                capacity.append(f"{CATALOGUE[dtype].capacity_vs_bf16(head_size):.2f}x (catalogue)")
+            else:
+                capacity.append("not measured")
+            if dtype == "auto":
+                dppl.append("reference")
+                greedy.append("reference")
+            elif row:
+                dppl.append(_pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+"))
+                greedy.append(_pm(row["greedy_agree"], row.get("greedy_agree_se"), ".3f"))
+            else:
+                dppl.append("not measured")
+                greedy.append("not measured")
+                other = next((r for r in acc["rows"]
+                              if r["kv_cache_dtype"] == dtype and r["prefill"] == "bf16"), None)  # fmt: skip
+                if other:
+                    notes.append(
+                        f"`{dtype}` through the pages is not measured yet on {acc['model']}; with "
+                        f"the default prefill (`{other['label']}`): ΔPPL "
+                        f"{_pm(other['dppl_pct'], other.get('dppl_se_pct'), '.3f%', '+')}, greedy "
+                        f"agreement {_pm(other['greedy_agree'], other.get('greedy_agree_se'), '.3f')}."
+                    )
         impl = KERNEL_IMPL.get(dtype, dtype)
         if dtype == "auto":
             speed = "1.00x"
@@ -436,12 +462,17 @@ def dtype_choice_table(
             )
         else:
             speed = "not measured"
-        lines.append(f"| `{dtype}` | {what} | {capacity} | {dppl} | {greedy} | {speed} |")
+        cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]
+        lines.append(f"| `{dtype}` | {what} | {' | '.join(cells)} | {speed} |")
+    models = " / ".join(
+        f"{a['model']} (head size {MODEL_HEAD_SIZE.get(a['model'], '?')}, [`{p.name}`]"
+        f"(benchmarks/results/{p.name}), {_provenance(a)})"
+        for a, p in zip(accs, [p for p in accuracy_paths if p.exists()], strict=True)
+    )
     caption = (
-        f"Accuracy and KV tokens: {acc['model']} on `{Path(acc['corpus']).name}` "
-        f"({acc['tokens']} tokens), {acc['gpu']}, [`{accuracy_path.name}`]"
-        f"(benchmarks/results/{accuracy_path.name}) ({_provenance(acc)}), ± one standard error. "
-        f"Decode: median (range) over the {len(decode_points)} decode points of "
+        f"Accuracy and KV tokens, as model / model: {models}, each on "
+        f"`{Path(accs[0]['corpus']).name}`, {accs[0]['gpu']}, ± one standard error. "
+        f"Decode: median (range) over the {len(decode_points)} full-attention decode points of "
         f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) ({_extent(kernels)}), "
         f"{kernels['gpu']} ({_provenance(kernels)})."
     )
@@ -452,6 +483,7 @@ def headline(
     accuracy_path: Path = RESULTS / "accuracy.json",
     kernels_path: Path = RESULTS / "kernels.json",
     throughput_path: Path = RESULTS / "throughput.json",
+    second_model_path: Path = RESULTS / "accuracy_gemma3.json",
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
     acc = _load(accuracy_path)
@@ -485,6 +517,7 @@ def headline(
         f"- **The cache is as accurate as upstream's:** read back from the pages, perplexity "
         f"moves {pct(ours)} from BF16's, against {pct(upstream)} for vLLM's "
         f"`int8_per_token_head` ({model}, {acc['tokens']} tokens, {gpu}).",
+        *([_second_model_line(_load(second_model_path))] if second_model_path.exists() else []),
         "- **Prompts are processed in BF16:** by default a prompt chunk attends over its own "
         "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
         f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
@@ -496,6 +529,28 @@ def headline(
         f"- **End to end:** {e2e(8192)} FlashAttention-2's generation throughput at 8K context "
         f"and {e2e(1024)} at 1K ({tput['model']}, {tput['gpu']}).",
     ])  # fmt: skip
+
+
+def _second_model_line(acc: dict) -> str:
+    """The headline's line for a second model: the cache against upstream's, and the BF16 engine
+    against Hugging Face transformers on the same token windows (the ground truth)."""
+    rows = _rows_by_label(acc)
+    ours, upstream, ref = rows["int8"], rows["int8_per_token_head"], rows["auto"]
+
+    def pct(row: dict) -> str:
+        return _pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+")
+
+    truth = acc.get("transformers_ppl")
+    versus = (
+        f"; vLLM's BF16 perplexity is within {abs(ref['ppl'] / truth - 1):.3%} of transformers'"
+        if truth else ""
+    )  # fmt: skip
+    return (
+        f"- **Head size 256, one KV head, sliding windows** ({acc['model']}, "
+        f"{MODEL_HEAD_SIZE.get(acc['model'], '?')}-wide heads): through the cache {pct(ours)} "
+        f"against upstream's {pct(upstream)}, at {ours['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x "
+        f"the tokens{versus} ({acc['tokens']} tokens, {acc['gpu']})."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -665,8 +720,11 @@ def profile_summary(path: Path) -> dict:
         "source": path.name,
         "wall_s": prof["wall_s"],
         "gpu_s": prof["gpu_s"],
-        "ops": {name: {"cpu_total_s": _seconds(op["cpu_total"]), "calls": int(op["calls"])}
-                for name, op in prof["ops"].items() if name in _ATTENTION_OPS},  # fmt: skip
+        "ops": {
+            name: {"cpu_total_s": _seconds(op["cpu_total"]), "calls": int(op["calls"])}
+            for name, op in prof["ops"].items()
+            if name in _ATTENTION_OPS
+        },  # fmt: skip
     }
 
 
@@ -800,7 +858,9 @@ TABLES = {
     # docs/measurement-history.md
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "throughput_1k_repeats": repeat_runs_table,
-    "throughput_1k_repeats_pooled": lambda: throughput_table(RESULTS / "throughput_1k_repeats.json"),
+    "throughput_1k_repeats_pooled": lambda: throughput_table(
+        RESULTS / "throughput_1k_repeats.json"
+    ),
     "throughput_1k_repeats_with_replays": lambda: repeat_runs_table(
         RESULTS / "throughput_1k_repeats_with_replays.json"
     ),
@@ -809,7 +869,9 @@ TABLES = {
         RESULTS / "throughput_1k_single_runs.json"
     ),
     "throughput_1k_profiled": profile_table,
-    "throughput_1k_direct_launches": lambda: throughput_table(RESULTS / "throughput_1k_direct.json"),
+    "throughput_1k_direct_launches": lambda: throughput_table(
+        RESULTS / "throughput_1k_direct.json"
+    ),
 }
 if (RESULTS / "accuracy_gemma3.json").exists():
     TABLES["accuracy_gemma3"] = lambda: accuracy_table(RESULTS / "accuracy_gemma3.json")

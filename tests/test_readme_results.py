@@ -184,7 +184,7 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
     decode = [row("decode", impl, 8, 8192, ms) for impl, ms in
               (("bf16_fa2", 2.0), ("int8", 1.0), ("upstream_int8_pth", 4.0))]  # fmt: skip
     kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": decode}))
-    lines = _report().dtype_choice_table(acc, kernels, tmp_path / "absent.json").splitlines()
+    lines = _report().dtype_choice_table((acc,), kernels, tmp_path / "absent.json").splitlines()
     cells = {line.split(" | ")[0][3:-1]: line.split(" | ")[2:] for line in lines
              if line.startswith("| `")}  # fmt: skip
     assert cells["int8"] == ["1.94x", "not measured", "not measured", "2.00x (2.00-2.00x) |"]
@@ -192,8 +192,34 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
                                                 "0.50x (0.50-0.50x) |"]  # fmt: skip
     # no row served int4: capacity from the catalogue at the model's head size, no speed
     assert cells["int4"] == ["3.56x (catalogue)", "not measured", "not measured", "not measured |"]
-    assert lines[-1].startswith("`int8_static` through the pages is not measured yet; with the "
-                                "default prefill (`int8_static_bf16_prefill`): ΔPPL +0.060%")  # fmt: skip
+    assert lines[-1].startswith("`int8_static` through the pages is not measured yet on "
+                                "SmolLM2-135M-Instruct; with the default prefill "
+                                "(`int8_static_bf16_prefill`): ΔPPL +0.060%")  # fmt: skip
+
+
+def test_dtype_choice_puts_each_models_measure_side_by_side(tmp_path) -> None:
+    def acc(name: str, model: str, int8_dppl: float, int8_tokens: int) -> Path:
+        rows = [_accuracy_row("auto", "auto", "pages", 0.0, 1000),
+                _accuracy_row("int8", "int8", "pages", int8_dppl, int8_tokens)]  # fmt: skip
+        path = tmp_path / name
+        path.write_text(json.dumps({"model": model, "corpus": "c.txt", "tokens": 5, "gpu": "G",
+                                    "command": "x", "date": "d", "git_commit": "a" * 40,
+                                    "rows": rows}))  # fmt: skip
+        return path
+
+    kernels = tmp_path / "kernels.json"
+    decode = [row("decode", impl, 8, 8192, ms) for impl, ms in (("bf16_fa2", 2.0), ("int8", 1.0))]
+    kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": decode}))
+    paths = (
+        acc("a.json", "SmolLM2-135M-Instruct", 0.08, 1940),
+        acc("b.json", "gemma-3-270m", 0.5, 1980),
+    )
+    table = _report().dtype_choice_table(paths, kernels, tmp_path / "absent.json")
+    int8 = next(line for line in table.splitlines() if line.startswith("| `int8` |"))
+    # capacity, ΔPPL, greedy: the first model's, then the second's; one value when they agree
+    assert int8.split(" | ")[2:5] == ["1.94x / 1.98x", "+0.080% ± 0.010 / +0.500% ± 0.010",
+                                      "0.500 ± 0.020"]  # fmt: skip
+    assert "SmolLM2-135M-Instruct (head size 64" in table and "gemma-3-270m (head size 256" in table
 
 
 def test_launch_overhead_table_shows_each_launch_path_measured(tmp_path) -> None:
@@ -244,7 +270,9 @@ def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
     path = tmp_path / "paired.json"
     path.write_text(json.dumps(measurement | {"calls": [call]}))
     table = _report().paired_runs_table(path).splitlines()
-    assert table[0].endswith("Calls, in order: 1. `python benchmarks/throughput.py --paired --repeats 2`.")
+    assert table[0].endswith(
+        "Calls, in order: 1. `python benchmarks/throughput.py --paired --repeats 2`."
+    )
     assert table[4] == "| 1 | 1024 | 1 | `auto_fa2` `int8` | 100 (8.0) | 110 (8.1) | 1.10x |"
     assert table[5] == "| 1 | 1024 | 2 | `int8` `auto_fa2` | 50 (16.0) | 60 (15.0) | 1.20x |"
     assert table[6].endswith("| A = `auto_fa2`, B = `int8` | | | **1.10x** |")

@@ -4,7 +4,7 @@ a 512-key sliding window in five of every six layers, QK-norm.
 Same rules as ``test_vllm_e2e.py`` (greedy, 32 tokens, EOS ignored; a divergence outside a near
 tie is a real mismatch and fails; identical counts judged against a control from the same run),
 on prompts cut from the corpus with Gemma's tokenizer, each starting with ``<bos>`` as Gemma must
-see every sequence. One extra phase: four prompts of 8K tokens (sixteen windows of the sliding
+see every sequence. One extra phase: sixteen prompts of 8K tokens (sixteen windows of the sliding
 layers), where every generated token's logprob must be finite and ``int8``'s agreement with BF16
 no worse than that of vLLM's other BF16 backend (FlashAttention-2 against Triton). About nine
 engines, two of them compiled (CUDA graphs): one 10-minute GPU call.
@@ -36,7 +36,9 @@ pytestmark = pytest.mark.gpu
 
 UPSTREAM = "int8_per_token_head"
 LONG_PROMPT_TOKENS = 8192  # 16 windows of 512
-LONG_PROMPTS = 4
+# Four prompts (the first GPU run) could not tell int8 from the BF16-backend control: one prompt
+# is 25% of the identical fraction; sixteen bring one prompt under the comparison's slack.
+LONG_PROMPTS = 16
 MAX_MODEL_LEN = 8448  # the long prompts + 32 generated tokens, rounded up to a block multiple
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,

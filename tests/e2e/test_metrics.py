@@ -315,7 +315,10 @@ def test_compute_rows_reference_first_and_schema() -> None:
     assert rows[1]["greedy_agree_se"] == pytest.approx(0.25)  # fractions 1 and 0.5
     assert "greedy_vs_int8_per_token_head" not in extras["int8"]  # that row did not run
     assert rows[0]["dppl_pct"] == 0.0 and rows[1]["dppl_pct"] != 0.0
-    assert [(r["prefill"], r["kv_cache_tokens"]) for r in rows] == [("pages", 1000), ("pages", 2000)]
+    assert [(r["prefill"], r["kv_cache_tokens"]) for r in rows] == [
+        ("pages", 1000),
+        ("pages", 2000),
+    ]
     # a row of ours that did not run with INT8KV_PREFILL=triton did not read the pages
     rows, _ = accuracy.compute_rows(res, "auto", targets, 32, runs={"int8": {}})
     assert rows[1]["prefill"] == "bf16" and rows[1]["kv_cache_dtype"] == "int8"
