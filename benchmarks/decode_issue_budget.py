@@ -38,7 +38,7 @@ import triton  # noqa: E402
 from common import MODEL_SHAPES  # noqa: E402  (benchmarks/: this script's folder)
 from compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
 
-from int8kv_kernels import PageLayout  # noqa: E402
+from int8kv_kernels import INT8_DTYPES, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
 
 # name: (SMs, boost clock GHz, peak memory bandwidth GB/s, compute capability), from the vendors'
@@ -167,7 +167,7 @@ def main() -> None:
         "--out", default=str(REPO / "benchmarks" / "results" / "decode_issue_budget.json")
     )
     args = ap.parse_args()
-    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in ("int8", "int8_static")]
+    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in INT8_DTYPES]
     result = {"command": "python benchmarks/decode_issue_budget.py", "gpus": GPUS, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:

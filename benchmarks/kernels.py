@@ -57,11 +57,14 @@ except ImportError:  # not installed: use the source tree through a temporary al
 
 import common  # noqa: E402  (benchmarks/, on sys.path above)
 
+from int8kv_kernels.catalogue import KERNEL_DTYPES  # noqa: E402
+
 DEV = "cuda"
 BLOCK = 16
 L2_BYTES = 60 << 20
 SHAPES = common.MODEL_SHAPES
-IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static", "int4"]
+# vLLM's kernels, then ours: every dtype of the catalogue that has kernels
+IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
@@ -119,7 +122,7 @@ class Cache:
             self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
             self.ks.uniform_(0.005, 0.02)
             self.vs.uniform_(0.005, 0.02)
-        elif impl == "int4":
+        elif impl in K.INT4_DTYPES:
             lay = K.Int4PageLayout(BLOCK, nkv, d)
             self.raw = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
                                      device=DEV)  # fmt: skip
@@ -446,7 +449,7 @@ def main() -> None:
 
     def attempt(impl, f, *a):
         try:
-            with decode_config(args.decode_config if impl in ("int8", "int8_static") else None):
+            with decode_config(args.decode_config if impl in K.INT8_DTYPES else None):
                 row = f(impl, *a)
         except (ImportError, RuntimeError, AttributeError, TypeError) as e:
             msg = f"{impl} {a}: {type(e).__name__}: {str(e)[:200]}"

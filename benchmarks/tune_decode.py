@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time  # noqa: E402
 
 import int8kv_kernels.attention as A  # noqa: E402
-from int8kv_kernels import make_workspace, paged_attention  # noqa: E402
+from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention  # noqa: E402
 
 # (tile, warps, stages, chunks). Stage 7 gives three K/V buffers (ptxas/TTGIR, kernels/README.md).
 CONFIGS = [
@@ -115,7 +115,7 @@ def main() -> None:
         must = kv_bytes + 2 * q.numel() * 2
         heur = A.choose_num_splits(batch, nkv, ctx, sms)
         line = []
-        for kv_dtype in ("int8", "int8_static"):
+        for kv_dtype in INT8_DTYPES:
             scales = torch.full((nkv,), 0.01, device="cuda")
             for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:2] + CONFIGS[-1:]:
                 for ns in sorted({min(32, max(1, int(heur * f))) for f in SPLIT_FACTORS}):

@@ -25,7 +25,7 @@ from typing import Any
 
 import wrapt
 
-from int8kv_shim._catalogue import dtype_names
+from int8kv_shim._catalogue import dtype_names, load_catalogue
 from int8kv_shim._logging import get_logger
 from int8kv_shim.package import UnsupportedVLLMVersionError, VersionCheck, check_vllm_version
 
@@ -301,13 +301,14 @@ def patch_static_scales_loader(attention: ModuleType) -> None:
     if is_applied("static_scales_loader"):
         return
     original = attention.Attention.process_weights_after_loading
+    static_dtype = load_catalogue().STATIC_DTYPE
 
     def load_static_scales(
         wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
     ) -> Any:
         result = wrapped(*args, **kwargs)
         layer = instance if instance is not None else args[0]  # called through the class
-        if getattr(layer, "kv_cache_dtype", None) == "int8_static":
+        if getattr(layer, "kv_cache_dtype", None) == static_dtype:
             from int8kv_shim.static_scales import load_into_layer
 
             load_into_layer(layer)

@@ -30,9 +30,10 @@ import triton
 import triton.language as tl
 
 from .cache_write import _rint
+from .catalogue import INT4_DTYPES
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
 from .launch import DirectLauncher, Replay, ReplayCache
-from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
+from .page_layout import cached_page_layout, next_power_of_2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 # Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and

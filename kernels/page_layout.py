@@ -80,10 +80,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .catalogue import get_dtype
-
-INT8_DTYPES: tuple[str, ...] = ("int8", "int8_static")
-INT4_DTYPES: tuple[str, ...] = ("int4",)
+from .catalogue import INT4_DTYPES, INT8_DTYPES, get_dtype
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ class PageLayout:
 
     @property
     def has_scales(self) -> bool:
-        return self.dtype_name == "int8"
+        return get_dtype(self.dtype_name).scale_kind == "per_token_head"
 
     @property
     def data_bytes(self) -> int:
