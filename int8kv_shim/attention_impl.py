@@ -43,7 +43,6 @@ from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
 from int8kv_shim._logging import get_logger
-from int8kv_shim.calibration import active_recorder
 from int8kv_shim.environment_variables import (
     INT8KV_DIRECT_LAUNCH,
     INT8KV_INT4_ROTATION,
@@ -60,6 +59,7 @@ from int8kv_shim.flash_prefill import (
     flash_attention,
     split_batch,
 )
+from int8kv_shim.static.recorder import active_recorder
 
 # vLLM's logger tree (a child of "vllm"): a logger named after this module has no handler, and
 # its INFO lines would vanish

@@ -3,7 +3,7 @@
 ``int8kv doctor`` checks whether the shim can do what the user wants on this machine (it also runs
 where there is no GPU); ``int8kv dtypes`` prints the dtype table (the README's table is this output);
 ``int8kv calibrate MODEL`` writes the ``int8_static`` calibration file (needs a GPU; see
-:mod:`int8kv_shim.calibrate`).
+:mod:`int8kv_shim.static.cli`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from int8kv_shim import calibrate
-from int8kv_shim._catalogue import load_catalogue
+from int8kv_shim.catalogue_loader import load_catalogue
 from int8kv_shim.environment_variables import (
     INT8KV_PREFILL,
     INT8KV_SHIM,
@@ -24,6 +23,7 @@ from int8kv_shim.environment_variables import (
     prefill_mode,
 )
 from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
+from int8kv_shim.static import cli as calibrate
 
 MIN_COMPUTE_CAPABILITY = (8, 0)  # same bound as backend.MIN_COMPUTE_CAPABILITY (no vLLM import)
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import wrapt
 
-from int8kv_shim._catalogue import dtype_names, load_catalogue
 from int8kv_shim._logging import get_logger
+from int8kv_shim.catalogue_loader import dtype_names, load_catalogue
 from int8kv_shim.package import UnsupportedVLLMVersionError, VersionCheck, check_vllm_version
 
 BACKEND_CLASS_PATH = "int8kv_shim.backend.Int8KVAttentionBackend"
@@ -294,7 +294,7 @@ def patch_static_scales_loader(attention: ModuleType) -> None:
     """Load ``int8_static`` layers' per-head scales from the calibration file after weight loading.
 
     vLLM's own method runs first (it resets ``_k_scale``/``_v_scale`` to 1.0, which our kernels
-    never read); then :func:`int8kv_shim.static_scales.load_into_layer` sets the impl's scales for
+    never read); then :func:`int8kv_shim.static.load.load_into_layer` sets the impl's scales for
     this TP rank, or stops start-up with one line naming the file and what is wrong with it.
     Layers with any other dtype are untouched.
     """
@@ -309,7 +309,7 @@ def patch_static_scales_loader(attention: ModuleType) -> None:
         result = wrapped(*args, **kwargs)
         layer = instance if instance is not None else args[0]  # called through the class
         if getattr(layer, "kv_cache_dtype", None) == static_dtype:
-            from int8kv_shim.static_scales import load_into_layer
+            from int8kv_shim.static.load import load_into_layer
 
             load_into_layer(layer)
         return result

@@ -397,7 +397,7 @@ def test_int8_static_file_refusals_are_pinned_in_tests_shim() -> None:
 
 
 def test_int8_static_file_refusal_names_the_file(tmp_path: Path) -> None:
-    from int8kv_shim import scales_file
+    from int8kv_shim.static import file as scales_file
 
     path = tmp_path / "int8kv_scales.json"
     path.write_text("{ not json")

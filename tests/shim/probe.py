@@ -345,7 +345,8 @@ def static_scales_loading() -> dict[str, Any]:
     import vllm.model_executor.layers.attention.attention as attention
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from int8kv_shim import scales_file, static_scales
+    from int8kv_shim.static import file as scales_file
+    from int8kv_shim.static import load as static_scales
 
     impl_cls = AttentionBackendEnum.CUSTOM.get_class().get_impl_cls()
     tmp = Path(tempfile.mkdtemp(prefix="int8kv-scales-"))

@@ -57,7 +57,7 @@ def test_import_imports_neither_vllm_nor_torch(run_python, shim: str | None) -> 
         "import sys, json\n"
         "import int8kv_shim, int8kv_shim.plugin\n"
         "int8kv_shim.plugin.register()\n"
-        "from int8kv_shim._catalogue import dtype_names\n"
+        "from int8kv_shim.catalogue_loader import dtype_names\n"
         "names = dtype_names()\n"
         "heavy = [m for m in ('vllm', 'torch', 'triton', 'int8kv_kernels') if m in sys.modules]\n"
         "print(json.dumps({'heavy': heavy, 'mode': int8kv_shim.mode(), 'names': list(names)}))\n"
@@ -73,7 +73,7 @@ def test_import_imports_neither_vllm_nor_torch(run_python, shim: str | None) -> 
 def test_catalogue_loaded_early_is_the_one_the_kernels_import(run_python) -> None:
     code = (
         "import sys\n"
-        "from int8kv_shim._catalogue import load_catalogue\n"
+        "from int8kv_shim.catalogue_loader import load_catalogue\n"
         "early = load_catalogue()\n"
         "assert 'int8kv_kernels' not in sys.modules\n"
         "import int8kv_kernels.catalogue as late\n"

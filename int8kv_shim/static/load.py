@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from int8kv_shim import scales_file
-from int8kv_shim._catalogue import load_catalogue
-from int8kv_shim.scales_file import ScalesFile, ScalesFileError
+from int8kv_shim.catalogue_loader import load_catalogue
+from int8kv_shim.static import file as scales_file
+from int8kv_shim.static.file import ScalesFile, ScalesFileError
 
 _lock = threading.Lock()
 # Resolved path -> parsed file: every layer of a process reads the file once.

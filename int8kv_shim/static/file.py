@@ -1,6 +1,6 @@
 """The ``int8_static`` calibration file: per-layer, per-kv-head K and V scales, as JSON.
 
-Written by ``int8kv calibrate``, read at serving start-up (patch P8, :mod:`int8kv_shim.static_scales`).
+Written by ``int8kv calibrate``, read at serving start-up (patch P8, :mod:`int8kv_shim.static.load`).
 Pure Python (no vLLM, no torch), so everything here is tested on CPU.
 
 The file holds the **total** number of kv heads, not one rank's: :func:`heads_for_rank` slices it
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from int8kv_shim._catalogue import load_catalogue
+from int8kv_shim.catalogue_loader import load_catalogue
 
 _catalogue = load_catalogue()
 
