@@ -46,8 +46,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 DEFAULT_DTYPES = "auto,int8_per_token_head,int8"
 GREEDY_LENGTHS = (128, 256, 512, 1024)
@@ -337,8 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     for label in labels:
         result = workdir / f"{label}.npz"
         cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
+            *common.module_command("benchmarks.accuracy"),
             "--worker",
             "--label",
             label,
@@ -353,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = {"rc": None, **calibration, "error": calibration.get("calibrate_error")}
             print(f"accuracy: {label}: calibration failed: {runs[label]['error']}", flush=True)
             continue
-        env = common.child_env(label, args.shim_everywhere, scales)
+        env = common.with_repo_on_path(common.child_env(label, args.shim_everywhere, scales))
         rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / f"accuracy_{label}.log")
         run: dict[str, Any] = {
             "rc": rc,

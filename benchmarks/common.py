@@ -1,8 +1,8 @@
-"""Helpers shared by ``benchmarks/accuracy.py`` and ``benchmarks/throughput.py``.
+"""Helpers shared by the benchmark scripts (``python -m benchmarks.NAME``) and the e2e tests.
 
 Everything here is importable without vLLM or a GPU (the metric math and JSON handling are unit
-tested on CPU in ``tests/e2e/test_metrics.py``); vLLM is only imported inside the functions that
-need an engine.
+tested on CPU in ``tests/benchmarks/test_common.py``); vLLM is only imported inside the functions
+that need an engine.
 """
 
 from __future__ import annotations
@@ -485,6 +485,19 @@ def copy_to_out(path: str | Path) -> Path | None:
 # running one configuration in a fresh process
 
 
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args`` with this interpreter: how a benchmark starts its workers (with
+    :func:`with_repo_on_path` in their environment when ``module`` is one of ``benchmarks``)."""
+    return [sys.executable, "-m", module, *args]
+
+
+def with_repo_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the repository root in front of its ``PYTHONPATH``: a child running
+    ``python -m benchmarks.NAME`` then finds the package whatever its working directory."""
+    inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO), *inherited])}
+
+
 def start_child(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
     """Start ``argv`` in its own process group with stdout+stderr going to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -547,7 +560,12 @@ def gpu_name() -> str:
 
 
 def command_line() -> str:
-    """How this script was invoked, for the results' ``command`` field."""
+    """How this script was invoked, for the results' ``command`` field: ``python -m
+    benchmarks.NAME ...`` for a module run (the scripts' way), else the script's path from the
+    repository root."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("benchmarks."):
+        return " ".join(["python", "-m", spec.name, *sys.argv[1:]])
     rel = os.path.relpath(sys.argv[0], REPO) if sys.argv else "?"
     return " ".join(["python", rel, *sys.argv[1:]])
 

@@ -1,10 +1,10 @@
 """Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
 
-    python benchmarks/kernels.py --out benchmarks/results/kernels.json [--quick] [--impls ...]
+    python -m benchmarks.kernels --out benchmarks/results/kernels.json [--quick] [--impls ...]
 
 One decode point off the matrix (here SmolLM2's heads with 1024 sequences at 1K context):
 
-    python benchmarks/kernels.py --shapes 2 --batches 1024 --ctxs 1024 --decode-only
+    python -m benchmarks.kernels --shapes 2 --batches 1024 --ctxs 1024 --decode-only
         --impls bf16_fa2 int8 --out /tmp/smol_b1024.json
 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
@@ -33,15 +33,12 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable
 
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import int8kv_kernels as K
 except ImportError:  # not installed: use the source tree through a temporary alias
@@ -55,8 +52,7 @@ except ImportError:  # not installed: use the source tree through a temporary al
     sys.modules["int8kv_kernels"] = K
     _spec.loader.exec_module(K)
 
-import common  # noqa: E402  (benchmarks/, on sys.path above)
-
+from benchmarks import common  # noqa: E402
 from int8kv_kernels.catalogue import KERNEL_DTYPES  # noqa: E402
 
 DEV = "cuda"
@@ -303,9 +299,8 @@ def decode_config(spec: str | None):
     if spec is None:
         yield
         return
-    from tune_decode import _fixed_config
-
     import int8kv_kernels.attention as A
+    from benchmarks.tune_decode import _fixed_config
 
     fixed, orig = _fixed_config(*map(int, spec.split(","))), A._choose_config
 
@@ -441,7 +436,7 @@ def main() -> None:
         return
     torch.manual_seed(0)
     shapes, batches, ctxs = decode_matrix(args)
-    result = {"gpu": torch.cuda.get_device_name(), "command": shlex.join([sys.executable] + sys.argv),
+    result = {"gpu": torch.cuda.get_device_name(), "command": common.command_line(),
               "peak_bw_gbs": copy_bw_gbs(), "rows": [], "skipped": []}  # fmt: skip
     # this run's own copy bandwidth: the line --from-log reads back
     print(f"{result['gpu']}: copy {result['peak_bw_gbs']:.0f} GB/s", flush=True)

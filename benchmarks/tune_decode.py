@@ -4,9 +4,9 @@
 Prints, per decode shape and config (tile, warps, stages, splits), the time and the fraction of the
 measured copy bandwidth counting the bytes the kernel must read. Used to pick _choose_config.
 
-    python benchmarks/tune_decode.py                    # sweep; $OUT/tune_decode.json if $OUT is set
-    python benchmarks/tune_decode.py --shape 9,3,64     # the same for SmolLM2's heads
-    python benchmarks/tune_decode.py --best FILE.json   # T,W,S,C: best int8 config of a sweep
+    python -m benchmarks.tune_decode                    # sweep; $OUT/tune_decode.json if $OUT is set
+    python -m benchmarks.tune_decode --shape 9,3,64     # the same for SmolLM2's heads
+    python -m benchmarks.tune_decode --best FILE.json   # T,W,S,C: best int8 config of a sweep
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time  # noqa: E402
-
-import int8kv_kernels.attention as A  # noqa: E402
-from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention  # noqa: E402
+import int8kv_kernels.attention as A
+from benchmarks.tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time
+from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention
 
 # (tile, warps, stages, chunks). Stage 7 gives three K/V buffers (ptxas/TTGIR, kernels/README.md).
 CONFIGS = [
@@ -176,7 +174,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
-            command = shlex.join(["python", "benchmarks/tune_decode.py", *sys.argv[1:]])
+            command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
             json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
                            shape=[nq, nkv, d], rows=log), f)  # fmt: skip
 

@@ -660,7 +660,7 @@ class _Config:
 
 # Shared memory one program may use on sm86 (A10, A40, A6000, RTX 3090), the smallest of the
 # targets (sm80: 163 KiB, sm90: 227 KiB). A program above it does not launch there ("out of
-# resources"); tests/kernels/compile_sm80.py checks every default specialisation against it.
+# resources"); benchmarks/compile_sm80.py checks every default specialisation against it.
 MAX_SHARED_BYTES = 99 * 1024
 
 

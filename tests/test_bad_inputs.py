@@ -202,19 +202,20 @@ def _sub_active() -> dict[str, Any]:
 
 
 def _script(dtype_names: list[str], body: str) -> str:
-    return prelude(dtype_names) + f"sys.path.insert(0, {str(TESTS)!r})\n" + body
+    # the child imports this module: run_python puts tests/ on its PYTHONPATH
+    return prelude(dtype_names) + body
 
 
 @pytest.fixture(scope="session")
 def matrix_active(run_python, dtype_names: list[str]) -> dict[str, Any]:
     body = "import test_bad_inputs as m\nprobe.emit(m._sub_active())\n"
-    return run_python(_script(dtype_names, body), shim="1").result()
+    return run_python(_script(dtype_names, body), shim="1", pythonpath=[TESTS]).result()
 
 
 @pytest.fixture(scope="session")
 def matrix_off(run_python, dtype_names: list[str]) -> dict[str, Any]:
     body = "import test_bad_inputs as m\nprobe.emit(m._sub_off())\n"
-    return run_python(_script(dtype_names, body), shim=None).result()
+    return run_python(_script(dtype_names, body), shim=None, pythonpath=[TESTS]).result()
 
 
 @pytest.fixture(scope="session")
@@ -471,10 +472,7 @@ def test_nonfinite_token_flags_its_sequence_and_no_other() -> None:
     """Attention: sequence 0 holds the bad token, sequence 1 does not; 1's output is bit-identical
     to a run without the bad token, 0's is NaN from the bad token on (flagged, never plausible).
     A stale NaN token in a reused block past the owner's seq_len is never read either."""
-    import sys
-
-    sys.path.insert(0, str(TESTS / "kernels"))  # the kernel tests' batch builders
-    from kvbatch import make_batch, make_cache, run_attention
+    from kvbatch import make_batch, make_cache, run_attention  # the kernel tests' batch builders
 
     from int8kv_kernels import write_kv_cache
 

@@ -37,16 +37,9 @@ from typing import Any
 
 import pytest
 import torch
+from e2e_support import GEN_TOKENS, MAX_MODEL_LEN, assert_like_control, generation_phase
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import (  # noqa: E402
-    GEN_TOKENS,
-    MAX_MODEL_LEN,
-    Comparison,
-    assert_like_control,
-    compare_greedy,
-    generation_phase,
-)
+from benchmarks.greedy import Comparison, compare_greedy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,7 +7,7 @@ on a fresh host, most of it the first torch.compile); ``-k tiny`` / ``-k "not ti
 What "identical" means here: greedy decoding (temperature 0, EOS ignored, 32 tokens) of the same
 72 prompts (``e2e_support.PROMPT_ROUNDS`` = 3 rounds of 20 corpus slices of 12 to 2300 tokens + 4
 sharing a 1200-token prefix), compared token by token. A divergence where both runs' tokens are in
-each other's top-5 is a *near tie* (``e2e_support.compare_greedy``, which also prints the largest
+each other's top-5 is a *near tie* (``benchmarks.greedy.compare_greedy``, which also prints the largest
 logprob gap at a near tie); anything else is a real mismatch, and every test here requires none.
 How many prompts stay identical is a property of the model as much as of the cache: SmolLM2-135M
 continuing a novel sits on near ties so often that any rounding change flips some (measured on the
@@ -32,20 +32,12 @@ model (see the closing notes of the issue).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import GEN_TOKENS, MAX_MODEL_LEN, assert_like_control, generation_phase
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import (  # noqa: E402
-    MAX_MODEL_LEN,
-    Comparison,
-    assert_like_control,
-    compare_greedy,
-    generation_phase,
-)
+from benchmarks.greedy import Comparison, compare_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -152,7 +144,7 @@ def test_tiny_gqa_matches_bf16(engine, tiny_model_dir, prompts, dtype) -> None:
     """
     ref = _tiny(engine, tiny_model_dir, prompts, "auto")["phases"]["ref"]
     got = _tiny(engine, tiny_model_dir, prompts, dtype)["phases"]["ref"]
-    cmp = compare_greedy(ref, got)
+    cmp = compare_greedy(ref, got, GEN_TOKENS)
     print(f"tiny {dtype} vs bf16: {cmp.summary()}")
     assert not cmp.mismatch and cmp.identical_fraction >= TINY_MIN, cmp.summary()
 
@@ -187,15 +179,18 @@ def test_smollm2_matches_bf16(engine, smollm2_dir, prompts, dtype) -> None:
     ref = _smol_eager(engine, smollm2_dir, prompts, "auto")["phases"]["miss"]
     got = _smol_eager(engine, smollm2_dir, prompts, dtype)["phases"]["miss"]
     upstream = _smol_eager(engine, smollm2_dir, prompts, UPSTREAM)["phases"]["miss"]
-    control = compare_greedy(ref, upstream)
-    cmp = compare_greedy(ref, got)
+    control = compare_greedy(ref, upstream, GEN_TOKENS)
+    cmp = compare_greedy(ref, got, GEN_TOKENS)
     assert_like_control(cmp, control, f"SmolLM2 {dtype} vs bf16", f"{UPSTREAM} vs bf16")
     assert cmp.identical_fraction >= CROSS_MIN, cmp.summary()
     # Prefix-cache hits with the default prefill: the cached prefix is read quantized where the miss
     # pass attended over its fresh BF16 K/V, so a hit is an int8-vs-BF16 comparison too.
     hits = _smol_eager(engine, smollm2_dir, prompts, dtype)["phases"]["hit"]
     assert_like_control(
-        compare_greedy(ref, hits), control, f"SmolLM2 {dtype} hits vs bf16", f"{UPSTREAM} vs bf16"
+        compare_greedy(ref, hits, GEN_TOKENS),
+        control,
+        f"SmolLM2 {dtype} hits vs bf16",
+        f"{UPSTREAM} vs bf16",
     )
 
 
@@ -212,7 +207,7 @@ def test_prefix_cache_hit_matches_miss(engine, smollm2_dir, prompts, dtype) -> N
         long_enough = [i for i, p in enumerate(prompts) if len(p) > block]
         no_hit = [i for i in long_enough if hit["num_cached_tokens"][i] == 0]
         assert not no_hit, f"{kv}: prompts {no_hit} got no prefix-cache hit"
-        return compare_greedy(miss, hit)
+        return compare_greedy(miss, hit, GEN_TOKENS)
 
     assert_like_control(
         hit_vs_miss(dtype), hit_vs_miss("auto"), f"{dtype} prefix-cache hit vs miss", "bf16"
@@ -223,7 +218,7 @@ def test_cuda_graphs_match_eager(engine, smollm2_dir, prompts, dtype) -> None:
     def graphs_vs_eager(kv: str) -> Comparison:
         eager = _smol_eager(engine, smollm2_dir, prompts, kv)["phases"]["miss"]
         return compare_greedy(
-            eager, _smol_graphs(engine, smollm2_dir, prompts, kv)["phases"]["ref"]
+            eager, _smol_graphs(engine, smollm2_dir, prompts, kv)["phases"]["ref"], GEN_TOKENS
         )
 
     assert_like_control(
@@ -240,7 +235,7 @@ def test_preemption_matches_unpreempted(engine, smollm2_dir, prompts, dtype) -> 
         assert pre is not None, "no scheduler stats (disable_log_stats must be False)"
         assert pre > 0, f"{kv}: no preemption with {run['engine']['kv_cache_tokens']} KV tokens"
         eager = {key: eager[key][:PREEMPT_PROMPTS] for key in ("token_ids", "logprobs")}
-        return compare_greedy(eager, run["phases"]["ref"])  # over the first GEN_TOKENS
+        return compare_greedy(eager, run["phases"]["ref"], GEN_TOKENS)
 
     assert_like_control(
         preempted_vs_not(dtype), preempted_vs_not("auto"), f"{dtype} preempted vs not", "bf16"

@@ -40,11 +40,9 @@ def stub_cuda_ops_without_driver() -> None:
 
 
 def prelude(names: list[str]) -> str:
-    """First lines of every scenario: make `probe` importable, stand in for the CUDA op library."""
-    return (
-        f"import sys\nsys.path.insert(0, {str(SHIM_TESTS)!r})\nimport probe\n"
-        f"probe.stub_cuda_ops_without_driver()\nNAMES = {names!r}\n"
-    )
+    """First lines of every scenario: import `probe` (``run_python`` puts tests/shim on the
+    child's PYTHONPATH), stand in for the CUDA op library."""
+    return f"import sys\nimport probe\nprobe.stub_cuda_ops_without_driver()\nNAMES = {names!r}\n"
 
 
 def emit(result: dict[str, Any]) -> None:
