@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -400,15 +401,17 @@ def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 # results files
 
 
+# What write_json adds to every document: when and from which commit it was measured.
+STAMP_KEYS = {"date", "git_commit"}
 ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
-ACCURACY_OPTIONAL_KEYS = {"gpu", "command"}
+ACCURACY_OPTIONAL_KEYS = {"gpu", "command"} | STAMP_KEYS
 ACCURACY_ROW_KEYS = {"dtype", "ppl", "top1_agree", "kld", "greedy_agree"}
 THROUGHPUT_KEYS = {"gpu", "command", "model", "rows"}
 THROUGHPUT_ROW_KEYS = {"dtype", "ctx", "num_prompts", "output_len", "gen_tok_s", "kv_cache_tokens"}
 
 
 def validate_accuracy(doc: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's accuracy JSON."""
+    """Raise ``ValueError`` unless ``doc`` has exactly the accuracy JSON's schema."""
     keys = set(doc)
     if not ACCURACY_KEYS <= keys or keys - ACCURACY_KEYS - ACCURACY_OPTIONAL_KEYS:
         raise ValueError(f"accuracy keys {sorted(keys)}")
@@ -428,8 +431,9 @@ def validate_accuracy(doc: Mapping[str, Any]) -> None:
 
 
 def validate_throughput(doc: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's throughput JSON."""
-    if set(doc) != THROUGHPUT_KEYS:
+    """Raise ``ValueError`` unless ``doc`` has exactly the throughput JSON's schema (the
+    ``STAMP_KEYS`` of a written file allowed)."""
+    if set(doc) - STAMP_KEYS != THROUGHPUT_KEYS:
         raise ValueError(f"throughput keys {sorted(doc)}")
     for row in doc["rows"]:
         if set(row) != THROUGHPUT_ROW_KEYS:
@@ -457,11 +461,39 @@ def merge_rows(
     return list(merged.values())
 
 
+def git_commit(repo: str | Path = REPO) -> str:
+    """``git rev-parse HEAD`` of ``repo``, with ``-dirty`` appended when a tracked file differs
+    from it (untracked files do not count); ``"unknown"`` outside a checkout or without git."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0 or status.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def stamp(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with this run's ``date`` (UTC, ``YYYY-MM-DD``) and ``git_commit`` added, each
+    unless ``doc`` already has it: which code measured a result, and when."""
+    out = dict(doc)
+    out.setdefault("date", datetime.now(timezone.utc).date().isoformat())
+    if "git_commit" not in out:
+        out["git_commit"] = git_commit()
+    return out
+
+
 def write_json(doc: Mapping[str, Any], path: str | Path) -> list[Path]:
-    """Write ``doc`` to ``path`` and, when ``$OUT`` is set (device runs), a copy into ``$OUT``."""
+    """Write ``doc`` with its :func:`stamp` to ``path`` and, when ``$OUT`` is set (device runs), a
+    copy into ``$OUT``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(json.dumps(stamp(doc), indent=2) + "\n")
     copy = copy_to_out(path)
     return [path] + ([copy] if copy else [])
 

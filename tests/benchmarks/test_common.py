@@ -7,10 +7,12 @@ and argument classes (skipped where vLLM is not installed).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import types
@@ -249,7 +251,7 @@ def test_write_json_copies_to_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OUT", str(out))
     written = common.write_json({"a": 1}, tmp_path / "res" / "x.json")
     assert [p.name for p in written] == ["x.json", "x.json"]
-    assert json.loads((out / "x.json").read_text()) == {"a": 1}
+    assert json.loads((out / "x.json").read_text()) == common.stamp({"a": 1})
 
 
 def test_configs_and_child_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,7 +361,7 @@ def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_p
     monkeypatch.setenv("OUT", str(out))
     assert common.write_json({"a": 2}, doc) == [doc, out / "r.json"]
     common.write_json({"a": 3}, doc)  # a later save (kernels.py saves after every row)
-    assert json.loads((out / "r.json").read_text()) == {"a": 3}
+    assert json.loads((out / "r.json").read_text()) == common.stamp({"a": 3})
     assert common.copy_to_out(out / "r.json") is None  # already in $OUT
 
 
@@ -382,3 +384,35 @@ def test_children_find_the_package_from_any_folder(tmp_path: Path) -> None:
     assert subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True).returncode != 0
     env["PYTHONPATH"] = "/elsewhere"
     assert common.with_repo_on_path(env)["PYTHONPATH"] == f"{REPO}{os.pathsep}/elsewhere"
+
+
+def test_write_json_stamps_the_date_and_commit_unless_the_document_has_them(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    common.write_json({"a": 1}, path)
+    doc = json.loads(path.read_text())
+    assert doc == {"a": 1, "date": doc["date"], "git_commit": common.git_commit()}
+    assert doc["date"] == datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    kept = {"a": 2, "date": "2001-02-03", "git_commit": "abc"}
+    common.write_json(kept, path)
+    assert json.loads(path.read_text()) == kept
+
+
+def test_git_commit_marks_changed_tracked_files_dirty(tmp_path: Path) -> None:
+    assert common.git_commit(tmp_path) == "unknown"  # not a checkout
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("1")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    assert re.fullmatch("[0-9a-f]{40}", head) and common.git_commit(tmp_path) == head
+    (tmp_path / "new.txt").write_text("untracked")  # untracked files do not count
+    assert common.git_commit(tmp_path) == head
+    (tmp_path / "f.txt").write_text("2")
+    assert common.git_commit(tmp_path) == head + "-dirty"
