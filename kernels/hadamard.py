@@ -28,10 +28,6 @@ def set_rotation(enabled: bool) -> None:
     _ENABLED = bool(enabled)
 
 
-def rotation_enabled() -> bool:
-    return _ENABLED
-
-
 def hadamard(d: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """The normalized D x D Hadamard matrix, cached per (D, device, dtype). Do not modify it.
 
