@@ -26,7 +26,7 @@ All runs use ``enforce_eager=True``: CUDA graphs and torch.compile would only ad
 compilation per dtype; the attention kernels and the KV-cache format are the same, so the numbers
 measure the cache, not the graph mode.
 
-Outputs ``--out`` (default benchmarks/results/accuracy.json, exactly issue 4's schema) and, next to
+Outputs ``--out`` (default benchmarks/results/accuracy.json, exactly the schema ``common.validate_accuracy`` checks) and, next to
 it, ``accuracy_details.json`` (per-dtype extras, errors, settings); both are also copied to ``$OUT``
 when that is set. A dtype whose engine fails is skipped, with its error in the details file.
 
@@ -215,7 +215,7 @@ def compute_rows(
     num_windows: int = 0,
     versus: str = "int8_per_token_head",
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Issue-4 rows (reference first) plus per-dtype extras, from the workers' arrays; with
+    """Accuracy rows (reference first) plus per-dtype extras, from the workers' arrays; with
     ``num_windows`` (the scored windows, concatenated in ``target_lp``) also the standard error of
     each ΔPPL; with a ``versus`` row, every other row's greedy agreement minus that row's, prompt
     by prompt, with its standard error (``greedy_vs_VERSUS``)."""

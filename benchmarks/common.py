@@ -26,7 +26,7 @@ BENCH_DIR = REPO / "benchmarks"
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CORPUS = BENCH_DIR / "corpus" / "pride_and_prejudice.txt"
 
-# (q_heads, kv_heads, head_dim) of the kernel benchmarks (issue 3): a Llama-3-8B-like GQA
+# (q_heads, kv_heads, head_dim) of the kernel benchmarks: a Llama-3-8B-like GQA
 # model, a Qwen2-7B-like one, and SmolLM2-135M's, the model of the end-to-end runs.
 MODEL_SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64)]
 
@@ -75,7 +75,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
     "int4": {"kv_cache_dtype": "int4", "shim": True},
-    # issue 6's ablation: the same 4-bit format without the Hadamard rotation
+    # the rotation ablation: the same 4-bit format without the Hadamard rotation
     "int4_no_rotation": {
         "kv_cache_dtype": "int4",
         "shim": True,

@@ -66,13 +66,13 @@ def compare_greedy(ref: Mapping[str, Any], other: Mapping[str, Any], n: int) -> 
     (batch composition, CUDA graph padding, a quantized cache). Otherwise it is a *mismatch*: one
     run picked a token the other considered unlikely, which points at a real difference.
 
-    The runs record k = NEAR_TIE_TOPK = 20 (the e2e tests' generation_phase). With k = 5 the window was a rank,
-    not a probability: SmolLM2 continuing a novel often has five candidates within 0.2 nats, so a
-    token 0.3 nats down fell outside it (the GPU runs of sessions 7 and 8, p12@t4: ref's top-5
-    spanned 0.19 nats, the other's 0.31), while near ties the same rule accepted elsewhere reached
-    0.69 nats. A broken
-    cache or kernel moves whole distributions (diverging at the first tokens of most prompts, as
-    the CPU simulation of a broken context gather showed), far outside any top-20.
+    The runs record k = NEAR_TIE_TOPK = 20 (the e2e tests' generation_phase). With k = 5 the window
+    was a rank, not a probability: SmolLM2 continuing a novel often has five candidates within
+    0.2 nats, so a token 0.3 nats down fell outside it (an H200 run of the e2e tests, prompt 12 at
+    token 4: ref's top-5 spanned 0.19 nats, the other's 0.31), while near ties the same rule
+    accepted elsewhere reached 0.69 nats. A broken cache or kernel moves whole distributions
+    (diverging at the first tokens of most prompts, as the CPU simulation of a broken context
+    gather showed), far outside any top-20.
     """
     cmp = Comparison(n=n)
     a_ids, b_ids = ref["token_ids"], other["token_ids"]

@@ -1,4 +1,4 @@
-"""Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
+"""Official kernel benchmark: decode, prefill and cache write, ours vs vLLM's kernels.
 
     python -m benchmarks.kernels --out benchmarks/results/kernels.json [--quick] [--impls ...]
 
@@ -251,7 +251,7 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
 
 def plot(result: dict, path: str) -> None:
     """Decode speedup over bf16_fa2 against context, a panel per model shape: colour = impl,
-    line style and marker = batch, the dashed line at issue 3's 1.6x target."""
+    line style and marker = batch, the dashed line at the 1.6x decode target."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,6 +1,6 @@
 """Perplexity with simulated KV-cache quantization (Hugging Face model, our torch references).
 
-Answers design questions of the ``int4`` format (issue 6) that do not need vLLM or a GPU: how much
+Answers design questions of the ``int4`` format that do not need vLLM or a GPU: how much
 the Hadamard rotation, KVarN-style variance normalization, BF16 "sink" tokens and the group size
 change ΔPPL. Every K and V vector (after RoPE, per token and kv-head) is quantized and dequantized
 with the same torch references the kernels are tested against (``int8kv_kernels.reference`` and

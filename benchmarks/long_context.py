@@ -1,4 +1,4 @@
-"""Long context (issue 7): greedy decoding at the longest context the model allows, BF16 vs int8.
+"""Long context: greedy decoding at the longest context the model allows, BF16 vs int8.
 
 For SmolLM2-135M (``max_position_embeddings`` 8192, read from the model's config.json) each of
 ``--num-prompts`` corpus slices fills the context up to ``max_model_len - --gen-tokens`` tokens, and

@@ -1,4 +1,4 @@
-"""Serving soak (issue 7): ``vllm serve`` with a quantized KV cache under sustained mixed load.
+"""Serving soak: ``vllm serve`` with a quantized KV cache under sustained mixed load.
 
 One run:
 
@@ -562,7 +562,8 @@ async def soak_client(
 
 
 def result_doc(res: ClientResult, dtype: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """soak.json: the five keys of issue 7 first, then the details."""
+    """soak.json: the five headline keys first (requests, errors, probe_identical, duration_s,
+    dtype), then the details."""
     load = res.load
     differing = [
         i

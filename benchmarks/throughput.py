@@ -27,7 +27,7 @@ no FA3), ``auto_triton`` (BF16, Triton backend), ``int8_per_token_head`` (upstre
 dtypes (``int8`` ...; no backend argument: the shim's plugin selects ours, with INT8KV_SHIM=1 set
 only in those processes).
 
-Writes ``--out`` (benchmarks/results/throughput.json, issue 4's schema) and
+Writes ``--out`` (benchmarks/results/throughput.json, ``common.validate_throughput``'s schema) and
 ``throughput_details.json``; ``--append`` merges into existing files (rows replaced by
 (dtype, ctx)), so a run can be split over several device calls with ``--configs``/``--ctx``.
 Plot with ``python -m benchmarks.plot_throughput`` (needs matplotlib; runs on any machine).
@@ -118,8 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="timed runs per context in the same engine, each on its own seeded prompts: the row "
         "is the median run (the slower middle one of an even count); every run is in "
         "throughput_details.json (its runs: gen_tok_s, ms per step, host_probe_ms). On the H200 "
-        "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs of the same "
-        "session (session 9): one run per configuration does not give a ratio",
+        "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs on the same "
+        "host: one run per configuration does not give a ratio",
     )
     p.add_argument(
         "--paired",

@@ -51,7 +51,7 @@ CONFIGS = [
 # tiles, which is what a short pipeline at batch 8 might want).
 SPLIT_FACTORS = (0.5, 1, 2, 4, 8)
 SHAPES = [(8, 8192), (32, 8192), (8, 1024), (128, 1024), (1, 32768)]
-# Shapes issue 3's decode target is judged on (ctx >= 8K, batch >= 8): best_config ranks on these.
+# Shapes the decode target is judged on (ctx >= 8K, batch >= 8): best_config ranks on these.
 TARGET_SHAPES = {(8, 8192), (32, 8192)}
 
 
@@ -99,7 +99,7 @@ def main() -> None:
         f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}",
         flush=True,
     )
-    # --shape Q,KV,D: another model's heads (default: issue 3's first shape)
+    # --shape Q,KV,D: another model's heads (default: the first of common.MODEL_SHAPES)
     nq, nkv, d = 32, 8, 128
     if sys.argv[1:2] == ["--shape"]:
         nq, nkv, d = map(int, sys.argv[2].split(","))

@@ -361,8 +361,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kwargs is None:
             raise RuntimeError(
                 "int8kv-shim: this int8_static layer has no scales: the calibration file is loaded "
-                "after weight loading (Attention.process_weights_after_loading, patch P8), which "
-                "did not run for it"
+                "right after vLLM's Attention.process_weights_after_loading, which did not run "
+                "for it"
             )
         return kwargs
 

@@ -50,8 +50,8 @@ _TILE_T = 16
 # the 16-token tile gains nothing there and leaves only 8 programs per 16 tokens (H200: 256
 # random slots took 6.0 us against 2.8 us for vLLM's BF16 write). Nor did fewer, larger
 # programs gain: 2, 4 or 8 kv-heads of a token per program, with 1-8 warps, were all as fast or
-# slower (session 14, benchmarks/results/logs/session14/19_ab_write3). Prefill chunks, past it,
-# keep the tile.
+# slower (an A/B of those variants on an H200; the script and its JSON are in commit c1c5ebb's
+# benchmark logs). Prefill chunks, past it, keep the tile.
 SMALL_BATCH_TOKENS = 512
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 _CACHE: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
-# Off only for the accuracy ablation "4-bit without rotation" (issue 6): set_rotation(False).
+# Off only for the accuracy ablation "4-bit without rotation": set_rotation(False).
 _ENABLED = True
 
 

@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 7, CPU part): every input the shim cannot serve, and exactly what
+"""The bad-input matrix (CPU part): every input the shim cannot serve, and exactly what
 the user sees for it. One test per row; the README "Limitations" list is checked against it.
 
 Three vLLM subprocesses serve the whole matrix (session fixtures, ~8 s each with a warm vLLM

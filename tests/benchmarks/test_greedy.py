@@ -46,7 +46,7 @@ def test_compare_greedy_identical_near_tie_and_mismatch() -> None:
 
 
 def test_flat_distribution_flip_is_a_near_tie_within_top20() -> None:
-    """The GPU run's p12@t4 (session 8 log): five candidates within 0.19 nats; int8 picked the
+    """An H200 run's prompt 12 at token 4 (p12@t4): five candidates within 0.19 nats; int8 picked the
     fourth. Top-5 records miss the other run's token, top-20 ones hold it (its logprob here is an
     assumed -3.1: the recorded lists stop at -3.015)."""
     ref_top5 = [[198, -2.637], [1188, -2.699], [4571, -2.762], [5344, -2.762], [685, -2.824]]

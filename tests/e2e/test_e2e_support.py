@@ -43,9 +43,9 @@ def test_e2e_prompts_cover_lengths_and_share_a_prefix() -> None:
 
 
 def test_gpu_tests_record_the_near_tie_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every engine the GPU tests start records NEAR_TIE_TOPK logprobs per position: in session 7
-    the window was widened to 20 in one place while the tests' phases still asked for 5, so the
-    GPU run judged with top-5 (p12@t4 below)."""
+    """Every engine the GPU tests start records NEAR_TIE_TOPK logprobs per position: the window
+    was once widened to 20 in one place while the tests' phases still asked for 5, so a GPU run
+    judged with top-5 (p12@t4 in tests/benchmarks/test_greedy.py)."""
     import test_tp2
     import test_vllm_e2e
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue 7): greedy output at ``tensor_parallel_size=2`` equals TP=1's.
+"""Tensor parallelism: greedy output at ``tensor_parallel_size=2`` equals TP=1's.
 
 Needs 2 GPUs (skipped otherwise): ``bash benchmarks/run_gpu_e2e.sh tp2`` on a 2-GPU host, or
 ``python -m pytest tests/e2e/test_tp2.py -m gpu -v`` with the bundle staged.

@@ -24,9 +24,9 @@ in the same run*:
 
 ours may trail its control by at most ``SLACK`` of the prompts (env ``INT8KV_E2E_SLACK``,
 default 0.15: about 11 of 72, two standard errors of the difference; see ``PROMPT_ROUNDS``).
-Issue 4's fixed bar (90% identical vs BF16) is applied when
+A fixed bar (90% identical vs BF16, the original target) is applied when
 ``INT8KV_E2E_CROSS_MIN=0.9`` is set; it is off by default because no int8 cache reaches it on this
-model (see the closing notes of the issue).
+model.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from benchmarks.greedy import Comparison, compare_greedy
 
 pytestmark = pytest.mark.gpu
 
-# issue 4's bar (int8 vs BF16 identical for >= 90% of prompts): off unless set, see the docstring
+# the fixed bar (int8 vs BF16 identical for >= 90% of prompts): off unless set, see the docstring
 CROSS_MIN = float(os.environ.get("INT8KV_E2E_CROSS_MIN", "0"))
 TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))  # see the tiny model's test
 # upstream's int8 cache: the control of the int8-vs-BF16 comparison
@@ -70,7 +70,7 @@ PREEMPT_TOKENS = int(os.environ.get("INT8KV_E2E_PREEMPT_TOKENS", "256"))
 # sequences at a time, so all 72 took 151 s per engine on the H200 (29 preemptions with int8), and
 # with the BF16 control the test outgrew a 10-minute GPU call.
 PREEMPT_PROMPTS = int(os.environ.get("INT8KV_E2E_PREEMPT_PROMPTS", "24"))
-# The dtypes under test (default int8, issue 4's subject; int8_static needs INT8KV_SCALES, int4
+# The dtypes under test (default int8; int8_static needs INT8KV_SCALES, int4
 # can be listed too). The BF16 and upstream controls run whatever is listed.
 DTYPES = [d.strip() for d in os.environ.get("INT8KV_E2E_DTYPES", "int8").split(",") if d.strip()]
 
@@ -175,7 +175,7 @@ def _smol_preempt(engine, smollm2_dir, prompts, dtype: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "auto"])
 def test_smollm2_matches_bf16(engine, smollm2_dir, prompts, dtype) -> None:
-    """Issue 4: int8 vs BF16 greedy outputs, judged against upstream's int8 cache vs BF16."""
+    """int8 vs BF16 greedy outputs, judged against upstream's int8 cache vs BF16."""
     ref = _smol_eager(engine, smollm2_dir, prompts, "auto")["phases"]["miss"]
     got = _smol_eager(engine, smollm2_dir, prompts, dtype)["phases"]["miss"]
     upstream = _smol_eager(engine, smollm2_dir, prompts, UPSTREAM)["phases"]["miss"]

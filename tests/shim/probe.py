@@ -29,7 +29,7 @@ def stub_cuda_ops_without_driver() -> None:
     """Test-only: ``vllm.platforms.cuda`` imports a compiled op library that needs ``libcuda``.
 
     Without a GPU driver there is nothing to load, so an empty module stands in for it
-    (``shared/notes/cpu-testing.md``). Nothing the shim patches calls into that library.
+    (``docs/vllm-touchpoints.md``, test-only names). Nothing the shim patches calls into it.
     """
     try:
         ctypes.CDLL("libcuda.so.1")
