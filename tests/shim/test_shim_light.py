@@ -226,10 +226,11 @@ def test_run_activates_the_shim_in_the_command_and_its_children(tmp_path: Path) 
     got = json.loads(proc.stdout)
     assert got["imported_at_start"] and got["grandchild_imported_at_start"] == "True"
     assert got["mode"] == ("active" if package.check_vllm_version().supported else "inert")
-    assert Path(got["sitecustomize"]).resolve() == (cli.AUTOLOAD_DIR / "sitecustomize.py").resolve()
-    # the shim's folder first, the user's PYTHONPATH kept after it, and the user's sitecustomize,
-    # shadowed by the shim's, still ran
-    assert got["pythonpath"][:2] == [str(cli.AUTOLOAD_DIR), str(user)]
+    # the installed package's folder first (this process may import the checkout's copy), the
+    # user's PYTHONPATH kept after it, and the user's sitecustomize, shadowed by the shim's, ran
+    autoload, kept = got["pythonpath"][:2]
+    assert Path(autoload).parts[-2:] == ("int8kv_shim", "_autoload") and kept == str(user)
+    assert Path(got["sitecustomize"]) == Path(autoload) / "sitecustomize.py"
     assert "user sitecustomize ran" in proc.stderr
     assert got["shim_env"] == "1" and got["vllm_or_torch"] == []
 
