@@ -53,8 +53,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 DEFAULT_DTYPES = "auto,int8_per_token_head,int8"
 GREEDY_LENGTHS = (128, 256, 512, 1024)
@@ -375,11 +374,10 @@ def score_with_transformers(
     """Perplexity of the windows under Hugging Face transformers (its own process), or None when
     that run failed (its error goes to ``runs["transformers"]``)."""
     result = workdir / "transformers.npz"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", "--model", args.model,
+    cmd = [*common.module_command("benchmarks.accuracy"), "--hf-worker", "--model", args.model,
            "--inputs", str(inputs), "--result", str(result)]  # fmt: skip
-    rc, secs, tail = common.run_child(
-        cmd, common.child_env("auto"), args.timeout, logdir / "accuracy_transformers.log"
-    )
+    env = common.with_repo_on_path(common.child_env("auto"))
+    rc, secs, tail = common.run_child(cmd, env, args.timeout, logdir / "accuracy_transformers.log")
     run: dict[str, Any] = {"rc": rc, "wall_s": round(secs, 1)}
     ppl = None
     if rc == 0 and result.exists():
@@ -454,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     for label in labels:
         result = workdir / f"{label}.npz"
         cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
+            *common.module_command("benchmarks.accuracy"),
             "--worker",
             "--label",
             label,
@@ -470,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = {"rc": None, **calibration, "error": calibration.get("calibrate_error")}
             print(f"accuracy: {label}: calibration failed: {runs[label]['error']}", flush=True)
             continue
-        env = run_env(label, args.shim_everywhere, scales)
+        env = common.with_repo_on_path(run_env(label, args.shim_everywhere, scales))
         if args.resume and result.exists():  # finished by an earlier run into this --workdir
             rc, secs, tail = 0, 0.0, ""
         else:

@@ -1,8 +1,8 @@
-"""Helpers shared by ``benchmarks/accuracy.py`` and ``benchmarks/throughput.py``.
+"""Helpers shared by the benchmark scripts (``python -m benchmarks.NAME``) and the e2e tests.
 
 Everything here is importable without vLLM or a GPU (the metric math and JSON handling are unit
-tested on CPU in ``tests/e2e/test_metrics.py``); vLLM is only imported inside the functions that
-need an engine.
+tested on CPU in ``tests/benchmarks/test_common.py``); vLLM is only imported inside the functions
+that need an engine.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
     "int4": {"kv_cache_dtype": "int4", "shim": True},
-    # issue 6's ablation: the same 4-bit format without the Hadamard rotation
+    # the rotation ablation: the same 4-bit format without the Hadamard rotation
     "int4_no_rotation": {
         "kv_cache_dtype": "int4",
         "shim": True,
@@ -431,12 +432,14 @@ def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 # results files
 
 
+# What write_json adds to every document: when and from which commit it was measured.
+STAMP_KEYS = {"date", "git_commit"}
 ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
 ACCURACY_OPTIONAL_KEYS = {
-    "gpu", "command", "date", "git_commit", "bos", "transformers_ppl",
+    "gpu", "command", "bos", "transformers_ppl",
     # a file whose rows come from several runs (--merge-rows-from): each run's command and commit
     "parts",
-}  # fmt: skip
+} | STAMP_KEYS  # fmt: skip
 ACCURACY_ROW_KEYS = {
     "label",
     "kv_cache_dtype",
@@ -486,8 +489,9 @@ def validate_accuracy(doc: Mapping[str, Any]) -> None:
 
 
 def validate_throughput(doc: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` unless ``doc`` has exactly the schema of issue 4's throughput JSON."""
-    if set(doc) != THROUGHPUT_KEYS:
+    """Raise ``ValueError`` unless ``doc`` has exactly the throughput JSON's schema (the
+    ``STAMP_KEYS`` of a written file allowed)."""
+    if set(doc) - STAMP_KEYS != THROUGHPUT_KEYS:
         raise ValueError(f"throughput keys {sorted(doc)}")
     for row in doc["rows"]:
         if set(row) != THROUGHPUT_ROW_KEYS:
@@ -515,11 +519,39 @@ def merge_rows(
     return list(merged.values())
 
 
+def git_commit(repo: str | Path = REPO) -> str:
+    """``git rev-parse HEAD`` of ``repo``, with ``-dirty`` appended when a tracked file differs
+    from it (untracked files do not count); ``"unknown"`` outside a checkout or without git."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0 or status.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def stamp(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with this run's ``date`` (UTC, ``YYYY-MM-DD``) and ``git_commit`` added, each
+    unless ``doc`` already has it: which code measured a result, and when."""
+    out = dict(doc)
+    out.setdefault("date", datetime.now(timezone.utc).date().isoformat())
+    if "git_commit" not in out:
+        out["git_commit"] = git_commit()
+    return out
+
+
 def write_json(doc: Mapping[str, Any], path: str | Path) -> list[Path]:
-    """Write ``doc`` to ``path`` and, when ``$OUT`` is set (device runs), a copy into ``$OUT``."""
+    """Write ``doc`` with its :func:`stamp` to ``path`` and, when ``$OUT`` is set (device runs), a
+    copy into ``$OUT``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(json.dumps(stamp(doc), indent=2) + "\n")
     copy = copy_to_out(path)
     return [path] + ([copy] if copy else [])
 
@@ -541,6 +573,19 @@ def copy_to_out(path: str | Path) -> Path | None:
 
 # --------------------------------------------------------------------------------------------
 # running one configuration in a fresh process
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args`` with this interpreter: how a benchmark starts its workers (with
+    :func:`with_repo_on_path` in their environment when ``module`` is one of ``benchmarks``)."""
+    return [sys.executable, "-m", module, *args]
+
+
+def with_repo_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the repository root in front of its ``PYTHONPATH``: a child running
+    ``python -m benchmarks.NAME`` then finds the package whatever its working directory."""
+    inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO), *inherited])}
 
 
 def start_child(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
@@ -605,7 +650,12 @@ def gpu_name() -> str:
 
 
 def command_line() -> str:
-    """How this script was invoked, for the results' ``command`` field."""
+    """How this script was invoked, for the results' ``command`` field: ``python -m
+    benchmarks.NAME ...`` for a module run (the scripts' way), else the script's path from the
+    repository root."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("benchmarks."):
+        return " ".join(["python", "-m", spec.name, *sys.argv[1:]])
     rel = os.path.relpath(sys.argv[0], REPO) if sys.argv else "?"
     return " ".join(["python", rel, *sys.argv[1:]])
 

@@ -1,7 +1,7 @@
 """Instruction budget of the INT8 decode loop: is the kernel bound by memory or by instruction issue?
 
 Compiles the decode specialisation of ``_attn_fwd`` for sm80 at each model shape of
-benchmarks/kernels.py (no GPU needed, like tests/kernels/compile_sm80.py), counts the PTX
+benchmarks/kernels.py (no GPU needed, like benchmarks/compile_sm80.py), counts the PTX
 instructions of its main loop per thread per K/V tile, and turns them into warp-instructions per
 KiB of K/V streamed. At a GPU's full memory bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
 against an issue capacity of ``SMs * 4 schedulers * clock`` (one warp-instruction per scheduler
@@ -15,7 +15,7 @@ keeps resident per SM (``programs_per_sm``): the warps it has to hide latency wi
 PTX is not SASS (ptxas may fuse or split a little), and the GPU figures are vendor specs (boost
 clock, peak bandwidth), so this is an estimate of where the bound lies, not a measurement.
 
-    python benchmarks/decode_issue_budget.py [--out benchmarks/results/decode_issue_budget.json]
+    python -m benchmarks.decode_issue_budget [--out benchmarks/results/decode_issue_budget.json]
 """
 
 from __future__ import annotations
@@ -26,19 +26,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
 import triton  # noqa: E402
-from common import MODEL_SHAPES  # noqa: E402  (benchmarks/: this script's folder)
-from compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
 
-from int8kv_kernels import PageLayout  # noqa: E402
+from benchmarks.common import MODEL_SHAPES, RESULTS_DIR  # noqa: E402
+from benchmarks.compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
+from int8kv_kernels import INT8_DTYPES, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
 
 # name: (SMs, boost clock GHz, peak memory bandwidth GB/s, compute capability), from the vendors'
@@ -163,12 +160,10 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--out", default=str(REPO / "benchmarks" / "results" / "decode_issue_budget.json")
-    )
+    ap.add_argument("--out", default=str(RESULTS_DIR / "decode_issue_budget.json"))
     args = ap.parse_args()
-    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in ("int8", "int8_static")]
-    result = {"command": "python benchmarks/decode_issue_budget.py", "gpus": GPUS, "rows": rows}
+    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in INT8_DTYPES]
+    result = {"command": "python -m benchmarks.decode_issue_budget", "gpus": GPUS, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
         shape = f"{r['q_heads']}/{r['kv_heads']}, {r['head_dim']}"

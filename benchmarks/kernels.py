@@ -1,10 +1,10 @@
-"""Official kernel benchmark (issue 3): decode, prefill and cache write, ours vs vLLM's kernels.
+"""Official kernel benchmark: decode, prefill and cache write, ours vs vLLM's kernels.
 
-    python benchmarks/kernels.py --out benchmarks/results/kernels.json [--quick] [--impls ...]
+    python -m benchmarks.kernels --out benchmarks/results/kernels.json [--quick] [--impls ...]
 
 One decode point off the matrix (here SmolLM2's heads with 1024 sequences at 1K context):
 
-    python benchmarks/kernels.py --shapes 2 --batches 1024 --ctxs 1024 --decode-only
+    python -m benchmarks.kernels --shapes 2 --batches 1024 --ctxs 1024 --decode-only
         --impls bf16_fa2 int8 --out /tmp/smol_b1024.json
 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
@@ -33,15 +33,12 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable
 
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import int8kv_kernels as K
 except ImportError:  # not installed: use the source tree through a temporary alias
@@ -55,13 +52,15 @@ except ImportError:  # not installed: use the source tree through a temporary al
     sys.modules["int8kv_kernels"] = K
     _spec.loader.exec_module(K)
 
-import common  # noqa: E402  (benchmarks/, on sys.path above)
+from benchmarks import common  # noqa: E402
+from int8kv_kernels.catalogue import KERNEL_DTYPES  # noqa: E402
 
 DEV = "cuda"
 BLOCK = 16
 L2_BYTES = 60 << 20
 SHAPES = common.MODEL_SHAPES
-IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", "int8", "int8_static", "int4"]
+# vLLM's kernels, then ours: every dtype of the catalogue that has kernels
+IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
@@ -119,7 +118,7 @@ class Cache:
             self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
             self.ks.uniform_(0.005, 0.02)
             self.vs.uniform_(0.005, 0.02)
-        elif impl == "int4":
+        elif impl in K.INT4_DTYPES:
             lay = K.Int4PageLayout(BLOCK, nkv, d)
             self.raw = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
                                      device=DEV)  # fmt: skip
@@ -263,7 +262,7 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
 
 def plot(result: dict, path: str) -> None:
     """Decode speedup over bf16_fa2 against context, a panel per model shape: colour = impl,
-    line style and marker = batch, the dashed line at issue 3's 1.6x target."""
+    line style and marker = batch, the dashed line at the 1.6x decode target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -311,9 +310,8 @@ def decode_config(spec: str | None):
     if spec is None:
         yield
         return
-    from tune_decode import _fixed_config
-
     import int8kv_kernels.attention as A
+    from benchmarks.tune_decode import _fixed_config
 
     fixed, orig = _fixed_config(*map(int, spec.split(","))), A._choose_config
 
@@ -456,7 +454,7 @@ def main() -> None:
         return
     torch.manual_seed(0)
     shapes, batches, ctxs = decode_matrix(args)
-    result = {"gpu": torch.cuda.get_device_name(), "command": shlex.join([sys.executable] + sys.argv),
+    result = {"gpu": torch.cuda.get_device_name(), "command": common.command_line(),
               "peak_bw_gbs": copy_bw_gbs(), "rows": [], "skipped": []}  # fmt: skip
     # this run's own copy bandwidth: the line --from-log reads back
     print(f"{result['gpu']}: copy {result['peak_bw_gbs']:.0f} GB/s", flush=True)
@@ -464,7 +462,7 @@ def main() -> None:
 
     def attempt(impl, f, *a):
         try:
-            with decode_config(args.decode_config if impl in ("int8", "int8_static") else None):
+            with decode_config(args.decode_config if impl in K.INT8_DTYPES else None):
                 row = f(impl, *a)
         except (ImportError, RuntimeError, AttributeError, TypeError) as e:
             msg = f"{impl} {a}: {type(e).__name__}: {str(e)[:200]}"

@@ -1,6 +1,6 @@
 """Perplexity with simulated KV-cache quantization (Hugging Face model, our torch references).
 
-Answers design questions of the ``int4`` format (issue 6) that do not need vLLM or a GPU: how much
+Answers design questions of the ``int4`` format that do not need vLLM or a GPU: how much
 the Hadamard rotation, KVarN-style variance normalization, BF16 "sink" tokens and the group size
 change ΔPPL. Every K and V vector (after RoPE, per token and kv-head) is quantized and dequantized
 with the same torch references the kernels are tested against (``int8kv_kernels.reference`` and
@@ -23,7 +23,7 @@ recent, partial page in higher precision (KIVI's full-precision residual) and qu
 full. That residual is at most B BF16 tokens per sequence, negligible per token at long context,
 and is not counted in the bytes.
 
-    python benchmarks/kv_quant_sim.py --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
+    python -m benchmarks.kv_quant_sim --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
 
 Writes ``benchmarks/results/kv_quant_sim.json``:
 ``{"model", "corpus", "tokens", "command", "device", "rows": [{"variant", "ppl", "delta_pct",
@@ -43,12 +43,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from int8kv_kernels.hadamard import hadamard
 from int8kv_kernels.reference import quantize_int8
 from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
 
 SINK_TOKENS = 4
 
@@ -282,7 +280,7 @@ def main() -> None:
         "tokens": tokens,
         "window": args.window,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "command": "python benchmarks/kv_quant_sim.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.kv_quant_sim " + " ".join(sys.argv[1:]),
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }

@@ -11,14 +11,14 @@ the paths alternate ("_spread_us": max - min), and a cProfile of the ``kernel[gr
 kept; also
 whether a small host-to-device copy waits for queued GPU work ("h2d_*_wait_ms"):
 
-    python3 benchmarks/launch_overhead.py --out launch_overhead.json
+    python3 -m benchmarks.launch_overhead --out launch_overhead.json
 
 ``--stub-launches`` (no GPU needed) replaces every launch with a no-op on CPU tensors, leaving our
 wrappers' own Python ("_wrapper_us"), and times Triton's binder (the specialization of every
 argument, which the direct path still runs) on the arguments each launch received, built for an
 sm80 target ("_binder_us"):
 
-    python3 benchmarks/launch_overhead.py --stub-launches --out launch_overhead_wrappers.json
+    python3 -m benchmarks.launch_overhead --stub-launches --out launch_overhead_wrappers.json
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="GPU: medians over this many rounds")
     ap.add_argument("--stub-launches", action="store_true", help="CPU: our wrappers' Python only")
     args = ap.parse_args()
-    res = {"command": shlex.join(["python3", *sys.argv]), "batch": args.batch}
+    res = {"command": shlex.join(["python3", "-m", "benchmarks.launch_overhead", *sys.argv[1:]]),
+           "batch": args.batch}  # fmt: skip
     if args.stub_launches:
         binders = stub_launches()
         calls = make_calls("cpu", args.batch)

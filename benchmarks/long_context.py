@@ -1,4 +1,4 @@
-"""Long context (issue 7): greedy decoding at the longest context the model allows, BF16 vs int8.
+"""Long context: greedy decoding at the longest context the model allows, BF16 vs int8.
 
 For SmolLM2-135M (``max_position_embeddings`` 8192, read from the model's config.json) each of
 ``--num-prompts`` corpus slices fills the context up to ``max_model_len - --gen-tokens`` tokens, and
@@ -39,14 +39,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
+from benchmarks.greedy import compare_greedy
 
-# The engine runner of the e2e tests: one vLLM engine, greedy phases, token ids and top-k logprobs.
-E2E_DIR = common.REPO / "tests" / "e2e"
-WORKER = E2E_DIR / "vllm_worker.py"
-sys.path.insert(0, str(E2E_DIR))
-from e2e_support import compare_greedy  # noqa: E402
+# The engine runner the e2e tests use too: one vLLM engine, greedy phases, token ids and top-k
+# logprobs (benchmarks/vllm_worker.py).
+WORKER = "benchmarks.vllm_worker"
 
 IDENTICAL_PREFIX = 32
 
@@ -163,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         spec.write_text(json.dumps({"llm_kwargs": kw, "phases": [phase]}))
         result.unlink(missing_ok=True)
         rc, secs, tail = common.run_child(
-            [sys.executable, str(WORKER), str(spec), str(result)],
-            common.child_env(label),
+            common.module_command(WORKER, str(spec), str(result)),
+            common.with_repo_on_path(common.child_env(label)),
             args.timeout,
             logdir / f"long_context_{label}.log",
         )

@@ -1,34 +1,34 @@
 #!/usr/bin/env bash
-# Issue 4's GPU work on the GPU host, one step per call, from the repo root:
+# The GPU work (tests, benchmarks) on the GPU host, one step per call, from the repo root:
 #
 #   bash benchmarks/run_gpu_e2e.sh stage                 # bundle + package only (check it imports)
 #   bash benchmarks/run_gpu_e2e.sh kernels [args]        # gpu-marked kernel tests, then
-#        benchmarks/kernels.py [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
-#   bash benchmarks/run_gpu_e2e.sh kbench [args]         # benchmarks/kernels.py alone: the full
-#        matrix does not fit one call (--quick alone took ~170 s in session 13), so one shape per
-#        call, --shapes N --append; it saves its JSON after every row, so a call cut short by its
+#        python -m benchmarks.kernels [args] (e.g. --shapes 2: SmolLM2's 9/3/64; --quick --append)
+#   bash benchmarks/run_gpu_e2e.sh kbench [args]         # python -m benchmarks.kernels alone: the
+#        full matrix does not fit one call (--quick alone took ~170 s on the H200), so one shape
+#        per call, --shapes N --append; it saves its JSON after every row, so a call cut short by its
 #        time limit keeps the rows it timed
 #   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked: over one
 #        10-minute call on an H200; split it in three: -k "tiny or smollm2", -k "prefix or
-#        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min in session 8)
+#        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min)
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
-#   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # benchmarks/accuracy.py (~4-6 min)
-#   bash benchmarks/run_gpu_e2e.sh throughput [args]     # benchmarks/throughput.py (split it:
+#   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # python -m benchmarks.accuracy (~4-6 min)
+#   bash benchmarks/run_gpu_e2e.sh throughput [args]     # python -m benchmarks.throughput (split it:
 #        --configs auto_fa2,auto_triton  then  --configs int8_per_token_head,int8 --append).
-#        1K rows are host-bound and moved 1.67x between identical runs (session 9): time them as
+#        1K rows are host-bound and moved 1.67x between identical runs: time them as
 #        --configs auto_fa2 --ctx 1024 --repeats 2 --step-stats (~310 s on a fresh host), then
 #        --configs int8 ... --repeats 3 (~200 s), then pool the calls' logs on this side with
-#        throughput.py --rows-from-log LOGS --pool --gpu "NVIDIA H200" --out FILE.
-#        Session 12's host changed speed 1.7x within a call (host_probe_ms 8 vs 14-18), so the 1K
+#        python -m benchmarks.throughput --rows-from-log LOGS --pool --gpu "NVIDIA H200" --out FILE.
+#        A host once changed speed 1.7x within a call (host_probe_ms 8 vs 14-18), so the 1K
 #        ratio is now taken in one call with both engines resident and their runs alternating:
 #        --configs auto_fa2,int8 --ctx 1024 --paired --repeats 3 --gpu-memory-utilization 0.45
-#        --step-stats (session 13: 280 s with --repeats 3 right after a --repeats 1 call, which
+#        --step-stats (280 s with --repeats 3 right after a --repeats 1 call, which
 #        took 407 s on a fresh host, staging and the first engine's compile included)
 #
-# Issue 7's reliability steps:
+# The reliability steps:
 #
-#   bash benchmarks/run_gpu_e2e.sh soak [args] [-- vllm serve args]   # benchmarks/soak.py (~4-6 min)
-#   bash benchmarks/run_gpu_e2e.sh longctx [args]        # benchmarks/long_context.py (~5-8 min)
+#   bash benchmarks/run_gpu_e2e.sh soak [args] [-- vllm serve args]   # python -m benchmarks.soak (~4-6 min)
+#   bash benchmarks/run_gpu_e2e.sh longctx [args]        # python -m benchmarks.long_context (~5-8 min)
 #   bash benchmarks/run_gpu_e2e.sh tp2 [pytest args]     # tests/e2e/test_tp2.py, needs 2 GPUs (~5 min)
 #
 # Serving numbers (vllm serve + vllm bench serve -> benchmarks/results/serving.json):
@@ -107,7 +107,7 @@ if [ -n "$stale" ]; then
   fi
 fi
 # An engine killed by an earlier call's timeout can hold its GPU memory for a while as it exits
-# (session 8: the next engine then found 68 of 140 GiB free and refused to start). Give GPU
+# (the next engine once found 68 of 140 GiB free and refused to start). Give GPU
 # processes that are not ours up to 90 s to go.
 for i in $(seq 90); do
   apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
@@ -121,19 +121,19 @@ started="$OUT/logs/.call_started"; touch "$started"
 case "$step" in
   stage) rc=0 ;;
   kernels) run python3 -m pytest tests/kernels -m gpu -q -rfE; rc=$?
-           python3 benchmarks/kernels.py "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
+           python3 -m benchmarks.kernels "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
            rc=$(( rc || PIPESTATUS[0] )) ;;
-  kbench) python3 benchmarks/kernels.py "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
+  kbench) python3 -m benchmarks.kernels "$@" 2>&1 | tee "$OUT/logs/kernels_bench.log"
           rc=${PIPESTATUS[0]} ;;
   # TP=2 has its own step: on a 2-GPU host it would otherwise run here too (~4 more minutes)
   tests) run python3 -m pytest tests/e2e -m gpu -v -rA -s --ignore=tests/e2e/test_tp2.py "$@"
          rc=$? ;;
   alltests) run python3 -m pytest tests -m gpu -v -rA "$@"; rc=$? ;;
-  accuracy) run python3 benchmarks/accuracy.py "$@"; rc=$? ;;
-  throughput) run python3 benchmarks/throughput.py "$@"; rc=$? ;;
-  soak) run python3 benchmarks/soak.py "$@"; rc=$? ;;
+  accuracy) run python3 -m benchmarks.accuracy "$@"; rc=$? ;;
+  throughput) run python3 -m benchmarks.throughput "$@"; rc=$? ;;
+  soak) run python3 -m benchmarks.soak "$@"; rc=$? ;;
   serve) run python3 -m benchmarks.serve_bench "$@"; rc=$? ;;
-  longctx) run python3 benchmarks/long_context.py "$@"; rc=$? ;;
+  longctx) run python3 -m benchmarks.long_context "$@"; rc=$? ;;
   # NVLink multicast stays off for the TP=2 engines (shared host; the test sets these too)
   tp2) NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \
        TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
@@ -141,8 +141,8 @@ case "$step" in
        run python3 -m pytest tests/e2e/test_tp2.py -m gpu -v -rA -s "$@"; rc=$? ;;
 esac
 # Results this call wrote to benchmarks/results (the scripts' default --out) go to $OUT too; only
-# those, and never over a file already in $OUT: session 10's accuracy run wrote --out
-# $OUT/accuracy.json and this copy replaced it with the committed file of the same name.
+# those, and never over a file already in $OUT: an accuracy run with --out $OUT/accuracy.json
+# once had it replaced by the committed file of the same name.
 find benchmarks/results -maxdepth 1 \( -name '*.json' -o -name '*.png' \) -newer "$started" \
   -exec cp -n {} "$OUT/" \; 2>/dev/null
 # Where each engine's prefills ran (FlashAttention-2 or our kernels, and why): one line per process

@@ -1,4 +1,4 @@
-"""Serving soak (issue 7): ``vllm serve`` with a quantized KV cache under sustained mixed load.
+"""Serving soak: ``vllm serve`` with a quantized KV cache under sustained mixed load.
 
 One run:
 
@@ -31,7 +31,7 @@ each pass uses its own ``cache_salt``: both passes then miss the prefix cache an
 the same thing, whatever the load left in the cache.
 
 GPU host: ``bash benchmarks/run_gpu_e2e.sh soak [args]``; against a running server:
-``python benchmarks/soak.py --base-url http://127.0.0.1:8000``.
+``python -m benchmarks.soak --base-url http://127.0.0.1:8000``.
 """
 
 from __future__ import annotations
@@ -60,8 +60,7 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 FINISH_REASONS = frozenset({"stop", "length"})
 # English prose runs at about 4-4.5 characters per BPE token (SmolLM2: ~4.3 on the corpus); budgeting
@@ -563,7 +562,8 @@ async def soak_client(
 
 
 def result_doc(res: ClientResult, dtype: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """soak.json: the five keys of issue 7 first, then the details."""
+    """soak.json: the five headline keys first (requests, errors, probe_identical, duration_s,
+    dtype), then the details."""
     load = res.load
     differing = [
         i

@@ -27,10 +27,10 @@ no FA3), ``auto_triton`` (BF16, Triton backend), ``int8_per_token_head`` (upstre
 dtypes (``int8`` ...; no backend argument: the shim's plugin selects ours, with INT8KV_SHIM=1 set
 only in those processes).
 
-Writes ``--out`` (benchmarks/results/throughput.json, issue 4's schema) and
+Writes ``--out`` (benchmarks/results/throughput.json, ``common.validate_throughput``'s schema) and
 ``throughput_details.json``; ``--append`` merges into existing files (rows replaced by
 (dtype, ctx)), so a run can be split over several device calls with ``--configs``/``--ctx``.
-Plot with ``python benchmarks/plot_throughput.py`` (needs matplotlib; runs on any machine).
+Plot with ``python -m benchmarks.plot_throughput`` (needs matplotlib; runs on any machine).
 
 GPU host: ``bash benchmarks/run_gpu_e2e.sh throughput [extra args]``.
 """
@@ -52,8 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 DEFAULT_CONFIGS = "auto_fa2,auto_triton,int8_per_token_head,int8"
 DEFAULT_CTX = "1024,8192,32768"
@@ -119,8 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="timed runs per context in the same engine, each on its own seeded prompts: the row "
         "is the median run (the slower middle one of an even count); every run is in "
         "throughput_details.json (its runs: gen_tok_s, ms per step, host_probe_ms). On the H200 "
-        "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs of the same "
-        "session (session 9): one run per configuration does not give a ratio",
+        "host one int8 workload ran at 29.3 and at 48.8 ms per step in two runs on the same "
+        "host: one run per configuration does not give a ratio",
     )
     p.add_argument(
         "--paired",
@@ -559,8 +558,7 @@ def paired_ratios(
 def worker_argv(args: argparse.Namespace, label: str, result: Path) -> list[str]:
     """The command line of the worker process that runs ``label``."""
     return [
-        sys.executable,
-        str(Path(__file__).resolve()),
+        *common.module_command("benchmarks.throughput"),
         "--worker",
         "--label",
         label,
@@ -614,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         result.with_suffix(".spec.json").write_text(
             json.dumps({"plan": plan, "max_model_len": max_len})
         )
-        env = common.child_env(label, args.shim_everywhere)
+        env = common.with_repo_on_path(common.child_env(label, args.shim_everywhere))
         children.append(
             (label, worker_argv(args, label, result), env, logdir / f"throughput_{label}.log")
         )
@@ -693,12 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     for path in common.write_json(doc, out) + common.write_json(details, details_path):
         print(f"throughput: wrote {path}")
     try:
-        import plot_throughput
+        from benchmarks import plot_throughput
 
         png = plot_throughput.plot(out, out.with_suffix(".png"))
         print(f"throughput: wrote {png}")
     except Exception as e:  # e.g. no matplotlib on the GPU host: plot elsewhere from the JSON
-        print(f"throughput: no plot ({e}); run benchmarks/plot_throughput.py where matplotlib is")
+        print(
+            f"throughput: no plot ({e}); run python -m benchmarks.plot_throughput where matplotlib is"
+        )
     print(f"{'dtype':<22}{'ctx':>7}{'prompts':>9}{'gen tok/s':>12}{'kv tokens':>12}")
     for r in doc["rows"]:
         print(
@@ -720,7 +720,7 @@ def recover(args: argparse.Namespace) -> int:
         doc = {"gpu": args.gpu, "command": "", "model": args.model_name, "rows": []}
     doc["rows"] = common.merge_rows(doc["rows"], rows, ("dtype", "ctx"))
     doc["command"] = (doc["command"] + " ; " if doc["command"] else "") + (
-        f"python benchmarks/throughput.py --rows-from-log {logs}"
+        f"python -m benchmarks.throughput --rows-from-log {logs}"
         + (f" --gpu {shlex.quote(args.gpu)}" if args.gpu != "unknown" else "")
         + " --pool" * args.pool
         + " --append" * args.append

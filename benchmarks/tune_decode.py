@@ -4,9 +4,9 @@
 Prints, per decode shape and config (tile, warps, stages, splits), the time and the fraction of the
 measured copy bandwidth counting the bytes the kernel must read. Used to pick _choose_config.
 
-    python benchmarks/tune_decode.py                    # sweep; $OUT/tune_decode.json if $OUT is set
-    python benchmarks/tune_decode.py --shape 9,3,64     # the same for SmolLM2's heads
-    python benchmarks/tune_decode.py --best FILE.json   # T,W,S,C: best int8 config of a sweep
+    python -m benchmarks.tune_decode                    # sweep; $OUT/tune_decode.json if $OUT is set
+    python -m benchmarks.tune_decode --shape 9,3,64     # the same for SmolLM2's heads
+    python -m benchmarks.tune_decode --best FILE.json   # T,W,S,C: best int8 config of a sweep
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(__file__))
-from tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time  # noqa: E402
-
-import int8kv_kernels.attention as A  # noqa: E402
-from int8kv_kernels import make_workspace, paged_attention  # noqa: E402
+import int8kv_kernels.attention as A
+from benchmarks.tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time
+from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention
 
 # (tile, warps, stages, chunks). Stage 7 gives three K/V buffers (ptxas/TTGIR, kernels/README.md).
 CONFIGS = [
@@ -53,7 +51,7 @@ CONFIGS = [
 # tiles, which is what a short pipeline at batch 8 might want).
 SPLIT_FACTORS = (0.5, 1, 2, 4, 8)
 SHAPES = [(8, 8192), (32, 8192), (8, 1024), (128, 1024), (1, 32768)]
-# Shapes issue 3's decode target is judged on (ctx >= 8K, batch >= 8): best_config ranks on these.
+# Shapes the decode target is judged on (ctx >= 8K, batch >= 8): best_config ranks on these.
 TARGET_SHAPES = {(8, 8192), (32, 8192)}
 
 
@@ -101,7 +99,7 @@ def main() -> None:
         f"GPU {torch.cuda.get_device_name()} sms={sms} copy {bw:.0f} GB/s arch_override={os.environ.get('TRITON_OVERRIDE_ARCH')}",
         flush=True,
     )
-    # --shape Q,KV,D: another model's heads (default: issue 3's first shape)
+    # --shape Q,KV,D: another model's heads (default: the first of common.MODEL_SHAPES)
     nq, nkv, d = 32, 8, 128
     if sys.argv[1:2] == ["--shape"]:
         nq, nkv, d = map(int, sys.argv[2].split(","))
@@ -115,7 +113,7 @@ def main() -> None:
         must = kv_bytes + 2 * q.numel() * 2
         heur = A.choose_num_splits(batch, nkv, ctx, sms)
         line = []
-        for kv_dtype in ("int8", "int8_static"):
+        for kv_dtype in INT8_DTYPES:
             scales = torch.full((nkv,), 0.01, device="cuda")
             for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:2] + CONFIGS[-1:]:
                 for ns in sorted({min(32, max(1, int(heur * f))) for f in SPLIT_FACTORS}):
@@ -176,7 +174,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
-            command = shlex.join(["python", "benchmarks/tune_decode.py", *sys.argv[1:]])
+            command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
             json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
                            shape=[nq, nkv, d], rows=log), f)  # fmt: skip
 

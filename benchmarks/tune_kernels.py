@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import int8kv_kernels.attention as A  # noqa: E402
-from int8kv_kernels import PageLayout, make_workspace, paged_attention, write_kv_cache  # noqa: E402
+import int8kv_kernels.attention as A
+from int8kv_kernels import PageLayout, make_workspace, paged_attention, write_kv_cache
 
 DEV = "cuda"
 L2_BYTES = 60 << 20

@@ -30,13 +30,19 @@ from int8kv_kernels import (
     write_kv_cache,
 )
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
-from int8kv_kernels.catalogue import get_dtype
+from int8kv_kernels.catalogue import (
+    EXPERIMENTAL_DTYPES,
+    FLASH_CONTEXT_DTYPES,
+    KERNEL_DTYPES,
+    STATIC_DTYPE,
+    V_FORMATS,
+    get_dtype,
+)
 from int8kv_kernels.hadamard import hadamard, set_rotation
 from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
 from int8kv_shim._logging import get_logger
-from int8kv_shim.calibration import active_recorder
 from int8kv_shim.environment_variables import (
     INT8KV_DIRECT_LAUNCH,
     INT8KV_INT4_ROTATION,
@@ -53,6 +59,7 @@ from int8kv_shim.flash_prefill import (
     flash_attention,
     split_batch,
 )
+from int8kv_shim.static.recorder import active_recorder
 
 # vLLM's logger tree (a child of "vllm"): a logger named after this module has no handler, and
 # its INFO lines would vanish
@@ -64,23 +71,13 @@ _routes_logged: set[str] = set()
 # without splitting, and the kernels then use fewer splits (never an allocation, never wrong).
 _WORKSPACE_TOKENS = 256
 
-# dtypes whose kernels exist in this release; the others are registered (so vLLM accepts the
-# name) but refused at startup with a message instead of failing inside a kernel.
-KERNEL_DTYPES = ("int8", "int8_static", "int4")
-
-# dtypes served with a warning at start-up: slower than BF16, accuracy in vLLM unmeasured
-EXPERIMENTAL_DTYPES = ("int4",)
-
-STATIC_DTYPE = "int8_static"
-V_FORMATS = ("int8", "e4m3")
-
-# dtypes whose chunked-prefill continuations may attend on FlashAttention over their context,
-# dequantized by gather_kv_context (int4 pages hold Hadamard-rotated K/V: not gathered).
-FLASH_CONTEXT_DTYPES = ("int8", "int8_static")
-
 
 def missing_kernels(kv_cache_dtype: str) -> str | None:
-    """Why ``kv_cache_dtype`` cannot run in this release; None when its kernels exist."""
+    """Why ``kv_cache_dtype`` cannot run in this release; None when its kernels exist.
+
+    A dtype without kernels is still registered (so vLLM accepts the name) and refused at
+    start-up with this message instead of failing inside a kernel.
+    """
     if kv_cache_dtype in KERNEL_DTYPES:
         return None
     return f"--kv-cache-dtype {kv_cache_dtype} is registered but has no kernels in this release"
@@ -139,7 +136,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.workspace = make_workspace(
             _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
         )
-        if getattr(kv_cache_spec, "int8kv_dtype", None) == "int4":
+        our_dtype = getattr(kv_cache_spec, "int8kv_dtype", None)
+        if our_dtype is not None and get_dtype(our_dtype).rotated:
             # Made here, before any CUDA-graph capture, so the cached rotation matrix does not
             # live in a graph's memory pool.
             hadamard(model_config.get_head_size(), device)
@@ -150,7 +148,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.max_context_tokens = (
             CONTEXT_BUFFER_BYTES
             // context_bytes_per_token(self.num_kv_heads, model_config.get_head_size())
-            if getattr(kv_cache_spec, "int8kv_dtype", None) in FLASH_CONTEXT_DTYPES
+            if our_dtype in FLASH_CONTEXT_DTYPES
             else 0
         )
         self.min_continuation_tokens = MIN_CONTINUATION_TOKENS
@@ -302,7 +300,7 @@ class Int8KVAttentionImpl(AttentionImpl):
                 "int8kv-shim: %s=0: kernels launch through Triton's kernel[grid]",
                 INT8KV_DIRECT_LAUNCH,
             )
-        if kv_cache_dtype == "int4" and not int4_rotation_enabled():
+        if get_dtype(kv_cache_dtype).rotated and not int4_rotation_enabled():
             set_rotation(False)
             logger.warning_once(
                 "int8kv-shim: %s=0: int4 stores K/V without the Hadamard rotation (an accuracy "
@@ -312,8 +310,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference (CPU and H200) but are slower than BF16 and its accuracy in vLLM is "
-                "unmeasured (README, Limitations)",
+                "reference (CPU and H200) but are slower than BF16, and read back from its pages "
+                "it costs far more perplexity than int8 (README, Choosing a dtype)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads
@@ -367,8 +365,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kwargs is None:
             raise RuntimeError(
                 "int8kv-shim: this int8_static layer has no scales: the calibration file is loaded "
-                "after weight loading (Attention.process_weights_after_loading, patch P8), which "
-                "did not run for it"
+                "right after vLLM's Attention.process_weights_after_loading, which did not run "
+                "for it"
             )
         return kwargs
 

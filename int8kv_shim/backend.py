@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionType
 
-from int8kv_shim._catalogue import load_catalogue
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
+from int8kv_shim.catalogue_loader import load_catalogue
 
 if TYPE_CHECKING:
     from vllm.platforms.interface import DeviceCapability

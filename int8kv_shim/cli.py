@@ -3,7 +3,9 @@
 ``int8kv doctor`` checks whether the shim can do what the user wants on this machine (it also runs
 where there is no GPU); ``int8kv dtypes`` prints the dtype table (the README's table is this output);
 ``int8kv calibrate MODEL`` writes the ``int8_static`` calibration file (needs a GPU; see
-:mod:`int8kv_shim.calibrate`).
+:mod:`int8kv_shim.static.cli`); ``int8kv run -- COMMAND ...`` runs a command with the shim active
+in every Python process of it, through the ``sitecustomize`` shipped in the package
+(``int8kv_shim/_autoload/``), so no checkout is needed.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from int8kv_shim import calibrate
-from int8kv_shim._catalogue import load_catalogue
+from int8kv_shim.catalogue_loader import load_catalogue
 from int8kv_shim.environment_variables import (
     INT8KV_PREFILL,
     INT8KV_SHIM,
@@ -24,8 +26,11 @@ from int8kv_shim.environment_variables import (
     prefill_mode,
 )
 from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
+from int8kv_shim.static import cli as calibrate
 
 MIN_COMPUTE_CAPABILITY = (8, 0)  # same bound as backend.MIN_COMPUTE_CAPABILITY (no vLLM import)
+# Holds the sitecustomize that `int8kv run` puts on PYTHONPATH.
+AUTOLOAD_DIR = Path(__file__).resolve().parent / "_autoload"
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,34 @@ def print_dtypes(args: argparse.Namespace) -> int:
     return 0
 
 
+def activation_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with the shim switched on and its ``sitecustomize`` folder first on
+    ``PYTHONPATH`` (the user's entries kept after it, once only when runs nest)."""
+    env = dict(environ)
+    env[INT8KV_SHIM] = "1"
+    user = env.get("PYTHONPATH", "")
+    if user.split(os.pathsep)[0] != str(AUTOLOAD_DIR):
+        env["PYTHONPATH"] = os.pathsep.join([str(AUTOLOAD_DIR), *([user] if user else [])])
+    return env
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Replace this process with the command (exec: its exit status is the command's own); an
+    exit status only when it cannot be started, as a shell gives."""
+    command = args.command_argv
+    if not command:
+        print("int8kv run: no command given (int8kv run -- COMMAND [ARGS ...])", file=sys.stderr)
+        return 2
+    try:
+        os.execvpe(command[0], command, activation_env(os.environ))
+    except FileNotFoundError:
+        print(f"int8kv run: command not found: {command[0]}", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"int8kv run: cannot execute {command[0]}: permission denied", file=sys.stderr)
+        return 126
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="int8kv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -197,6 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_arguments(p_calibrate)
     p_calibrate.set_defaults(func=_run_calibrate)
+
+    p_run = sub.add_parser(
+        "run",
+        help="run a command with the shim active in it and in every Python process it starts",
+        usage="int8kv run [--] COMMAND [ARGS ...]",
+        description=f"Run COMMAND with {INT8KV_SHIM}=1 and the shim's sitecustomize first on "
+        "PYTHONPATH, so every Python process of it imports the shim before vLLM (the user's "
+        "PYTHONPATH and sitecustomize are kept). Everything after `run` (or after its `--`) is "
+        "the command, untouched.",
+    )
+    p_run.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="COMMAND")
+    p_run.set_defaults(func=run_command)
     return parser
 
 
@@ -205,9 +250,17 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Our arguments; after ``--``, vLLM engine arguments (``int8kv calibrate`` only)."""
-    ours, engine = calibrate.split_engine_args(sys.argv[1:] if argv is None else argv)
+    """Our arguments; after ``--``, vLLM engine arguments (``int8kv calibrate`` only), or the
+    command of ``int8kv run``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv[:1] == ["run"]:
+        args = parser.parse_args(argv)
+        if args.command_argv[:1] == ["--"]:
+            args.command_argv = args.command_argv[1:]
+        args.engine_args = []
+        return args
+    ours, engine = calibrate.split_engine_args(argv)
     args = parser.parse_args(ours)
     if engine and args.command != "calibrate":
         parser.error(f"arguments after `--` are only for `int8kv calibrate`: {' '.join(engine)}")

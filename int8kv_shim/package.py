@@ -14,8 +14,6 @@ SUPPORTED_VLLM_VERSION = "0.24.0"
 
 DISTRIBUTION = "int8kv-shim"
 
-_instruments = (f"vllm == {SUPPORTED_VLLM_VERSION}",)
-
 
 def installed_vllm_version() -> str | None:
     """The installed vLLM distribution's version, or None when vLLM is not installed."""

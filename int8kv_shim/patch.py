@@ -2,8 +2,9 @@
 
 Each ``patch_*`` / ``guard_*`` function takes the freshly imported vLLM module it patches (they run
 as wrapt post-import hooks, or at once when the module is already imported), is idempotent, and
-records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. The site map and the
-reasons live in ``shared/notes/vllm-0.24-patch-points.md`` (section numbers below refer to it).
+records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. Each site, why it is
+patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P9
+below; it also lists the vLLM and Triton internals read outside this module).
 
 Two sets of sites:
 
@@ -25,8 +26,8 @@ from typing import Any
 
 import wrapt
 
-from int8kv_shim._catalogue import dtype_names
 from int8kv_shim._logging import get_logger
+from int8kv_shim.catalogue_loader import dtype_names, load_catalogue
 from int8kv_shim.package import UnsupportedVLLMVersionError, VersionCheck, check_vllm_version
 
 BACKEND_CLASS_PATH = "int8kv_shim.backend.Int8KVAttentionBackend"
@@ -62,7 +63,7 @@ def undo_all() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# P1  vllm.config.cache: CacheDType and CacheConfig's validator (notes §1.1, §1.3)
+# P1  vllm.config.cache: CacheDType and CacheConfig's validator
 
 
 def patch_cache_dtype_literal(cache: ModuleType) -> None:
@@ -109,7 +110,7 @@ def _set_cache_dtype_type(
 
 
 # --------------------------------------------------------------------------------------------------
-# P2  vllm.v1.attention.selector: its own binding of CacheDType (notes §0, §2.2)
+# P2  vllm.v1.attention.selector: its own binding of CacheDType
 
 
 def patch_selector_cache_dtype(selector: ModuleType) -> None:
@@ -132,7 +133,7 @@ def patch_selector_cache_dtype(selector: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# P3  vllm.engine.arg_utils: the lru-cached CLI kwargs (notes §1.2)
+# P3  vllm.engine.arg_utils: the lru-cached CLI kwargs
 
 
 def patch_cli_choices_cache(arg_utils: ModuleType) -> None:
@@ -150,7 +151,7 @@ def _clear_cli_kwargs_cache(arg_utils: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# P4  vllm.utils.torch_utils: STR_DTYPE_TO_TORCH_DTYPE (notes §1.4)
+# P4  vllm.utils.torch_utils: STR_DTYPE_TO_TORCH_DTYPE
 
 
 def patch_str_dtype_to_torch_dtype(torch_utils: ModuleType) -> None:
@@ -179,7 +180,7 @@ def patch_str_dtype_to_torch_dtype(torch_utils: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# P5  vllm.v1.attention.backends.registry: AttentionBackendEnum.CUSTOM (notes §2.1)
+# P5  vllm.v1.attention.backends.registry: AttentionBackendEnum.CUSTOM
 
 
 def patch_register_backend(registry: ModuleType) -> None:
@@ -208,7 +209,7 @@ def patch_register_backend(registry: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# P6  vllm.platforms.cuda: _get_backend_priorities (notes §2.3, §2.5)
+# P6  vllm.platforms.cuda: _get_backend_priorities
 
 
 def patch_backend_priorities(cuda: ModuleType) -> None:
@@ -254,7 +255,7 @@ def _kv_cache_dtype_arg(
 
 
 # --------------------------------------------------------------------------------------------------
-# P7  vllm.model_executor.layers.attention.attention: Attention.get_kv_cache_spec (notes §3.1, §9)
+# P7  vllm.model_executor.layers.attention.attention: Attention.get_kv_cache_spec
 
 
 def patch_kv_cache_spec(attention: ModuleType) -> None:
@@ -287,28 +288,29 @@ def patch_kv_cache_spec(attention: ModuleType) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # P8  vllm.model_executor.layers.attention.attention: Attention.process_weights_after_loading
-#     (notes §5)
+#
 
 
 def patch_static_scales_loader(attention: ModuleType) -> None:
     """Load ``int8_static`` layers' per-head scales from the calibration file after weight loading.
 
     vLLM's own method runs first (it resets ``_k_scale``/``_v_scale`` to 1.0, which our kernels
-    never read); then :func:`int8kv_shim.static_scales.load_into_layer` sets the impl's scales for
+    never read); then :func:`int8kv_shim.static.load.load_into_layer` sets the impl's scales for
     this TP rank, or stops start-up with one line naming the file and what is wrong with it.
     Layers with any other dtype are untouched.
     """
     if is_applied("static_scales_loader"):
         return
     original = attention.Attention.process_weights_after_loading
+    static_dtype = load_catalogue().STATIC_DTYPE
 
     def load_static_scales(
         wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
     ) -> Any:
         result = wrapped(*args, **kwargs)
         layer = instance if instance is not None else args[0]  # called through the class
-        if getattr(layer, "kv_cache_dtype", None) == "int8_static":
-            from int8kv_shim.static_scales import load_into_layer
+        if getattr(layer, "kv_cache_dtype", None) == static_dtype:
+            from int8kv_shim.static.load import load_into_layer
 
             load_into_layer(layer)
         return result
@@ -399,7 +401,7 @@ def patch_refuse_unsupported_models(arg_utils: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Guards: the inert mode, for any vLLM but the supported one (notes §8)
+# Guards: the inert mode, for any vLLM but the supported one
 
 
 def guard_create_engine_config(arg_utils: ModuleType) -> None:

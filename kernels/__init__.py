@@ -8,6 +8,7 @@ Public API:
     PageLayout          byte offsets of an INT8 page's regions (page_layout.py)
     Int4PageLayout      byte offsets of an ``int4`` page's regions (page_layout.py)
     V_FORMATS           values of the ``v_format`` keyword ("int8", "e4m3": FP8-E4M3 V, e4m3.py)
+    INT8_DTYPES, INT4_DTYPES  the dtypes of each page layout (all dtype facts: catalogue.py)
 
 ``kv_dtype="int4"`` (Hadamard-rotated 4-bit, fp16 scale/zero per group) goes through the same two
 entry points; its kernels live in cache_write_int4.py / attention_int4.py, the rotation in
@@ -16,9 +17,9 @@ hadamard.py and its torch specification in reference_int4.py.
 
 from .attention import AttentionWorkspace, choose_num_splits, make_workspace, paged_attention
 from .cache_write import write_kv_cache
+from .catalogue import INT4_DTYPES, INT8_DTYPES, V_FORMATS
 from .context_gather import gather_kv_context
-from .e4m3 import V_FORMATS
-from .page_layout import INT4_DTYPES, INT8_DTYPES, Int4PageLayout, PageLayout, get_page_bytes
+from .page_layout import Int4PageLayout, PageLayout, get_page_bytes
 
 __all__ = [
     "INT4_DTYPES",

@@ -30,9 +30,10 @@ import triton
 import triton.language as tl
 
 from .cache_write import _rint
+from .catalogue import INT4_DTYPES
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
 from .launch import DirectLauncher, Replay, ReplayCache
-from .page_layout import INT4_DTYPES, cached_page_layout, next_power_of_2
+from .page_layout import cached_page_layout, next_power_of_2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 # Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
@@ -45,8 +46,8 @@ MAX_SPLITS = 32
 # A split shorter than this costs more in partial-result traffic and merge than it saves.
 MIN_TOKENS_PER_SPLIT = 128
 # Past one program per SM, split further only while splits keep this many keys: on an H200
-# (benchmarks/tune_decode.py, session 13) batch 8 x 8K ran 57 us at 4 splits of 2K against 64 us
-# at 8 of 1K, and batch 32 x 8K 177 us at 2 splits of 4K against 212 us unsplit.
+# (benchmarks/results/tune_decode.json) batch 8 x 8K ran 57 us at 4 splits of 2K against 64 us
+# at 8 of 1K, and batch 32 x 8K 177 us at 2 splits of 4K against 213 us unsplit.
 MIN_TOKENS_PER_EXTRA_SPLIT = 2048
 
 
@@ -488,7 +489,8 @@ def _attn_fwd(
         # carried registers would spill there. Decode launches that are not split (many
         # sequences: splits == 1) prefetch too: with the page-wise loads instead, batch 128 at 8K
         # ran at 65% of copy bandwidth against int8_static's 85%; prefetching, 14-16% faster
-        # (benchmarks/results/logs/session14/13_kbench_write_tests/ab_prefetch.json).
+        # (an A/B of both versions on an H200, batch 128 at 8K: 793 -> 663 us, int8_static 606 us;
+        # the script and its JSON are in commit c1c5ebb's benchmark logs).
         PREFETCH: tl.constexpr = DECODE and DYNAMIC
         if PREFETCH:
             # Step -1 of the prefetch: pages of the first tile, then as in the loop.
@@ -659,7 +661,7 @@ class _Config:
 
 # Shared memory one program may use on sm86 (A10, A40, A6000, RTX 3090), the smallest of the
 # targets (sm80: 163 KiB, sm90: 227 KiB). A program above it does not launch there ("out of
-# resources"); tests/kernels/compile_sm80.py checks every default specialisation against it.
+# resources"); benchmarks/compile_sm80.py checks every default specialisation against it.
 MAX_SHARED_BYTES = 99 * 1024
 
 

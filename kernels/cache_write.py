@@ -9,10 +9,20 @@ import torch
 import triton
 import triton.language as tl
 
+from .catalogue import INT4_DTYPES, get_dtype
 from .e4m3 import check_v_format, e4m3_encode
 from .launch import DirectLauncher, ReplayCache
-from .page_layout import INT4_DTYPES, cached_page_layout
-from .reference import QMAX, SCALE_MAX, SCALE_MIN
+from .page_layout import cached_page_layout
+
+# Quantization constants of the int8 write; reference.py (the kernels' specification) imports them.
+QMAX = get_dtype("int8").qmax  # int8_static's too: one write kernel serves both
+# Smallest positive fp16 (subnormal, 2^-24). Flooring the scale here means a zero vector stores
+# scale 2^-24 and q = 0 (dequantizes to exactly 0), with no branch and no 0/0.
+SCALE_MIN = 2.0**-24
+FP16_MAX = 65504.0  # largest finite fp16
+# absmax/127 above fp16's range (possible for bf16 inputs > 8.3e6) is clamped here and the int8
+# values saturate at +-127: the page never holds Inf/NaN for finite inputs.
+SCALE_MAX = FP16_MAX
 
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to the nearest integer,
 # ties to even, under IEEE arithmetic. libdevice.rint would do the same on the GPU but does not
@@ -40,8 +50,8 @@ _TILE_T = 16
 # the 16-token tile gains nothing there and leaves only 8 programs per 16 tokens (H200: 256
 # random slots took 6.0 us against 2.8 us for vLLM's BF16 write). Nor did fewer, larger
 # programs gain: 2, 4 or 8 kv-heads of a token per program, with 1-8 warps, were all as fast or
-# slower (session 14, benchmarks/results/logs/session14/19_ab_write3). Prefill chunks, past it,
-# keep the tile.
+# slower (an A/B of those variants on an H200; the script and its JSON are in commit c1c5ebb's
+# benchmark logs). Prefill chunks, past it, keep the tile.
 SMALL_BATCH_TOKENS = 512
 
 

@@ -11,12 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .cache_write import _rint, _store_key_major
+from .cache_write import FP16_MAX, _rint, _store_key_major
+from .catalogue import get_dtype
 from .e4m3 import check_v_format
 from .hadamard import rotate
 from .launch import DirectLauncher
 from .page_layout import Int4PageLayout
-from .reference_int4 import FP16_MAX, INT4_LEVELS
+
+# Codes 0..15; reference_int4.py (the kernels' specification) imports this and FP16_MAX.
+INT4_LEVELS = get_dtype("int4").qmax
 
 _LEVELS = tl.constexpr(INT4_LEVELS)
 _FP16_MAX = tl.constexpr(FP16_MAX)

@@ -1,15 +1,18 @@
 """The catalogue of KV-cache dtypes this project adds to vLLM.
 
 One place that says, for each dtype name a user can pass to ``--kv-cache-dtype``, how many bits a
-K/V element takes, what kind of scale it carries and how many bytes one (token, kv-head) costs.
-Both the vLLM glue (``int8kv_shim``: page sizes, CLI choices, backend selection) and the kernels
-(page layout, offsets) read it, so the two can never disagree about a page.
+K/V element takes, what kind of scale it carries, how many bytes one (token, kv-head) costs, which
+V storage formats it takes and which code paths serve it. Every list of dtype names the shim, the
+kernels and the benchmarks use is derived here from the entries' fields (``KERNEL_DTYPES``,
+``INT8_DTYPES``, ``STATIC_DTYPE``, ...), so the vLLM glue (``int8kv_shim``: page sizes, CLI
+choices, backend selection) and the kernels (page layout, offsets) can never disagree.
 
 Pure Python on purpose: importing it must not import torch, triton or vLLM.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +21,34 @@ ScaleKind = Literal["per_token_head", "static_per_head", "per_group"]
 # fp16 scales (and zero points) are 2 bytes; an fp16 scale is exact enough for absmax/127 of
 # bf16/fp16 activations (relative error 2^-11, far below the int8 step of 1/127).
 SCALE_BYTES = 2
+
+# Symmetric int8 codes span [-127, 127] (-128 is never produced, so negation stays in range).
+INT8_QMAX = 127.0
+
+
+@dataclass(frozen=True)
+class VFormat:
+    """How the V elements of an int8-layout page are stored (the kernels' ``v_format`` keyword)."""
+
+    name: str
+    # Largest magnitude a stored element represents: a static V scale maps the calibration
+    # statistic onto it (``int8kv_shim.static.file``).
+    qmax: float
+    description: str
+
+
+V_FORMAT_CATALOGUE: dict[str, VFormat] = {
+    f.name: f
+    for f in (
+        VFormat(name="int8", qmax=INT8_QMAX, description="int8 integers, like K"),
+        # FP8-E4M3FN's largest finite value is 448 (kernels/e4m3.py)
+        VFormat(name="e4m3", qmax=448.0, description="FP8-E4M3FN codes, decoded in software"),
+    )
+}
+
+V_FORMATS: tuple[str, ...] = tuple(V_FORMAT_CATALOGUE)
+# What every dtype stores V as unless told otherwise.
+DEFAULT_V_FORMAT = "int8"
 
 
 @dataclass(frozen=True)
@@ -34,6 +65,19 @@ class KVCacheDtype:
     has_zero_point: bool = False
     # Head sizes the kernels support for this dtype.
     head_sizes: tuple[int, ...] = (64, 128, 256)
+    # Largest stored code: int8 codes are -qmax..qmax, int4 codes 0..qmax (asymmetric, with a zero).
+    qmax: float = INT8_QMAX
+    # V storage formats (``V_FORMAT_CATALOGUE``) this dtype's pages can hold.
+    v_formats: tuple[str, ...] = (DEFAULT_V_FORMAT,)
+    # False: the name is registered with vLLM (so it parses) but refused at start-up, no kernels.
+    has_kernels: bool = True
+    # Served with a warning at start-up: slower than BF16 and far less accurate than int8.
+    experimental: bool = False
+    # K/V are stored Hadamard-rotated (kernels/hadamard.py): attention rotates q and the output.
+    rotated: bool = False
+    # gather_kv_context dequantizes these pages into BF16 K/V, so a chunked-prefill continuation
+    # can attend on FlashAttention over its cached context (int8kv_shim/flash_prefill.py).
+    context_gather: bool = False
 
     def data_bytes(self, head_size: int) -> int:
         """Bytes of quantized K (or V) data for one (token, kv-head)."""
@@ -70,12 +114,15 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             bits=8,
             scale_kind="per_token_head",
             description="INT8, symmetric, dynamic fp16 scale per (token, kv-head); calibration-free",
+            context_gather=True,
         ),
         KVCacheDtype(
             name="int8_static",
             bits=8,
             scale_kind="static_per_head",
             description="INT8 with per-layer, per-kv-head scales from a calibration file",
+            v_formats=("int8", "e4m3"),
+            context_gather=True,
         ),
         KVCacheDtype(
             name="int4",
@@ -84,11 +131,35 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             group_size=64,
             has_zero_point=True,
             description="4-bit, Hadamard-rotated, asymmetric fp16 scale/zero per group",
+            qmax=15.0,
+            experimental=True,
+            rotated=True,
         ),
     )
 }
 
 DTYPE_NAMES: tuple[str, ...] = tuple(CATALOGUE)
+
+
+def _names(keep: Callable[[KVCacheDtype], bool]) -> tuple[str, ...]:
+    return tuple(name for name, entry in CATALOGUE.items() if keep(entry))
+
+
+# dtypes whose kernels exist in this release (the others are refused at start-up with a message).
+KERNEL_DTYPES = _names(lambda d: d.has_kernels)
+EXPERIMENTAL_DTYPES = _names(lambda d: d.experimental)
+# Page layouts: kernels/page_layout.py's PageLayout (8-bit codes) and Int4PageLayout.
+INT8_DTYPES = _names(lambda d: d.bits == 8)
+INT4_DTYPES = _names(lambda d: d.bits == 4)
+# Dequantized into BF16 for FlashAttention continuations (``context_gather``).
+FLASH_CONTEXT_DTYPES = _names(lambda d: d.context_gather)
+# The one dtype whose scales come from a calibration file (the unpacking fails unless exactly one).
+(STATIC_DTYPE,) = _names(lambda d: d.scale_kind == "static_per_head")
+
+
+def dtypes_storing_v_as(v_format: str) -> tuple[str, ...]:
+    """The dtypes whose pages can hold V in ``v_format``."""
+    return _names(lambda d: v_format in d.v_formats)
 
 
 def get_dtype(name: str) -> KVCacheDtype:

@@ -24,8 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
-V_FORMATS: tuple[str, ...] = ("int8", "e4m3")
-E4M3_MAX = 448.0
+from .catalogue import (
+    CATALOGUE,
+    DEFAULT_V_FORMAT,
+    V_FORMAT_CATALOGUE,
+    V_FORMATS,
+    dtypes_storing_v_as,
+)
+
+E4M3_MAX = V_FORMAT_CATALOGUE["e4m3"].qmax
 # e4m3_decode_f16 returns value / 256: the fp16 exponent bias (15) is 8 more than E4M3's (7).
 E4M3_F16_UNSCALE = 256.0
 
@@ -50,8 +57,10 @@ def check_v_format(kv_dtype: str, v_format: str) -> bool:
     """Validate ``v_format`` for ``kv_dtype``; True when V is stored as E4M3."""
     if v_format not in V_FORMATS:
         raise ValueError(f"v_format must be one of {V_FORMATS}, got {v_format!r}")
-    if v_format == "e4m3" and kv_dtype != "int8_static":
-        raise ValueError(f"v_format 'e4m3' needs kv dtype 'int8_static', not {kv_dtype!r}")
+    entry = CATALOGUE.get(kv_dtype)
+    if v_format != DEFAULT_V_FORMAT and (entry is None or v_format not in entry.v_formats):
+        able = " or ".join(map(repr, dtypes_storing_v_as(v_format)))
+        raise ValueError(f"v_format {v_format!r} needs kv dtype {able}, not {kv_dtype!r}")
     return v_format == "e4m3"
 
 

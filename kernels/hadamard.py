@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 _CACHE: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
-# Off only for the accuracy ablation "4-bit without rotation" (issue 6): set_rotation(False).
+# Off only for the accuracy ablation "4-bit without rotation": set_rotation(False).
 _ENABLED = True
 
 
@@ -26,10 +26,6 @@ def set_rotation(enabled: bool) -> None:
     """
     global _ENABLED
     _ENABLED = bool(enabled)
-
-
-def rotation_enabled() -> bool:
-    return _ENABLED
 
 
 def hadamard(d: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):

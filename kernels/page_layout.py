@@ -34,7 +34,7 @@ Why this shape:
   memory with keys contiguous and the matrix-multiply operand is read four keys per 32-bit word.
   Stored D-contiguous like K, the same operand compiled to one byte-wide shared-memory load per
   element (int8 has no transposing ``ldmatrix``), the largest instruction cost of the loop
-  (``tests/kernels/compile_sm80.py`` checks it stays gone). A token's V is then D single bytes B
+  (``benchmarks/compile_sm80.py`` checks it stays gone). A token's V is then D single bytes B
   apart, so the write stores a tile of consecutive tokens at a time, token fastest across threads:
   the bytes of consecutive slots share 32-byte sectors (cache_write.py);
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
@@ -66,7 +66,7 @@ G elements, NG = D / G groups per (token, head); G = 64 from the catalogue)::
 
 ``int4`` V is key-major for the reason int8's is: the PV product's operand then sits in shared
 memory with keys contiguous and is read in 32-bit words; stored like K it compiled to byte-wide
-shared-memory loads (64 per thread per decode tile, ``tests/kernels/compile_sm80.py`` checks they
+shared-memory loads (64 per thread per decode tile, ``benchmarks/compile_sm80.py`` checks they
 stay gone). Its bytes keep K's pairing along D, not two keys per byte, so P's columns stay in key
 order: a byte of two keys would split every tile's keys into two sets, one per nibble, and P (or
 the key order of the scores, masks and scales) would have to be rearranged to match, and a page's
@@ -80,10 +80,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .catalogue import get_dtype
-
-INT8_DTYPES: tuple[str, ...] = ("int8", "int8_static")
-INT4_DTYPES: tuple[str, ...] = ("int4",)
+from .catalogue import INT4_DTYPES, INT8_DTYPES, get_dtype
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ class PageLayout:
 
     @property
     def has_scales(self) -> bool:
-        return self.dtype_name == "int8"
+        return get_dtype(self.dtype_name).scale_kind == "per_token_head"
 
     @property
     def data_bytes(self) -> int:

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import torch
 
+# The constants are the write kernel's (cache_write.py owns them): the specification states the
+# same range and clamps, and a change there must show up here rather than be copied.
+from .cache_write import QMAX, SCALE_MAX, SCALE_MIN
 from .e4m3 import check_v_format, e4m3_decode_ref, e4m3_encode_ref
 from .page_layout import PageLayout
-
-# Quantization constants, shared with the kernels (cache_write.py imports them).
-QMAX = 127.0  # symmetric range [-127, 127] for both int8 dtypes: -128 is never produced
-# Smallest positive fp16 (subnormal, 2^-24). Flooring the scale here means a zero vector stores
-# scale 2^-24 and q = 0 (dequantizes to exactly 0), with no branch and no 0/0.
-SCALE_MIN = 2.0**-24
-# Largest finite fp16. absmax/127 above it (possible for bf16 inputs > 8.3e6) is clamped here and
-# the int8 values saturate at +-127: the page never holds Inf/NaN for finite inputs.
-SCALE_MAX = 65504.0
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

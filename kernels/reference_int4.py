@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from .cache_write_int4 import FP16_MAX, INT4_LEVELS  # the write kernel's constants
 from .hadamard import rotate
 from .page_layout import Int4PageLayout
-
-INT4_LEVELS = 15.0  # codes 0..15
-FP16_MAX = 65504.0
 
 
 def quantize_int4(r: torch.Tensor, group_size: int):

@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# tests/shim/probe.py, the subprocess side of the vLLM scenarios (pyproject's pytest `pythonpath`
+# makes it importable as `probe` here; run_python does the same for its children).
+import probe
 import pytest
 import torch
-
-# tests/shim/probe.py (the subprocess side of the vLLM scenarios) is importable as `probe`.
-SHIM_TESTS = Path(__file__).resolve().parent / "shim"
-sys.path.insert(0, str(SHIM_TESTS))
-import probe  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 
@@ -93,10 +91,11 @@ def run_python(tmp_path_factory: pytest.TempPathFactory):
             env.pop(name, None)
         if shim is not None:
             env["INT8KV_SHIM"] = shim
-        if pythonpath:
-            # In front of, not instead of, an inherited PYTHONPATH (which may be where vLLM is).
-            inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
-            env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), *inherited])
+        # In front of, not instead of, an inherited PYTHONPATH (which may be where vLLM is); the
+        # folder of `probe` last, so the scenario's own folders win.
+        inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        folders = [*(pythonpath or ()), probe.SHIM_TESTS]
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, folders), *inherited])
         proc = subprocess.run(
             [sys.executable, "-c", code],
             cwd=cwd,

@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 7, CPU part): every input the shim cannot serve, and exactly what
+"""The bad-input matrix (CPU part): every input the shim cannot serve, and exactly what
 the user sees for it. One test per row; the README "Limitations" list is checked against it.
 
 Three vLLM subprocesses serve the whole matrix (session fixtures, ~8 s each with a warm vLLM
@@ -202,19 +202,20 @@ def _sub_active() -> dict[str, Any]:
 
 
 def _script(dtype_names: list[str], body: str) -> str:
-    return prelude(dtype_names) + f"sys.path.insert(0, {str(TESTS)!r})\n" + body
+    # the child imports this module: run_python puts tests/ on its PYTHONPATH
+    return prelude(dtype_names) + body
 
 
 @pytest.fixture(scope="session")
 def matrix_active(run_python, dtype_names: list[str]) -> dict[str, Any]:
     body = "import test_bad_inputs as m\nprobe.emit(m._sub_active())\n"
-    return run_python(_script(dtype_names, body), shim="1").result()
+    return run_python(_script(dtype_names, body), shim="1", pythonpath=[TESTS]).result()
 
 
 @pytest.fixture(scope="session")
 def matrix_off(run_python, dtype_names: list[str]) -> dict[str, Any]:
     body = "import test_bad_inputs as m\nprobe.emit(m._sub_off())\n"
-    return run_python(_script(dtype_names, body), shim=None).result()
+    return run_python(_script(dtype_names, body), shim=None, pythonpath=[TESTS]).result()
 
 
 @pytest.fixture(scope="session")
@@ -397,7 +398,7 @@ def test_int8_static_file_refusals_are_pinned_in_tests_shim() -> None:
 
 
 def test_int8_static_file_refusal_names_the_file(tmp_path: Path) -> None:
-    from int8kv_shim import scales_file
+    from int8kv_shim.static import file as scales_file
 
     path = tmp_path / "int8kv_scales.json"
     path.write_text("{ not json")
@@ -471,10 +472,7 @@ def test_nonfinite_token_flags_its_sequence_and_no_other() -> None:
     """Attention: sequence 0 holds the bad token, sequence 1 does not; 1's output is bit-identical
     to a run without the bad token, 0's is NaN from the bad token on (flagged, never plausible).
     A stale NaN token in a reused block past the owner's seq_len is never read either."""
-    import sys
-
-    sys.path.insert(0, str(TESTS / "kernels"))  # the kernel tests' batch builders
-    from kvbatch import make_batch, make_cache, run_attention
+    from kvbatch import make_batch, make_cache, run_attention  # the kernel tests' batch builders
 
     from int8kv_kernels import write_kv_cache
 

@@ -28,7 +28,6 @@ TITLE = "PRIDE AND PREJUDICE"
 
 # R SEXP type codes that occur in these records (R Internals, "Serialization Formats").
 _CHARSXP, _STRSXP, _NILVALUE = 9, 16, 254
-_HAS_ATTR = 1 << 9
 
 
 def _records(blob: bytes) -> Iterator[bytes]:

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import e2e_support
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import e2e_support  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Helpers of the vLLM end-to-end tests: prompts, a tiny random GQA Llama, running vLLM, comparing.
+"""Helpers of the vLLM end-to-end tests: prompts, a tiny random GQA Llama, running vLLM, judging.
 
-Importable without vLLM or a GPU (the comparison logic is unit tested on CPU).
+Importable without vLLM or a GPU (tests/e2e/test_e2e_support.py tests them on CPU); the greedy
+comparison itself is ``benchmarks.greedy``.
 """
 
 from __future__ import annotations
@@ -8,19 +9,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The child-process runner (timeout kills the engine core too) is the benchmarks' own.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from common import config_for, ensure_scales, llm_kwargs_for, run_child  # noqa: E402, F401
+# The engine runner, its child-process handling (a timeout kills the engine core too) and the
+# greedy comparison are the benchmarks' own.
+from benchmarks import common
+from benchmarks.greedy import NEAR_TIE_TOPK, Comparison
 
-REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / "benchmarks" / "corpus" / "pride_and_prejudice.txt"
-WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+CORPUS = common.DEFAULT_CORPUS
 
 # Prompt lengths (tokens): short to well past 1K so that prompts span many KV blocks and decode
 # runs with long contexts (split-KV decode paths), plus prompts sharing a long prefix for the
@@ -52,9 +50,6 @@ SHARED_SUFFIX_LENS = (17, 50, 90, 200)
 TINY_ATTN_OUT_SCALE = 1.0  # standard init; see build_tiny_llama
 MAX_MODEL_LEN = 2560  # longest prompt (2300) + generated tokens, rounded up to a block multiple
 GEN_TOKENS = 32
-# Logprobs each generated position records: compare_greedy's near-tie window (its docstring says
-# why 20; it is also vLLM's default max_logprobs, the most a request may ask for).
-NEAR_TIE_TOPK = 20
 # Rounds of 24 prompts. The tests compare how many prompts stay identical with a control's count,
 # allowing a slack of 0.15 (SLACK below); the standard error of the difference of two such
 # fractions near 0.3 is sqrt(2 * 0.21 / n): 0.13 for n = 24 (the slack is ~1 s.e., so an equally good
@@ -69,7 +64,7 @@ def kv_settings(dtype: str) -> tuple[dict[str, Any], bool]:
     """(LLM kwargs, shim on?) of a KV-cache dtype, as the benchmarks run it: BF16 (``auto``) and
     upstream's ``int8_per_token_head`` on vLLM's Triton backend without the shim, ``auto_fa2`` on
     FlashAttention-2, ours with the shim and no backend named (its plugin must pick ours)."""
-    return llm_kwargs_for(dtype), bool(config_for(dtype)["shim"])
+    return common.llm_kwargs_for(dtype), bool(common.config_for(dtype)["shim"])
 
 
 def corpus_token_ids(tokenizer_dir: str | Path) -> list[int]:
@@ -167,7 +162,7 @@ def run_vllm(
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``tests/e2e/vllm_worker.py`` for one engine in a fresh process and return its result.
+    """Run ``benchmarks/vllm_worker.py`` for one engine in a fresh process and return its result.
 
     ``shim`` sets ``INT8KV_SHIM=1`` in that process only (and removes it otherwise); ``env`` adds
     variables to that process only. The log goes to ``workdir/NAME.log`` and, on a device run, also
@@ -177,14 +172,14 @@ def run_vllm(
     workdir.mkdir(parents=True, exist_ok=True)
     spec, result, log = (workdir / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
     spec.write_text(json.dumps({"llm_kwargs": dict(llm_kwargs), "phases": list(phases)}))
-    env = dict(os.environ) | dict(env or {})
+    env = common.with_repo_on_path(dict(os.environ) | dict(env or {}))
     if shim:
         env["INT8KV_SHIM"] = "1"
     else:
         env.pop("INT8KV_SHIM", None)
     timeout_s = timeout_s or float(os.environ.get("INT8KV_E2E_TIMEOUT", "1200"))
-    rc, seconds, tail = run_child(
-        [sys.executable, str(WORKER), str(spec), str(result)], env, timeout_s, log
+    rc, seconds, tail = common.run_child(
+        common.module_command("benchmarks.vllm_worker", str(spec), str(result)), env, timeout_s, log
     )
     if os.environ.get("OUT"):
         dst = Path(os.environ["OUT"]) / "logs"
@@ -198,47 +193,7 @@ def run_vllm(
 
 
 # --------------------------------------------------------------------------------------------
-# comparing greedy outputs
-
-
-@dataclass
-class Comparison:
-    """How two runs' greedy outputs for the same prompts compare over the first ``n`` tokens."""
-
-    n: int
-    identical: int = 0
-    near_tie: list[int] = field(default_factory=list)  # diverged where both tokens are near-ties
-    mismatch: list[int] = field(default_factory=list)  # diverged on a token the other ruled out
-    first_divergence: dict[int, int] = field(default_factory=dict)
-    # near ties: how near, in nats (the larger of the two runs' logprob gaps between the tokens)
-    margin: dict[int, float] = field(default_factory=dict)
-    # real mismatches: both runs' top-k (token: logprob) at the divergence, so a log tells a flat
-    # distribution (the top-k spans a fraction of a nat) from a wrong one
-    mismatch_topk: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return self.identical + len(self.near_tie) + len(self.mismatch)
-
-    @property
-    def identical_fraction(self) -> float:
-        return self.identical / self.total if self.total else 0.0
-
-    def summary(self) -> str:
-        return (
-            f"{self.identical}/{self.total} identical over the first {self.n} tokens; "
-            f"near-tie divergences at {self._fmt(self.near_tie)}"
-            + (
-                f" (largest logprob gap {max(self.margin.values()):.3f} nats)"
-                if self.margin
-                else ""
-            )
-            + f"; real mismatches at {self._fmt(self.mismatch)}"
-            + "".join(f"\n    p{i}: {self.mismatch_topk[i]}" for i in self.mismatch_topk)
-        )
-
-    def _fmt(self, idx: list[int]) -> str:
-        return "[" + ", ".join(f"p{i}@t{self.first_divergence[i]}" for i in idx) + "]"
+# the vllm_worker phases of the tests
 
 
 def generation_phase(
@@ -255,72 +210,6 @@ def generation_phase(
         "logprobs": NEAR_TIE_TOPK,
         "skip_reading_prefix_cache": skip_reading_prefix_cache,
     }
-
-
-def compare_greedy(
-    ref: Mapping[str, Any], other: Mapping[str, Any], n: int = GEN_TOKENS
-) -> Comparison:
-    """Compare two phases' outputs (``vllm_worker`` format) prompt by prompt.
-
-    A divergence is a *near tie* when, at the first differing position, each run's token is among
-    the other run's top-k logprobs there — the convention of vLLM's own ``check_logprobs_close``:
-    two tokens that close in probability are legitimately flipped by any rounding difference
-    (batch composition, CUDA graph padding, a quantized cache). Otherwise it is a *mismatch*: one
-    run picked a token the other considered unlikely, which points at a real difference.
-
-    The runs record k = NEAR_TIE_TOPK = 20 (generation_phase). With k = 5 the window was a rank,
-    not a probability: SmolLM2 continuing a novel often has five candidates within 0.2 nats, so a
-    token 0.3 nats down fell outside it (the GPU runs of sessions 7 and 8, p12@t4: ref's top-5
-    spanned 0.19 nats, the other's 0.31), while near ties the same rule accepted elsewhere reached
-    0.69 nats. A broken
-    cache or kernel moves whole distributions (diverging at the first tokens of most prompts, as
-    the CPU simulation of a broken context gather showed), far outside any top-20.
-    """
-    cmp = Comparison(n=n)
-    a_ids, b_ids = ref["token_ids"], other["token_ids"]
-    if len(a_ids) != len(b_ids):
-        raise ValueError(f"{len(a_ids)} vs {len(b_ids)} prompts")
-    for i, (a, b) in enumerate(zip(a_ids, b_ids, strict=True)):
-        a, b = a[:n], b[:n]
-        pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        if pos is None and len(a) == len(b):
-            cmp.identical += 1
-            continue
-        pos = min(len(a), len(b)) if pos is None else pos
-        cmp.first_divergence[i] = pos
-        if pos < min(len(a), len(b)):
-            # each run's logprobs of its own token and of the other run's token there
-            ref_own, ref_other = _logprob(ref, i, pos, a[pos]), _logprob(ref, i, pos, b[pos])
-            own, other_ = _logprob(other, i, pos, b[pos]), _logprob(other, i, pos, a[pos])
-        else:
-            ref_own = ref_other = own = other_ = None
-        if None not in (ref_other, other_):
-            cmp.near_tie.append(i)
-            if None not in (ref_own, own):
-                cmp.margin[i] = max(ref_own - ref_other, own - other_)
-        else:
-            cmp.mismatch.append(i)
-            if pos < min(len(a), len(b)):
-                cmp.mismatch_topk[i] = (
-                    f"ref picked {a[pos]}, top-k {_topk(ref, i, pos)}; "
-                    f"other picked {b[pos]}, top-k {_topk(other, i, pos)}"
-                )
-    return cmp
-
-
-def _topk(run: Mapping[str, Any], prompt: int, pos: int) -> str:
-    lps = run.get("logprobs") or []
-    if prompt >= len(lps) or pos >= len(lps[prompt]):
-        return "(none recorded)"
-    return "{" + ", ".join(f"{t}: {lp:.3f}" for t, lp in lps[prompt][pos]) + "}"
-
-
-def _logprob(run: Mapping[str, Any], prompt: int, pos: int, token: int) -> float | None:
-    """The run's logprob of ``token`` at ``pos`` if it is among its top-k there, else None."""
-    lps = run.get("logprobs") or []
-    if prompt >= len(lps) or pos >= len(lps[prompt]):
-        return None
-    return next((lp for t, lp in lps[prompt][pos] if t == token), None)
 
 
 def assert_like_control(

@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import (  # noqa: E402
-    Comparison,
+from e2e_support import (
+    GEN_TOKENS,
     assert_like_control,
-    compare_greedy,
     corpus_token_ids,
-    ensure_scales,
     generation_phase,
     kv_settings,
     make_prompts,
 )
+
+from benchmarks.common import ensure_scales
+from benchmarks.greedy import Comparison, compare_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -121,7 +119,7 @@ def test_gemma3_matches_bf16(engine, gemma3_dir, gemma_prompts, dtype, request) 
     got = _gemma(engine, gemma3_dir, gemma_prompts, dtype, scales=scales)["phases"]["miss"]
     upstream = _gemma(engine, gemma3_dir, gemma_prompts, UPSTREAM)["phases"]["miss"]
     assert_like_control(
-        compare_greedy(ref, got), compare_greedy(ref, upstream),
+        compare_greedy(ref, got, GEN_TOKENS), compare_greedy(ref, upstream, GEN_TOKENS),
         f"Gemma 3 {dtype} vs bf16", f"{UPSTREAM} vs bf16",
     )  # fmt: skip
 
@@ -135,7 +133,7 @@ def test_gemma3_prefix_cache_hit_matches_miss(engine, gemma3_dir, gemma_prompts)
         miss, hit = run["phases"]["miss"], run["phases"]["hit"]
         assert sum(miss["num_cached_tokens"]) == 0, f"{kv}: the miss pass read the prefix cache"
         assert sum(hit["num_cached_tokens"]) > 0, f"{kv}: no prefix-cache hit at all"
-        return compare_greedy(miss, hit)
+        return compare_greedy(miss, hit, GEN_TOKENS)
 
     assert_like_control(
         hit_vs_miss("int8"), hit_vs_miss("auto"), "Gemma 3 int8 prefix-cache hit vs miss", "bf16"
@@ -146,7 +144,7 @@ def test_gemma3_cuda_graphs_match_eager(engine, gemma3_dir, gemma_prompts) -> No
     def graphs_vs_eager(kv: str) -> Comparison:
         eager = _gemma(engine, gemma3_dir, gemma_prompts, kv)["phases"]["miss"]
         graphs = _gemma(engine, gemma3_dir, gemma_prompts, kv, variant="graphs")["phases"]["ref"]
-        return compare_greedy(eager, graphs)
+        return compare_greedy(eager, graphs, GEN_TOKENS)
 
     assert_like_control(
         graphs_vs_eager("int8"), graphs_vs_eager("auto"), "Gemma 3 int8 graphs vs eager", "bf16"
@@ -161,6 +159,6 @@ def test_gemma3_8k_prompts_no_nan_and_bf16_backend_level(engine, gemma3_dir, gem
         chosen = [dict((t, lp) for t, lp in pos)[tok] for tok, pos in zip(ids, lps, strict=True)]
         assert all(math.isfinite(lp) for lp in chosen), f"int8: non-finite logprob, prompt {prompt}"
     assert_like_control(
-        compare_greedy(ref, got), compare_greedy(ref, fa2), "Gemma 3 int8 at 8K vs bf16",
+        compare_greedy(ref, got, GEN_TOKENS), compare_greedy(ref, fa2, GEN_TOKENS), "Gemma 3 int8 at 8K vs bf16",
         "bf16 FlashAttention-2 vs Triton",
     )  # fmt: skip

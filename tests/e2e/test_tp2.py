@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue 7): greedy output at ``tensor_parallel_size=2`` equals TP=1's.
+"""Tensor parallelism: greedy output at ``tensor_parallel_size=2`` equals TP=1's.
 
 Needs 2 GPUs (skipped otherwise): ``bash benchmarks/run_gpu_e2e.sh tp2`` on a 2-GPU host, or
 ``python -m pytest tests/e2e/test_tp2.py -m gpu -v`` with the bundle staged.
@@ -37,16 +37,9 @@ from typing import Any
 
 import pytest
 import torch
+from e2e_support import GEN_TOKENS, MAX_MODEL_LEN, assert_like_control, generation_phase
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import (  # noqa: E402
-    GEN_TOKENS,
-    MAX_MODEL_LEN,
-    Comparison,
-    assert_like_control,
-    compare_greedy,
-    generation_phase,
-)
+from benchmarks.greedy import Comparison, compare_greedy
 
 pytestmark = [
     pytest.mark.gpu,

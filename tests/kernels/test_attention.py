@@ -207,7 +207,7 @@ def test_quantization_error_bound_gpu():
 
 
 # (num_seqs, num_kv_heads, max_seq_len) -> the split count that measured fastest with the default
-# decode config on an H200 (132 SMs), benchmarks/results/logs/session13/9_tune_decode
+# decode config on an H200 (132 SMs), benchmarks/results/tune_decode.json
 @pytest.mark.parametrize(
     ("seqs", "kv_heads", "seq_len", "best"),
     [(8, 8, 8192, 4), (32, 8, 8192, 2), (8, 8, 1024, 4), (128, 8, 1024, 1), (1, 8, 32768, 32)],

@@ -5,13 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def test_kernels_compile_for_sm80():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # the interpreter would replace the kernels
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    script = Path(__file__).with_name("compile_sm80.py")
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "benchmarks.compile_sm80"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "compiled" in r.stdout

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from probe import prelude  # tests/conftest.py put tests/shim on sys.path
+from probe import prelude
 
 # run_python, Run and dtype_names live in tests/conftest.py: tests/test_bad_inputs.py uses them too.
 

@@ -29,7 +29,7 @@ def stub_cuda_ops_without_driver() -> None:
     """Test-only: ``vllm.platforms.cuda`` imports a compiled op library that needs ``libcuda``.
 
     Without a GPU driver there is nothing to load, so an empty module stands in for it
-    (``shared/notes/cpu-testing.md``). Nothing the shim patches calls into that library.
+    (``docs/vllm-touchpoints.md``, test-only names). Nothing the shim patches calls into it.
     """
     try:
         ctypes.CDLL("libcuda.so.1")
@@ -40,11 +40,9 @@ def stub_cuda_ops_without_driver() -> None:
 
 
 def prelude(names: list[str]) -> str:
-    """First lines of every scenario: make `probe` importable, stand in for the CUDA op library."""
-    return (
-        f"import sys\nsys.path.insert(0, {str(SHIM_TESTS)!r})\nimport probe\n"
-        f"probe.stub_cuda_ops_without_driver()\nNAMES = {names!r}\n"
-    )
+    """First lines of every scenario: import `probe` (``run_python`` puts tests/shim on the
+    child's PYTHONPATH), stand in for the CUDA op library."""
+    return f"import sys\nimport probe\nprobe.stub_cuda_ops_without_driver()\nNAMES = {names!r}\n"
 
 
 def emit(result: dict[str, Any]) -> None:
@@ -345,7 +343,8 @@ def static_scales_loading() -> dict[str, Any]:
     import vllm.model_executor.layers.attention.attention as attention
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from int8kv_shim import scales_file, static_scales
+    from int8kv_shim.static import file as scales_file
+    from int8kv_shim.static import load as static_scales
 
     impl_cls = AttentionBackendEnum.CUSTOM.get_class().get_impl_cls()
     tmp = Path(tempfile.mkdtemp(prefix="int8kv-scales-"))

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from int8kv_shim import calibrate, calibration, cli, scales_file
-from int8kv_shim.calibration import (
+from int8kv_shim import cli
+from int8kv_shim.static import cli as calibrate
+from int8kv_shim.static import file as scales_file
+from int8kv_shim.static import recorder as calibration
+from int8kv_shim.static.recorder import (
     BINS_PER_OCTAVE,
     Recorder,
     merge_worker_stats,
@@ -183,7 +186,7 @@ def test_calibration_overrides() -> None:
         "kv_cache_dtype_skip_layers": [],
         "enforce_eager": True,
         "enable_prefix_caching": False,
-        "worker_extension_cls": "int8kv_shim.calibration.CalibrationWorkerExtension",
+        "worker_extension_cls": "int8kv_shim.static.recorder.CalibrationWorkerExtension",
     }
     assert notes == ["ignoring kv_cache_dtype='fp8': calibration runs with kv_cache_dtype='int8'"]
     with pytest.raises(SystemExit, match="cannot be combined"):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from int8kv_shim import scales_file
-from int8kv_shim.scales_file import ScalesFileError, heads_for_rank, scales_for_rank
+from int8kv_shim.static import file as scales_file
+from int8kv_shim.static.file import ScalesFileError, heads_for_rank, scales_for_rank
 
 
 def make(

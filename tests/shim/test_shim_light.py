@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,7 +60,7 @@ def test_import_imports_neither_vllm_nor_torch(run_python, shim: str | None) -> 
         "import sys, json\n"
         "import int8kv_shim, int8kv_shim.plugin\n"
         "int8kv_shim.plugin.register()\n"
-        "from int8kv_shim._catalogue import dtype_names\n"
+        "from int8kv_shim.catalogue_loader import dtype_names\n"
         "names = dtype_names()\n"
         "heavy = [m for m in ('vllm', 'torch', 'triton', 'int8kv_kernels') if m in sys.modules]\n"
         "print(json.dumps({'heavy': heavy, 'mode': int8kv_shim.mode(), 'names': list(names)}))\n"
@@ -73,7 +76,7 @@ def test_import_imports_neither_vllm_nor_torch(run_python, shim: str | None) -> 
 def test_catalogue_loaded_early_is_the_one_the_kernels_import(run_python) -> None:
     code = (
         "import sys\n"
-        "from int8kv_shim._catalogue import load_catalogue\n"
+        "from int8kv_shim.catalogue_loader import load_catalogue\n"
         "early = load_catalogue()\n"
         "assert 'int8kv_kernels' not in sys.modules\n"
         "import int8kv_kernels.catalogue as late\n"
@@ -170,3 +173,84 @@ def test_on_unless_switched_off_variables(value: str | None, on: bool) -> None:
                         ("INT8KV_DIRECT_LAUNCH", direct_launch_enabled)):  # fmt: skip
         env = {} if value is None else {name: value}
         assert parse(env) is on, name
+
+
+# --------------------------------------------------------------------------------------------------
+# int8kv run
+
+# Runs under `int8kv run`: what was imported before this code's first line, and a grandchild's view.
+_RUN_PROBE = """
+import json, os, subprocess, sys
+shim = sys.modules.get("int8kv_shim")
+grandchild = subprocess.run(
+    [sys.executable, "-c", "import sys; print('int8kv_shim' in sys.modules)"],
+    capture_output=True, text=True, check=True,
+).stdout.strip()
+print(json.dumps({
+    "imported_at_start": shim is not None,
+    "mode": shim.mode() if shim else None,
+    "sitecustomize": sys.modules["sitecustomize"].__file__,
+    "pythonpath": os.environ["PYTHONPATH"].split(os.pathsep),
+    "shim_env": os.environ.get("INT8KV_SHIM"),
+    "vllm_or_torch": sorted({"vllm", "torch"} & set(sys.modules)),
+    "grandchild_imported_at_start": grandchild,
+}))
+"""
+
+
+def _int8kv(*args: str, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("INT8KV_SHIM", "VLLM_PLUGINS")}
+    if pythonpath is not None:
+        inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, *inherited])
+    return subprocess.run(
+        [sys.executable, "-m", "int8kv_shim.cli", *args],
+        cwd=cwd,  # outside the checkout: the installed package's own sitecustomize
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_run_activates_the_shim_in_the_command_and_its_children(tmp_path: Path) -> None:
+    user = tmp_path / "user_site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(
+        "import sys\nprint('user sitecustomize ran', file=sys.stderr)\n"
+    )
+    proc = _int8kv(
+        "run", "--", sys.executable, "-c", _RUN_PROBE, cwd=tmp_path, pythonpath=str(user)
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["imported_at_start"] and got["grandchild_imported_at_start"] == "True"
+    assert got["mode"] == ("active" if package.check_vllm_version().supported else "inert")
+    # the installed package's folder first (this process may import the checkout's copy), the
+    # user's PYTHONPATH kept after it, and the user's sitecustomize, shadowed by the shim's, ran
+    autoload, kept = got["pythonpath"][:2]
+    assert Path(autoload).parts[-2:] == ("int8kv_shim", "_autoload") and kept == str(user)
+    assert Path(got["sitecustomize"]) == Path(autoload) / "sitecustomize.py"
+    assert "user sitecustomize ran" in proc.stderr
+    assert got["shim_env"] == "1" and got["vllm_or_torch"] == []
+
+
+def test_run_refuses_a_missing_command(tmp_path: Path) -> None:
+    missing = _int8kv("run", "--", "no-such-command-int8kv", cwd=tmp_path)
+    assert missing.returncode == 127
+    assert "int8kv run: command not found: no-such-command-int8kv" in missing.stderr
+    none = _int8kv("run", cwd=tmp_path)
+    assert none.returncode == 2 and "int8kv run: no command given" in none.stderr
+
+
+def test_run_passes_the_command_through_untouched_and_nests() -> None:
+    args = cli.parse_args(["run", "python", "-c", "x", "--", "--kv-cache-dtype", "int8"])
+    assert args.command_argv == ["python", "-c", "x", "--", "--kv-cache-dtype", "int8"]
+    assert cli.parse_args(["run", "--", "vllm", "serve", "--help"]).command_argv == [
+        "vllm", "serve", "--help"
+    ]  # fmt: skip
+    env = cli.activation_env({"PYTHONPATH": "/a", "INT8KV_SHIM": "0"})
+    assert env["INT8KV_SHIM"] == "1"
+    assert env["PYTHONPATH"] == os.pathsep.join([str(cli.AUTOLOAD_DIR), "/a"])
+    assert cli.activation_env(env) == env  # `int8kv run` inside `int8kv run`: one entry
+    assert cli.activation_env({})["PYTHONPATH"] == str(cli.AUTOLOAD_DIR)

@@ -1,6 +1,8 @@
-"""Run one vLLM engine through a list of generation phases; invoked by the e2e tests in a subprocess.
+"""Run one vLLM engine through a list of generation phases, in a process of its own.
 
-    python tests/e2e/vllm_worker.py SPEC.json RESULT.json
+    python -m benchmarks.vllm_worker SPEC.json RESULT.json
+
+Started by the vLLM end-to-end tests (tests/e2e/e2e_support.py) and benchmarks/long_context.py.
 
 Why a subprocess: ``INT8KV_SHIM=1`` must be set before vLLM is imported (the shim patches at
 import), and a test session must not have the shim active for the CPU tests collected with it; a
@@ -54,7 +56,7 @@ def main(spec_path: str, result_path: str) -> int:
             temperature=0.0,
             max_tokens=ph["max_tokens"],
             ignore_eos=True,  # fixed-length outputs, comparable position by position
-            logprobs=ph["logprobs"],  # e2e_support.generation_phase says how many
+            logprobs=ph["logprobs"],  # the spec says how many (greedy.NEAR_TIE_TOPK in the tests)
             detokenize=False,
             skip_reading_prefix_cache=ph.get("skip_reading_prefix_cache"),
         )

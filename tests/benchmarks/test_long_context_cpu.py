@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import long_context  # noqa: E402
+from benchmarks import long_context
 
 
 def _phase(tokens: list[list[int]], lps: list[list[list[list[float]]]]) -> dict:

@@ -4,16 +4,11 @@ as its tile size, and every swept config failed to compile on the GPU)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import tune_decode  # noqa: E402
-
-import int8kv_kernels.attention as A  # noqa: E402
+import int8kv_kernels.attention as A
+from benchmarks import tune_decode
 
 
 @pytest.mark.parametrize("config", tune_decode.CONFIGS)

@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from int8kv_shim import scales_file
-from int8kv_shim.scales_file import ScalesFile, ScalesFileError
-
-STATIC_DTYPE = "int8_static"
+from int8kv_shim.catalogue_loader import load_catalogue
+from int8kv_shim.static import file as scales_file
+from int8kv_shim.static.file import ScalesFile, ScalesFileError
 
 _lock = threading.Lock()
 # Resolved path -> parsed file: every layer of a process reads the file once.
@@ -70,7 +69,7 @@ def _layer_device(layer: torch.nn.Module) -> torch.device:
 
 def load_into_layer(layer: Any) -> None:
     """Give ``layer.impl`` its static K/V scales for this TP rank (``int8_static`` layers only)."""
-    if getattr(layer, "kv_cache_dtype", None) != STATIC_DTYPE:
+    if getattr(layer, "kv_cache_dtype", None) != load_catalogue().STATIC_DTYPE:
         return
     from vllm.model_executor.models.utils import extract_layer_index
 

@@ -5,10 +5,10 @@
 
 The model runs offline in vLLM with the shim active and ``--kv-cache-dtype int8`` (dynamic scales,
 no calibration needed), eager mode, prefix caching off, over the shipped calibration text
-(``int8kv_shim/calibration_data/``) or the ``--text`` files. Every layer's K and V, after RoPE, are
-recorded per kv head as they enter the cache (:mod:`int8kv_shim.calibration`), in every worker
-process; the per-rank results come back through ``LLM.collective_rpc`` and are merged into one file
-holding all kv heads (:mod:`int8kv_shim.scales_file`), so it serves any TP size.
+(``int8kv_shim/static/calibration_data/``) or the ``--text`` files. Every layer's K and V, after
+RoPE, are recorded per kv head as they enter the cache (:mod:`int8kv_shim.static.recorder`), in
+every worker process; the per-rank results come back through ``LLM.collective_rpc`` and are merged
+into one file holding all kv heads (:mod:`int8kv_shim.static.file`), so it serves any TP size.
 
 Everything but :func:`run` is pure and tested on CPU.
 """
@@ -23,19 +23,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from int8kv_shim import scales_file
+from int8kv_shim.static import file as scales_file
 
 DEFAULT_NUM_TOKENS = 32768
 DEFAULT_SEQ_LEN = 2048
 MIN_SEQ_TOKENS = 16  # a shorter tail window is dropped rather than run
 BATCH_SEQUENCES = 16  # sequences per LLM.generate call (one progress-bar step)
-WORKER_EXTENSION = "int8kv_shim.calibration.CalibrationWorkerExtension"
+WORKER_EXTENSION = "int8kv_shim.static.recorder.CalibrationWorkerExtension"
 CALIBRATION_KV_DTYPE = "int8"
 
 
 def default_texts() -> list[Path]:
     """The calibration text shipped in the package, one document per file."""
-    folder = resources.files("int8kv_shim") / "calibration_data"
+    folder = resources.files("int8kv_shim.static") / "calibration_data"
     return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".txt"))
 
 
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    from int8kv_shim.calibration import merge_worker_stats
+    from int8kv_shim.static.recorder import merge_worker_stats
 
     llm = LLM.from_engine_args(engine_args)
     model_config = llm.model_config

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_issue_budget.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_issue_budget_counts_the_tile_loop(tmp_path):
@@ -14,8 +14,8 @@ def test_issue_budget_counts_the_tile_loop(tmp_path):
     env.pop("TRITON_INTERPRET", None)  # compiles, like compile_sm80.py
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     out = tmp_path / "budget.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], env=env,
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "benchmarks.decode_issue_budget", "--out", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {(row["kv_dtype"], row["q_heads"], row["kv_heads"], row["head_dim"]): row
             for row in json.loads(out.read_text())["rows"]}  # fmt: skip

@@ -1,6 +1,6 @@
 """The ``int8_static`` calibration file: per-layer, per-kv-head K and V scales, as JSON.
 
-Written by ``int8kv calibrate``, read at serving start-up (patch P8, :mod:`int8kv_shim.static_scales`).
+Written by ``int8kv calibrate``, read at serving start-up (patch P8, :mod:`int8kv_shim.static.load`).
 Pure Python (no vLLM, no torch), so everything here is tested on CPU.
 
 The file holds the **total** number of kv heads, not one rank's: :func:`heads_for_rank` slices it
@@ -42,14 +42,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from int8kv_shim.catalogue_loader import load_catalogue
+
+_catalogue = load_catalogue()
+
 FORMAT_NAME = "int8kv-scales"
 FORMAT_VERSION = 1
 DEFAULT_FILENAME = "int8kv_scales.json"
 
-K_QMAX = 127.0
-# Largest representable magnitude of V's storage format: the statistic maps onto it.
-V_QMAX: dict[str, float] = {"int8": 127.0, "e4m3": 448.0}
-V_FORMATS = tuple(V_QMAX)
+# K of int8_static is int8 codes; V's storage format says its own largest magnitude. The
+# statistic maps onto that value.
+K_QMAX: float = _catalogue.get_dtype(_catalogue.STATIC_DTYPE).qmax
+V_QMAX: dict[str, float] = {name: f.qmax for name, f in _catalogue.V_FORMAT_CATALOGUE.items()}
+V_FORMATS: tuple[str, ...] = _catalogue.V_FORMATS
 
 # A head whose calibration values were all zero still needs a positive scale; any tiny value
 # works (zeros quantize to zero under every scale).

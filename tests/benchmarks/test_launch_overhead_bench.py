@@ -9,14 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "launch_overhead.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_stub_launches_times_the_wrappers_only(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a kernel that ran would now fail
     out = tmp_path / "w.json"
     subprocess.run(
-        [sys.executable, str(BENCH), "--stub-launches", "--batch", "8", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.launch_overhead",
+            "--stub-launches",
+            "--batch",
+            "8",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
         check=True,
         timeout=300,
     )

@@ -1,26 +1,15 @@
 """benchmarks/kv_quant_sim.py: the simulated formats are the references' (no model needed)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from benchmarks import kv_quant_sim
 from int8kv_kernels.reference import quantize_int8
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def sim():
-    spec = importlib.util.spec_from_file_location(
-        "kv_quant_sim", REPO / "benchmarks" / "kv_quant_sim.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kv_quant_sim"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return kv_quant_sim
 
 
 def _kv(seed: int = 0) -> torch.Tensor:

@@ -4,12 +4,11 @@ with the same arguments, as the backend makes, or its row measures something els
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +16,10 @@ import torch
 from int8kv_kernels.reference import gather_kv_context_ref
 from int8kv_shim.flash_prefill import attention_ref
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
-
 
 @pytest.fixture
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("kernels_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.kernels")
     monkeypatch.setattr(module, "DEV", "cpu")
     return module
 
@@ -115,7 +110,7 @@ def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
     monkeypatch.setattr(bench, "plot", lambda result, path: None)
     out = tmp_path / "kernels.json"
     earlier = [_krow("decode", "int8", 8, 8192, 0.064), _krow("prefill", "int8_fa2", 1, 8192, 0.7)]
-    out.write_text(json.dumps({"gpu": "NVIDIA H200", "command": "python benchmarks/kernels.py",
+    out.write_text(json.dumps({"gpu": "NVIDIA H200", "command": "python -m benchmarks.kernels",
                                "peak_bw_gbs": 4270.0, "rows": earlier, "skipped": []}))  # fmt: skip
     printed = [_krow("decode", "int8", 8, 8192, 0.057), _krow("decode", "bf16_fa2", 8, 8192, 0.09),
                _krow("prefill", "int8", 1, 8192, 1.06)]  # fmt: skip
@@ -124,7 +119,7 @@ def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
     log.write_text("gpu bundle: assembling 5 parts\nNVIDIA H200: copy 4245 GB/s\n"
                    + "".join(json.dumps(r) + "\n" for r in printed)
                    + "skip int4 (...): RuntimeError: x\n")  # fmt: skip
-    argv = ["kernels.py", "--from-log", str(log), "--log-command", "python benchmarks/kernels.py "
+    argv = ["kernels.py", "--from-log", str(log), "--log-command", "python -m benchmarks.kernels "
             "--quick", "--decode-only", "--append", "--out", str(out)]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
@@ -134,7 +129,9 @@ def test_from_log_rebuilds_a_killed_runs_decode_rows_into_an_existing_file(
     assert by_key == {("decode", "int8"): 0.057, ("decode", "bf16_fa2"): 0.09,
                       ("prefill", "int8_fa2"): 0.7}  # fmt: skip
     assert result["peak_bw_gbs"] == 4270.0
-    assert result["command"].startswith("python benchmarks/kernels.py ; python benchmarks/kernels")
+    assert result["command"].startswith(
+        "python -m benchmarks.kernels ; python -m benchmarks.kernels"
+    )
     assert f"(rows from {os.path.relpath(log)})" in result["command"]
 
 

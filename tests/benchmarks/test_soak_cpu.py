@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import soak  # noqa: E402
+from benchmarks import soak
 
 REQUESTS = 300
 CONCURRENCY = 64

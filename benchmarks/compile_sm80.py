@@ -1,7 +1,11 @@
-"""Compile every kernel specialisation for sm80 (run as a script; needs no GPU, only ptxas).
+"""Compile every kernel specialisation for sm80 (needs no GPU, only ptxas), and check the code.
 
-Run in a process without TRITON_INTERPRET (the interpreter replaces @triton.jit functions).
-Prints one line per specialisation and exits non-zero on the first failure.
+    python -m benchmarks.compile_sm80
+
+Run in a process without TRITON_INTERPRET (the interpreter replaces @triton.jit functions): the
+test (tests/kernels/test_compile_sm80.py) starts it as its own process. Prints one line per
+specialisation and exits non-zero on the first failure. ``decode_issue_budget.py`` compiles the
+decode loop with :func:`compile_one`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  
 from int8kv_kernels.cache_write import _write_kv_kernel, write_launch  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _TILE_T as _TILE_T_INT4  # noqa: E402
 from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
+from int8kv_kernels.catalogue import INT8_DTYPES, get_dtype  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
 SM80 = GPUTarget("cuda", 80, 32)
@@ -129,7 +134,7 @@ def check_int4_pipelined(k) -> None:
 def main() -> int:
     n = 0
     # (kv_dtype, v_format): the E4M3 codec is integer/float bit operations, no FP8 instruction.
-    for kv_dtype, v_fmt in (("int8", "int8"), ("int8_static", "int8"), ("int8_static", "e4m3")):
+    for kv_dtype, v_fmt in [(d, f) for d in INT8_DTYPES for f in get_dtype(d).v_formats]:
         for dt in ("bf16", "fp16"):
             # both launch shapes: a decode step's batch and a prefill chunk
             for (nkv, d), tokens in itertools.product(((8, 128), (3, 64), (2, 256)), (1, 10**6)):

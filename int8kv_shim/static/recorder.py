@@ -1,6 +1,6 @@
 """Recording K/V statistics for ``int8kv calibrate``, and merging them across vLLM workers.
 
-How a calibration run flows (``int8kv_shim/calibrate.py`` drives it):
+How a calibration run flows (``int8kv_shim/static/cli.py`` drives it):
 
 1. ``int8kv calibrate`` sets ``INT8KV_CALIBRATE`` in its environment before starting vLLM, so every
    vLLM process (engine core, each TP/PP worker) inherits it. Each :class:`Int8KVAttentionImpl`
@@ -14,7 +14,7 @@ How a calibration run flows (``int8kv_shim/calibrate.py`` drives it):
    cache receives) to :meth:`Recorder.record`, which folds them into on-device per-head maxima (and
    optionally log-spaced histograms) with no host synchronisation.
 4. :func:`merge_worker_stats` (pure Python) places every worker's local heads at their global
-   indices (:func:`int8kv_shim.scales_file.heads_for_rank`), so TP and PP runs give one file.
+   indices (:func:`int8kv_shim.static.file.heads_for_rank`), so TP and PP runs give one file.
 
 Each rank sees every token of the heads it holds, so a percentile is computed on the worker from
 its own histogram; merging only places values (taking the max where TP replicates a head).
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from int8kv_shim.environment_variables import INT8KV_CALIBRATE
-from int8kv_shim.scales_file import heads_for_rank
+from int8kv_shim.static.file import heads_for_rank
 
 # Log-spaced histogram of |x|: BINS_PER_OCTAVE bins per power of two over [2^LOG2_MIN, 2^LOG2_MAX).
 # A percentile read from it is the upper edge of its bin, i.e. at most 2^(1/64) - 1 = 1.09% high

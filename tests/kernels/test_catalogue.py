@@ -1,0 +1,43 @@
+"""The dtype lists every module reads are derived from the catalogue's entries, and say what the
+kernels do: a field set wrongly would route a dtype to a path that cannot serve it."""
+
+from __future__ import annotations
+
+import pytest
+
+from int8kv_kernels import cache_write, cache_write_int4, catalogue, reference, reference_int4
+from int8kv_kernels.e4m3 import E4M3_MAX, check_v_format
+
+
+def test_derived_lists() -> None:
+    assert catalogue.KERNEL_DTYPES == ("int8", "int8_static", "int4")
+    assert catalogue.EXPERIMENTAL_DTYPES == ("int4",)
+    assert catalogue.INT8_DTYPES == ("int8", "int8_static")
+    assert catalogue.INT4_DTYPES == ("int4",)
+    # int4 pages hold Hadamard-rotated K/V, which gather_kv_context does not dequantize
+    assert catalogue.FLASH_CONTEXT_DTYPES == ("int8", "int8_static")
+    assert [n for n, d in catalogue.CATALOGUE.items() if d.rotated] == ["int4"]
+    assert catalogue.STATIC_DTYPE == "int8_static"
+    assert catalogue.V_FORMATS == ("int8", "e4m3")
+    assert catalogue.dtypes_storing_v_as("e4m3") == ("int8_static",)
+    assert catalogue.dtypes_storing_v_as("int8") == catalogue.DTYPE_NAMES
+
+
+def test_the_references_use_the_kernels_constants() -> None:
+    assert reference.QMAX is cache_write.QMAX and cache_write.QMAX == 127.0
+    assert (reference.SCALE_MIN, reference.SCALE_MAX) == (2.0**-24, 65504.0)
+    assert reference_int4.INT4_LEVELS is cache_write_int4.INT4_LEVELS
+    assert cache_write_int4.INT4_LEVELS == 15.0 and reference_int4.FP16_MAX == 65504.0
+    assert E4M3_MAX == 448.0 == catalogue.V_FORMAT_CATALOGUE["e4m3"].qmax
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "no_such_dtype"])
+def test_e4m3_v_is_for_the_static_dtype_only(kv_dtype: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"v_format 'e4m3' needs kv dtype 'int8_static', not '{kv_dtype}'"
+    ):
+        check_v_format(kv_dtype, "e4m3")
+    assert check_v_format("int8_static", "e4m3") is True
+    assert check_v_format(kv_dtype, "int8") is False
+    with pytest.raises(ValueError, match="v_format must be one of"):
+        check_v_format("int8_static", "fp4")
