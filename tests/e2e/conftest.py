@@ -20,15 +20,26 @@ import e2e_support
 import pytest
 
 
+def _bundle_model(variable: str) -> Path:
+    """A model folder the GPU bundle exports in ``variable``; skips without vLLM or the model."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not importable (stage the GPU bundle first)")
+    path = os.environ.get(variable)
+    if not path or not (Path(path) / "config.json").exists():
+        pytest.skip(f"${variable} is not set or holds no model (source the GPU bundle's stage.sh)")
+    return Path(path)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (the GPU bundle's ``$SMOLLM2_DIR``)."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not importable (stage the GPU bundle first)")
-    path = os.environ.get("SMOLLM2_DIR")
-    if not path or not (Path(path) / "config.json").exists():
-        pytest.skip("$SMOLLM2_DIR is not set or holds no model (source the GPU bundle's stage.sh)")
-    return Path(path)
+    return _bundle_model("SMOLLM2_DIR")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """Gemma 3 270M as a Hugging Face folder (the GPU bundle's ``$GEMMA3_DIR``)."""
+    return _bundle_model("GEMMA3_DIR")
 
 
 @pytest.fixture(scope="session")

@@ -53,18 +53,6 @@ DTYPES = [
 
 
 @pytest.fixture(scope="session")
-def gemma3_dir() -> Path:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not importable (stage the GPU bundle first)")
-    path = os.environ.get("GEMMA3_DIR")
-    if not path or not (Path(path) / "config.json").exists():
-        pytest.skip("$GEMMA3_DIR is not set or holds no model (source the GPU bundle's stage.sh)")
-    return Path(path)
-
-
-@pytest.fixture(scope="session")
 def gemma_prompts(gemma3_dir: Path) -> dict[str, list[list[int]]]:
     from transformers import AutoTokenizer
 
