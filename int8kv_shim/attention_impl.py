@@ -311,7 +311,7 @@ class Int8KVAttentionImpl(AttentionImpl):
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
                 "reference (CPU and H200) but are slower than BF16, and read back from its pages "
-                "it costs far more perplexity than int8 (README, Choosing a dtype)",
+                "it costs far more perplexity than int8 (README, Limitations)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads
