@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -652,12 +653,13 @@ def gpu_name() -> str:
 def command_line() -> str:
     """How this script was invoked, for the results' ``command`` field: ``python -m
     benchmarks.NAME ...`` for a module run (the scripts' way), else the script's path from the
-    repository root."""
+    repository root. Arguments are shell-quoted where they need it (``--model-name 'Gemma 3'``),
+    so the line runs as written."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name.startswith("benchmarks."):
-        return " ".join(["python", "-m", spec.name, *sys.argv[1:]])
+        return shlex.join(["python", "-m", spec.name, *sys.argv[1:]])
     rel = os.path.relpath(sys.argv[0], REPO) if sys.argv else "?"
-    return " ".join(["python", rel, *sys.argv[1:]])
+    return shlex.join(["python", rel, *sys.argv[1:]])
 
 
 def kv_cache_tokens(llm: Any) -> tuple[int, int, int]:

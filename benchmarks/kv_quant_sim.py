@@ -23,18 +23,29 @@ recent, partial page in higher precision (KIVI's full-precision residual) and qu
 full. That residual is at most B BF16 tokens per sequence, negligible per token at long context,
 and is not counted in the bytes.
 
-    python -m benchmarks.kv_quant_sim --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
+Sink rows (``..._sinks<N>``) keep the first N tokens of every window in BF16, K and V (KVarN's
+"sink" tokens; with N = the page size, the first page). Like the residual they are a fixed count
+per sequence and are not counted in the bytes.
 
-Writes ``benchmarks/results/kv_quant_sim.json``:
-``{"model", "corpus", "tokens", "command", "device", "rows": [{"variant", "ppl", "delta_pct",
-"delta_se_pct", "kv_bytes_per_token_head", "capacity_vs_bf16"}]}`` (K + V bytes; ΔPPL vs the unquantized row; its standard error from
-the per-window differences).
+Every window starts with the model's BOS when its tokenizer adds one (Gemma 3: ``<bos>``; without
+it a chunk cut from the corpus scores about twice the perplexity), as in ``benchmarks/accuracy.py``;
+SmolLM2's tokenizer adds none. Sliding-window layers (Gemma 3) get their sliding mask: the
+attention function is registered with transformers' SDPA mask builder under its own name.
+
+    python -m benchmarks.kv_quant_sim --model /path/to/SmolLM2-135M-Instruct   # CPU is fine
+    python -m benchmarks.kv_quant_sim --model /path/to/gemma3-270m --model-name "Gemma 3 270M" \
+        --windows 5 --variants bf16,int8,int4 --out benchmarks/results/kv_quant_sim_gemma3.json
+
+Writes ``--out`` (default ``benchmarks/results/kv_quant_sim.json``) through ``common.write_json``:
+``{"gpu", "model", "corpus", "tokens", "window", "bos", "device", "command", "seconds", "rows":
+[{"variant", "ppl", "delta_pct", "delta_se_pct", "kv_bytes_per_token_head",
+"capacity_vs_bf16"}]}`` plus its date and commit (K + V bytes; ΔPPL vs the first variant, the
+unquantized ``bf16``; its standard error from the per-window differences).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -115,6 +126,15 @@ VARIANTS = [
         for b in (16, 32, 64)
         for suffix, rot in (("", True), ("_no_rotation", False))
     ),
+    # the candidate K format with its first page (the sink tokens) in BF16
+    Variant(
+        "int4_k_per_channel_b64_no_rotation_sinks64",
+        4,
+        k_mode="channel",
+        k_page=64,
+        k_rotate=False,
+        sinks=64,
+    ),
 ]
 CLIP = 0.85
 
@@ -193,6 +213,7 @@ def install(variant_ref: list[Variant]) -> str:
     """Register an attention function that quantizes K/V with ``variant_ref[0]`` first."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         v = variant_ref[0]
@@ -206,42 +227,83 @@ def install(variant_ref: list[Variant]) -> str:
         )
 
     AttentionInterface.register("int8kv_sim", attention)
+    # transformers builds no mask at all for an attention name it has no mask function for, and
+    # SDPA then falls back to plain causal attention: sliding-window layers would see every key.
+    ALL_MASK_ATTENTION_FUNCTIONS.register("int8kv_sim", sdpa_mask)
     return "int8kv_sim"
 
 
-def window_nll(model, ids: torch.Tensor) -> tuple[float, int]:
+def window_nll(model: torch.nn.Module, ids: torch.Tensor, chunk: int = 256) -> tuple[float, int]:
+    """Summed negative log-likelihood of ``ids[1:]`` and how many tokens that is.
+
+    The cross-entropy is taken in ``chunk`` positions at a time: Gemma 3's 262K-entry vocabulary
+    makes a window's fp32 logits 2 GB."""
     with torch.inference_mode():
-        logits = model(ids[None]).logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum")
-    return nll.item(), ids.numel() - 1
+        logits = model(ids[None]).logits[0, :-1]
+        targets = ids[1:]
+        total = 0.0
+        for i in range(0, targets.numel(), chunk):
+            part = logits[i : i + chunk].float()
+            ce = torch.nn.functional.cross_entropy(part, targets[i : i + chunk], reduction="sum")
+            total += ce.item()
+    return total, ids.numel() - 1
 
 
-def main() -> None:
+def load_windows(
+    model_dir: str, corpus: str, window: int, max_windows: int
+) -> tuple[list[torch.Tensor], int | None]:
+    """The windows to score (each led by the model's BOS when its tokenizer adds one) and that
+    BOS id (None when it adds none)."""
+    ids = common.load_corpus_ids(model_dir, corpus)
+    bos = common.tokenizer_bos(model_dir)
+    windows = common.make_windows(ids, window, max_windows, bos)
+    return [torch.tensor(w, dtype=torch.long) for w in windows], bos
+
+
+def pick_variants(names: str) -> list[Variant]:
+    """``"bf16,int4"`` -> those variants in that order; the first must be the unquantized one,
+    since every ΔPPL is taken against it."""
+    by_name = {v.name: v for v in VARIANTS}
+    picked = common.parse_list(names)
+    unknown = [n for n in picked if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {', '.join(by_name)}")
+    if not picked or by_name[picked[0]].bits != 16:
+        raise ValueError("the first variant must be bf16: every ΔPPL is taken against it")
+    return [by_name[n] for n in picked]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face folder")
     p.add_argument("--model-name", default="SmolLM2-135M-Instruct")
     p.add_argument("--corpus", default=str(common.DEFAULT_CORPUS))
     p.add_argument("--window", type=int, default=2048)
     p.add_argument("--windows", type=int, default=10)
-    p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
+    p.add_argument(
+        "--variants",
+        default=",".join(v.name for v in VARIANTS),
+        help="comma-separated variant names, bf16 first (default: all of them)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "kv_quant_sim.json"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    try:
+        variants = pick_variants(args.variants)
+    except ValueError as e:
+        p.error(str(e))
 
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    by_name = {v.name: v for v in VARIANTS}
-    variants = [by_name[n] for n in args.variants.split(",")]
     current = [variants[0]]
     impl = install(current)
-    tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, dtype=torch.bfloat16, attn_implementation=impl
     ).to(args.device)
-    ids = tok(Path(args.corpus).read_text(), return_tensors="pt").input_ids[0]
-    n = min(args.windows, ids.numel() // args.window)
-    windows = [ids[i * args.window : (i + 1) * args.window].to(args.device) for i in range(n)]
+    windows, bos = load_windows(args.model, args.corpus, args.window, args.windows)
+    windows = [w.to(args.device) for w in windows]
+    n = len(windows)
     d = model.config.head_dim
 
     tokens = sum(w.numel() - 1 for w in windows)  # scored: every token but each window's first
@@ -274,18 +336,21 @@ def main() -> None:
             }
         )
         print(f"{v.name:24s} ppl {ppl:8.4f}  Δ {rows[-1]['delta_pct']:+7.3f}% ± {se or 0:.3f}")
+    on_gpu = args.device.startswith("cuda")
     result = {
+        "gpu": torch.cuda.get_device_name() if on_gpu else None,
         "model": args.model_name,
         "corpus": Path(args.corpus).name,
         "tokens": tokens,
         "window": args.window,
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "command": "python -m benchmarks.kv_quant_sim " + " ".join(sys.argv[1:]),
+        "bos": bos,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "command": common.command_line(),
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"kv_quant_sim: wrote {args.out}")
+    for path in common.write_json(result, args.out):
+        print(f"kv_quant_sim: wrote {path}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def _provenance(doc: dict) -> str:
 def _short(command: str) -> str:
     # The interpreter path and $OUT differ per machine; the script and its flags are what matter.
     parts = command.split()
-    script = next((i for i, p in enumerate(parts) if p.endswith(".py")), 0)
+    # from the script's path, or from ``-m`` of a module run (``python -m benchmarks.NAME``)
+    script = next((i for i, p in enumerate(parts) if p.endswith(".py") or p == "-m"), 0)
     kept: list[str] = []
     for part in parts[script:]:
         if part.startswith("/"):  # a machine-local output path: drop it with its flag
@@ -795,9 +796,10 @@ def reliability_table(
 def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     """ΔPPL of simulated cache formats (benchmarks/kv_quant_sim.py)."""
     result = _load(path)
+    bos = "" if result.get("bos") is None else f", each led by BOS id {result['bos']}"
     lines = [
         f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens, windows of "
-        f"{result['window']}), {result['device']}, {_provenance(result)}, "
+        f"{result['window']}{bos}), {result['device']}, {_provenance(result)}, "
         f"`{_short(result['command'])}`.",
         "",
         "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |",
@@ -854,6 +856,9 @@ TABLES = {
     "throughput_1k_paired": paired_runs_table,
     "reliability": reliability_table,
     "int4_format_simulation": kv_quant_sim_table,
+    "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_gemma3.json"
+    ),
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),

@@ -35,6 +35,7 @@ WHERE = {
     "throughput_1k_paired": RESULTS,
     "reliability": RESULTS,
     "int4_format_simulation": RESULTS,
+    "int4_format_simulation_gemma3": RESULTS,
     "gpu_test_runs": RESULTS,
     "kernel_speed_int4": HISTORY,
     "throughput_1k_repeats": HISTORY,
@@ -70,6 +71,16 @@ def test_result_files_say_when_and_where_they_were_measured() -> None:
             assert not missing, f"{path.name}: no {', '.join(sorted(missing))}"
             assert len(entry["git_commit"]) == 40, path.name
             assert "command" in entry or "calls" in entry or "settings" in entry, path.name
+
+
+def test_short_commands_keep_the_script_or_module_and_drop_machine_paths() -> None:
+    short = _report()._short
+    assert short("/usr/bin/python3 benchmarks/x.py --out /tmp/a.json --n 3") == (
+        "python benchmarks/x.py --n 3"
+    )
+    assert short("python -m benchmarks.kv_quant_sim --model /tmp/g --model-name 'Gemma 3'") == (
+        "python -m benchmarks.kv_quant_sim --model-name 'Gemma 3'"
+    )
 
 
 def row(kernel: str, impl: str, batch: int, ctx: int, ms: float, **extra) -> dict:

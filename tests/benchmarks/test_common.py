@@ -393,6 +393,11 @@ def test_command_line_of_a_module_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert common.command_line() == "python -m benchmarks.accuracy --dtypes int8"
     main.__spec__ = None  # run by its path
     assert common.command_line() == "python benchmarks/accuracy.py --dtypes int8"
+    # an argument with spaces is quoted, so the recorded line runs as written
+    monkeypatch.setattr(sys, "argv", ["x", "--model-name", "Gemma 3 270M", "--windows", "5"])
+    main.__spec__ = types.SimpleNamespace(name="benchmarks.kv_quant_sim")
+    line = common.command_line()
+    assert line == "python -m benchmarks.kv_quant_sim --model-name 'Gemma 3 270M' --windows 5"
 
 
 def test_children_find_the_package_from_any_folder(tmp_path: Path) -> None:

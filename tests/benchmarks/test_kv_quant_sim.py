@@ -111,3 +111,147 @@ def test_k_per_channel_bytes(sim) -> None:
     for b, k in ((16, 32 + 16), (32, 32 + 8), (64, 32 + 4)):
         for suffix in ("", "_no_rotation"):
             assert by_name[f"int4_k_per_channel_b{b}{suffix}"].bytes_per_token_head(64) == k + 36
+
+
+def _tiny_gemma3_config(sliding_window: int):
+    """Gemma 3's attention shape in miniature: head size 256 on one KV head, a sliding-window
+    layer before a full-attention one."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    )
+
+
+def _logits(config, impl: str, state: dict | None, ids: torch.Tensor):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
+    if state is not None:
+        model.load_state_dict(state)
+    with torch.inference_mode():
+        return model(ids).logits, model.state_dict()
+
+
+def test_sliding_window_layers_get_their_mask_through_the_sim(sim) -> None:
+    # transformers builds no mask for an attention name without a mask function, and SDPA then
+    # attends causally over every key: the sim's unquantized row must equal plain SDPA's, sliding
+    # window included, on a sequence four times the window.
+    sim.install([next(v for v in sim.VARIANTS if v.name == "bf16")])
+    ids = torch.arange(3, 27)[None]
+    ref, state = _logits(_tiny_gemma3_config(6), "sdpa", None, ids)
+    ours, _ = _logits(_tiny_gemma3_config(6), "int8kv_sim", state, ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # the window matters here: without it the logits after the first window differ
+    unlimited, _ = _logits(_tiny_gemma3_config(64), "sdpa", state, ids)
+    assert torch.equal(unlimited[:, :6], ref[:, :6])
+    assert (unlimited[:, 6:] - ref[:, 6:]).abs().max() > 1e-3
+
+
+WORDS = "the a of and to in is was that it he she for on with as his her at by not be".split()
+
+
+def _tiny_model_dir(tmp_path, with_bos: bool):
+    """A saved tiny Gemma 3 and a word-level tokenizer that puts ``<bos>`` (id 2) in front of
+    every text when ``with_bos`` (as Gemma's does) and nothing otherwise (as SmolLM2's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if with_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", special_tokens=[("<bos>", 2)]
+        )
+    folder = tmp_path / ("bos" if with_bos else "no_bos")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    ).save_pretrained(folder)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(_tiny_gemma3_config(6)).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("with_bos", [True, False])
+def test_every_scored_window_starts_with_the_models_bos(sim, tmp_path, monkeypatch, with_bos):
+    folder = _tiny_model_dir(tmp_path, with_bos)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(100)))
+    seen = []
+    scored = sim.window_nll
+
+    def spy(model, ids, chunk=256):
+        seen.append(ids.tolist())
+        return scored(model, ids, chunk=5)  # chunks shorter than a window: the sum is the same
+
+    monkeypatch.setattr(sim, "window_nll", spy)
+    out = tmp_path / "sim.json"
+    variants = "bf16,int4,int4_k_per_channel_b64_no_rotation_sinks64"
+    sim.main(["--model", str(folder), "--corpus", str(corpus), "--window", "16", "--windows",
+              "3", "--variants", variants, "--device", "cpu", "--out", str(out)])  # fmt: skip
+    doc = __import__("json").loads(out.read_text())
+    body = [3 + WORDS.index(WORDS[(i * 7) % len(WORDS)]) for i in range(100)]
+    if with_bos:  # [<bos>] + 15 corpus tokens, consecutive across windows
+        windows = [[2, *body[i * 15 : (i + 1) * 15]] for i in range(3)]
+    else:
+        windows = [body[i * 16 : (i + 1) * 16] for i in range(3)]
+    assert seen == windows * 3  # every variant scores the same windows
+    assert doc["bos"] == (2 if with_bos else None)
+    assert doc["tokens"] == 3 * 15 and doc["window"] == 16 and doc["gpu"] is None
+    assert [r["variant"] for r in doc["rows"]] == variants.split(",")
+    assert doc["rows"][0]["delta_pct"] == 0 and doc["rows"][1]["delta_pct"] != 0
+    assert doc["rows"][1]["capacity_vs_bf16"] == 3.56  # head size 256: 1024 / (144 + 144)
+    assert len(doc["git_commit"]) >= 7 and doc["date"]
+    assert doc["command"].startswith("python")
+
+
+def test_window_nll_in_chunks_is_the_whole_windows_cross_entropy(sim) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(1, 20, 11, dtype=torch.bfloat16)
+    ids = torch.randint(0, 11, (20,))
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return type("Out", (), {"logits": logits})
+
+    total, count = sim.window_nll(Fixed(), ids, chunk=3)
+    whole = torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[1:], reduction="sum")
+    assert count == 19 and abs(total - whole.item()) < 1e-3
+
+
+def test_variants_are_picked_by_name_with_bf16_first(sim) -> None:
+    picked = sim.pick_variants("bf16, int4_k_per_channel_b32 ,int8")
+    assert [v.name for v in picked] == ["bf16", "int4_k_per_channel_b32", "int8"]
+    with pytest.raises(ValueError, match="unknown variants"):
+        sim.pick_variants("bf16,int3")
+    with pytest.raises(ValueError, match="first variant must be bf16"):
+        sim.pick_variants("int8,bf16")
+
+
+def test_sink_rows_keep_the_first_page_exact_and_quantize_the_rest_as_without(sim) -> None:
+    torch.manual_seed(2)
+    x = torch.randn(1, 1, 160, 256).to(torch.bfloat16)
+    by_name = {v.name: v for v in sim.VARIANTS}
+    plain = by_name["int4_k_per_channel_b64_no_rotation"]
+    sinks = by_name["int4_k_per_channel_b64_no_rotation_sinks64"]
+    for v, k_mode in ((plain.for_k(), "channel"), (plain, "")):  # K, then V
+        s = sinks.for_k() if k_mode else sinks
+        with_sinks, without = sim.fake_quant(x, s, k_mode), sim.fake_quant(x, v, k_mode)
+        assert torch.equal(with_sinks[..., :64, :], x[..., :64, :])
+        assert not torch.equal(without[..., :64, :], x[..., :64, :])
+        assert torch.equal(with_sinks[..., 64:, :], without[..., 64:, :])
+    assert sinks.bytes_per_token_head(256) == plain.bytes_per_token_head(256)
