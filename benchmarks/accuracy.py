@@ -67,22 +67,20 @@ def base_label(label: str) -> str:
     return label.removesuffix(BF16_PREFILL_SUFFIX)
 
 
-def reads_pages(label: str) -> bool:
-    """Whether ``label``'s scored tokens are meant to attend K/V read back from the cache pages:
-    always on vLLM's own backends; on ours unless the label asks for the BF16 prefill."""
-    return not common.config_for(base_label(label))["shim"] or not label.endswith(
-        BF16_PREFILL_SUFFIX
-    )
+def _ours(label: str) -> bool:
+    """Whether ``label`` runs one of our dtypes (the shim on), not one of vLLM's own."""
+    return bool(common.config_for(base_label(label))["shim"])
 
 
 def run_env(
     label: str, shim_everywhere: bool = False, scales: str | Path | None = None
 ) -> dict[str, str]:
     """The worker's environment: ``common.child_env`` of the configuration, with every prefill of
-    our dtypes through the pages (``INT8KV_PREFILL=triton``) unless the label says otherwise."""
+    our dtypes through the pages (``INT8KV_PREFILL=triton``) unless the label asks for the BF16
+    prefill (vLLM's own backends always read their pages)."""
     base = base_label(label)
     env = common.child_env(base, shim_everywhere, scales)
-    if common.config_for(base)["shim"] and reads_pages(label):
+    if _ours(label) and not label.endswith(BF16_PREFILL_SUFFIX):
         env[PREFILL_ENV] = "triton"
     elif PREFILL_ENV not in common.config_for(base).get("env", {}):
         env.pop(PREFILL_ENV, None)
@@ -92,7 +90,7 @@ def run_env(
 def prefill_kind(label: str, meta: dict[str, Any]) -> str:
     """``pages`` or ``bf16`` from what the worker really ran (its ``INT8KV_PREFILL``), not from
     the label: a row can only claim to judge the cache if its engine was set up to read it."""
-    if not common.config_for(base_label(label))["shim"]:
+    if not _ours(label):
         return "pages"
     return "pages" if meta.get("int8kv_prefill") == "triton" else "bf16"
 
