@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +162,7 @@ def load_corpus_ids(tokenizer_dir: str | Path, corpus: str | Path = DEFAULT_CORP
 
     Tokenized in one piece, so window boundaries later fall mid-sentence exactly as in a stream.
     """
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = _tokenizer(str(tokenizer_dir))
     text = Path(corpus).read_text(encoding="utf-8")
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
@@ -172,10 +171,17 @@ def tokenizer_bos(tokenizer_dir: str | Path) -> int | None:
     """The BOS id a model's tokenizer puts in front of every text it encodes, or None when it adds
     none (SmolLM2). Gemma 3 adds ``<bos>`` and scores about twice the perplexity without it, so
     every sequence cut from the corpus must start with it, as the tokenizer would have begun it."""
+    tok = _tokenizer(str(tokenizer_dir))
+    return bos_of(tok.bos_token_id, tok("a")["input_ids"])
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(tokenizer_dir: str) -> Any:
+    """A model folder's tokenizer, loaded once per process (the corpus and its BOS both need it;
+    Gemma 3's 262K-entry vocabulary takes seconds to load)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return bos_of(tok.bos_token_id, tok("a")["input_ids"])
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def bos_of(bos_token_id: int | None, encoded: Sequence[int]) -> int | None:
