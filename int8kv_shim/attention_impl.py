@@ -129,10 +129,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
         num_q_heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
         self.max_model_len = model_config.max_model_len
-        # A sliding-window layer's decode reads at most its window's keys (kernels/attention.py
-        # starts each query's loop there), so its splits are sized for the window.
-        window = getattr(kv_cache_spec, "sliding_window", None)
-        self.max_attended_keys = min(self.max_model_len, window) if window else self.max_model_len
+        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
         self.workspace = make_workspace(
             _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
         )
@@ -165,8 +162,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         # size) and an eager run of n sequences then use the same split count, so the same
         # reduction order and bit-identical output; the real lengths are read on the device.
         return choose_num_splits(
-            next_power_of_2(num_seqs), self.num_kv_heads, self.max_attended_keys, self.num_sms
-        )
+            next_power_of_2(num_seqs), self.num_kv_heads, self.max_model_len, self.num_sms,
+            sliding_window=self.sliding_window,
+        )  # fmt: skip
 
     def build(
         self,

@@ -703,15 +703,24 @@ def _device_cc_major(device: torch.device) -> int:
 
 
 def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_seq_len: int, sm_count: int, max_splits: int = MAX_SPLITS
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    sm_count: int,
+    max_splits: int = MAX_SPLITS,
+    sliding_window: int | None = None,
 ) -> int:
     """Power-of-two KV splits per (sequence, kv-head) for the decode path.
 
     Splits until there is a program per SM; then on towards two per SM only while every split
     keeps MIN_TOKENS_PER_EXTRA_SPLIT keys, since a short split's fixed cost (Q load, pipeline
     fill, partials, merge) outweighs the extra parallelism. Never a split shorter than
-    MIN_TOKENS_PER_SPLIT. Only performance depends on it: any value gives the same result.
+    MIN_TOKENS_PER_SPLIT. A sliding-window layer reads at most its window's keys however long the
+    sequence, so its splits are sized for the window. Only performance depends on it: any value
+    gives the same result.
     """
+    if sliding_window:
+        max_seq_len = min(max_seq_len, sliding_window)
     programs = num_seqs * num_kv_heads
     splits = 1
     while splits * 2 <= max_splits and max_seq_len >= 2 * splits * MIN_TOKENS_PER_SPLIT:
@@ -774,9 +783,9 @@ def _plan_launch(
             max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
         if num_splits is None:
             sms = _device_sms(query.device)
-            # a sliding-window layer reads at most the window's keys, however long the sequence
-            keys = min(max_seq_len, sliding_window) if sliding_window else max_seq_len
-            splits = choose_num_splits(num_seqs, num_kv_heads, keys, sms, max_splits)
+            splits = choose_num_splits(
+                num_seqs, num_kv_heads, max_seq_len, sms, max_splits, sliding_window
+            )
         else:
             splits = min(num_splits, max_splits)
     if splits > 1 and workspace is None:

@@ -231,4 +231,6 @@ def test_sliding_window_decode_is_split_for_its_window_not_the_sequence() -> Non
     full = _plan_launch(q, 1, 4, 1, 32768, 1, None, None)
     windowed = _plan_launch(q, 1, 4, 1, 32768, 1, None, None, sliding_window=512)
     assert windowed.splits == choose_num_splits(1, 1, 512, _device_sms(q.device))
+    assert windowed.splits == choose_num_splits(1, 1, 32768, _device_sms(q.device),
+                                                sliding_window=512)  # fmt: skip
     assert windowed.splits < full.splits
