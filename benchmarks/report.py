@@ -485,6 +485,7 @@ def headline(
     kernels_path: Path = RESULTS / "kernels.json",
     throughput_path: Path = RESULTS / "throughput.json",
     second_model_path: Path = RESULTS / "accuracy_gemma3.json",
+    serving_path: Path = RESULTS / "serving.json",
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
     acc = _load(accuracy_path)
@@ -523,6 +524,7 @@ def headline(
         "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
         f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
         f"(`{bf16_prefill['label']}`, same run{chunks}).",
+        *([_serving_line(serving_path)] if serving_path.exists() else []),
         f"- **Decode attention:** {statistics.median(vs_fa2):.2f}x FlashAttention-2 on BF16 "
         f"(median of {len(vs_fa2)} points at ≥ 8K context and batch ≥ 8, "
         f"{min(vs_fa2):.2f}-{max(vs_fa2):.2f}x) and {vs_upstream:.2f}x upstream's INT8 kernel "
@@ -592,6 +594,99 @@ def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
             + (f" {_provenance(row)} |" if per_row else "")
         )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# serving.json: vllm bench serve against vllm serve (benchmarks/serve_bench.py)
+
+SERVING_MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "gemma-3-270m"}
+
+
+def _serving_rows(result: dict) -> dict[tuple, dict]:
+    return {(r["model"], r["input_len"], r["concurrency"], r["dtype"]): r for r in result["rows"]}
+
+
+def _ratio(ours: dict, base: dict | None, key: str) -> str:
+    return f"{ours[key] / base[key]:.2f}x" if base and base.get(key) else "n/a"
+
+
+def serving_table(path: Path = RESULTS / "serving.json") -> str:
+    """Per model, input length and concurrency: TTFT, TPOT and output tok/s of every dtype, with
+    ``int8``'s ratios to FlashAttention-2 on BF16 (``auto_fa2``) beside them."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'].split(' ; ')[0])}`"
+        + (" and the calls in the file's `command`" if " ; " in result["command"] else "")
+        + ". Medians and 99th percentiles over each point's requests; output 256 tokens, "
+        "`--ignore-eos`, greedy.",
+        "",
+        "| model | input | concurrency | dtype | prompts | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+        "| ITL p99 ms | output tok/s | TTFT vs `auto_fa2` | TPOT vs `auto_fa2` | KV tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
+    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9))):
+        model, input_len, conc, dtype = key
+        r = rows[key]
+        base = rows.get((model, input_len, conc, "auto_fa2"))
+        vs = (
+            (_ratio(r, base, "ttft_ms_p50"), _ratio(r, base, "tpot_ms_p50"))
+            if dtype != "auto_fa2" else ("reference", "reference")
+        )  # fmt: skip
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
+            f"{r['num_prompts']} | {r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f} | "
+            f"{r['tpot_ms_p50']:.2f} / {r['tpot_ms_p99']:.2f} | {r['itl_ms_p99']:.1f} | "
+            f"{r['output_tok_s']:.0f} | {vs[0]} | {vs[1]} | {r['kv_cache_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def serving_starts_table(path: Path = RESULTS / "serving.json") -> str:
+    """Every ``vllm serve`` start of the serving runs: time to healthy and where it went (phases
+    from the server log)."""
+    result = _load(path)
+    lines = [
+        "| model | dtype | host | start to `/health` s | vLLM init s | torch.compile s "
+        "| CUDA graphs s | KV tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in result.get("engine_starts", []):
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(s['model'], s['model'])} | `{s['dtype']}` | "
+            f"{s['host_state']} | {s['engine_start_s']:.0f} | "
+            f"{_num(s.get('init_engine_s'), '.0f')} | {_num(s.get('torch_compile_s'), '.0f')} | "
+            f"{_num(s.get('graph_capture_s'), '.0f')} | {s['kv_cache_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def _serving_line(path: Path) -> str:
+    """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
+    each concurrency both served, on the first model and input length measured."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    model, input_len = min((k[0], k[1]) for k in rows)
+    concs = sorted(
+        c for (m, n, c, d) in rows
+        if (m, n, d) == (model, input_len, "int8") and (m, n, c, "auto_fa2") in rows
+    )  # fmt: skip
+
+    def ratios(key: str) -> str:
+        parts = [
+            f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, 'auto_fa2'], key)}"
+            f" at {c}"
+            for c in concs
+        ]
+        return ", ".join(parts)
+
+    return (
+        f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "
+        f"{input_len}-token prompts): `int8`'s median time per output token against "
+        f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
+        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower)."
+    )
 
 
 def _calls_caption(result: dict) -> str:
@@ -854,6 +949,8 @@ TABLES = {
     "launch_overhead": launch_overhead_table,
     "throughput": throughput_table,
     "throughput_1k_paired": paired_runs_table,
+    "serving": serving_table,
+    "serving_starts": serving_starts_table,
     "reliability": reliability_table,
     "int4_format_simulation": kv_quant_sim_table,
     "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(

@@ -33,6 +33,8 @@ WHERE = {
     "launch_overhead": RESULTS,
     "throughput": RESULTS,
     "throughput_1k_paired": RESULTS,
+    "serving": RESULTS,
+    "serving_starts": RESULTS,
     "reliability": RESULTS,
     "int4_format_simulation": RESULTS,
     "int4_format_simulation_gemma3": RESULTS,
