@@ -27,7 +27,8 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
 ``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p99``, ``output_tok_s``,
-``kv_cache_tokens``, ``engine_start_s``) after EVERY point, so a run cut off keeps what it measured,
+``kv_cache_tokens``, ``engine_start_s``, and ``jit_compiles``: the Triton compiles the server
+logged during the point, from ``--jit-monitor-verbose``) after EVERY point, so a run cut off keeps what it measured,
 and a plot beside it (``serving.png``: median TPOT against concurrency, one panel per model and
 input length, one line per dtype; needs matplotlib, ``--plot-only`` redraws it from the JSON).
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
@@ -92,6 +93,9 @@ ROW_KEYS = [
     "output_tok_s",
     "kv_cache_tokens",
     "engine_start_s",
+    # Triton compiles the server logged while the point ran: each one stalls every request in
+    # flight, so a point with any measures start-up cost, not steady serving
+    "jit_compiles",
 ]
 ROW_KEY = ("model", "dtype", "input_len", "concurrency")
 LLAMA_SHAPE = "llama3-8b-shape"
@@ -122,6 +126,12 @@ STARTUP_PHASES = {
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
     ),
 }
+# vllm/triton_utils/jit_monitor.py, after the engine's warm-up: "Triton kernel JIT compilation
+# during inference: NAME." once per kernel name, or with ``--jit-monitor-verbose`` (which the
+# servers here get) every compile as "... inference: NAME (key=...)."
+JIT_RE = re.compile(
+    r"Triton (?:kernel |autotune/warmup candidate )JIT compilation during inference: (\w+)"
+)
 WARMUP_OUTPUT_TOKENS = 16
 STOP_GRACE_S = 30.0  # the engine core's own shutdown, after the API server has exited
 
@@ -474,6 +484,11 @@ def startup_phases_from_log(text: str) -> dict[str, float]:
     return out
 
 
+def jit_compiles_from_log(text: str) -> list[str]:
+    """The kernel names of the Triton compiles vLLM's JIT monitor logged in ``text``, in order."""
+    return JIT_RE.findall(text)
+
+
 def result_to_row(
     result: Mapping[str, Any],
     *,
@@ -484,6 +499,7 @@ def result_to_row(
     concurrency: int,
     kv_cache_tokens: int | None,
     engine_start_s: float,
+    jit_compiles: int = 0,
 ) -> dict[str, Any]:
     """A serving.json row from one ``vllm bench serve --save-result`` JSON (its field names:
     vllm/benchmarks/serve.py, ``median_*_ms`` and ``p{50,99}_*_ms`` with ``--metric-percentiles
@@ -515,6 +531,7 @@ def result_to_row(
         "output_tok_s": round(float(result["output_throughput"]), 1),
         "kv_cache_tokens": kv_cache_tokens,
         "engine_start_s": round(engine_start_s, 1),
+        "jit_compiles": jit_compiles,
     }
     return row
 
@@ -720,7 +737,7 @@ def make_server(
         env=vllm_serve_dtype_env(dtype, not args.shim_only_where_needed),
         max_model_len=max_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        extra_args=args.serve_args,
+        extra_args=["--jit-monitor-verbose", *args.serve_args],
         log_path=Path(args.logdir) / f"server_{spec.name}_{dtype}.log",
         startup_timeout_s=startup_timeout_s,
         seed=args.seed,
@@ -879,9 +896,11 @@ def run_point(
     seed = point_seed(args.seed, input_len, concurrency)
     env = dict(os.environ)
     env.pop(common.SHIM_ENV, None)  # the client is plain vLLM
+    log_before = len(server.tail(10**9))
     rc, secs, tail = common.run_child(
         argv, env, budget.cap(args.point_timeout_s), Path(args.logdir) / "bench" / f"{name}.log"
     )
+    compiles = jit_compiles_from_log(server.tail(10**9)[log_before:])
     point: dict[str, Any] = {
         "input_len": input_len,
         "concurrency": concurrency,
@@ -891,8 +910,11 @@ def run_point(
         "rc": rc,
         "wall_s": round(secs, 1),
         "result": str(result_path),
+        "jit_compiles": compiles,
     }
     msg = f"serve_bench: {name}: rc={rc} in {secs:.0f}s"
+    if compiles:
+        msg += f" ({len(compiles)} Triton compiles during the point: {', '.join(compiles)})"
     if rc != 0 or not result_path.exists():
         point["error"] = "timeout" if rc == -9 else common.error_summary(tail)
         print(f"{msg}: {point['error']}", flush=True)
@@ -908,6 +930,7 @@ def run_point(
             concurrency=concurrency,
             kv_cache_tokens=info.get("kv_cache_tokens"),
             engine_start_s=float(info.get("engine_start_s", 0.0)),
+            jit_compiles=len(compiles),
         )
     except (ValueError, KeyError, TypeError) as e:
         point["error"] = f"{type(e).__name__}: {e}"

@@ -113,6 +113,25 @@ def test_kv_cache_line_parser() -> None:
     assert sb.kv_cache_tokens_from_log("INFO nothing here") is None
 
 
+def test_jit_compile_parser() -> None:
+    source = (VLLM_DIR / "triton_utils" / "jit_monitor.py").read_text()
+    # the two messages of vLLM's JIT monitor: once per kernel name, and every compile when verbose
+    assert '"Triton kernel JIT compilation during inference: %s. "' in source
+    assert '"Triton %sJIT compilation during inference: %s (key=%s)."' in source
+    log = (
+        "(EngineCore pid=2515) WARNING 12-01 22:18:12 [jit_monitor.py:106] Triton kernel JIT "
+        "compilation during inference: _gather_kv_kernel. This causes a latency spike; consider "
+        "extending warmup to cover this shape/config.\n"
+        "INFO 12-01 22:18:13 [loggers.py:273] Engine 000: Avg prompt throughput: 5.0 tokens/s\n"
+        "(EngineCore pid=2515) WARNING 12-01 22:19:22 [jit_monitor.py:99] Triton kernel JIT "
+        "compilation during inference: _attn_fwd (key=[('*bf16', 'D')])."
+        "\n(EngineCore pid=2515) WARNING 12-01 22:19:23 [jit_monitor.py:99] Triton "
+        "autotune/warmup candidate JIT compilation during inference: _attn_fwd (key=None).\n"
+    )
+    assert sb.jit_compiles_from_log(log) == ["_gather_kv_kernel", "_attn_fwd", "_attn_fwd"]
+    assert sb.jit_compiles_from_log("INFO Kernel JIT monitor activated") == []
+
+
 def test_startup_phases_parser() -> None:
     log = (
         "INFO [default_loader.py:431] Loading weights took 0.41 seconds\n"
@@ -221,7 +240,9 @@ def test_result_json_becomes_a_row() -> None:
         "output_tok_s": 655.4,
         "kv_cache_tokens": 1234567,
         "engine_start_s": 63.4,
+        "jit_compiles": 0,
     }
+    assert sb.result_to_row(_bench_result(), **kw, jit_compiles=2)["jit_compiles"] == 2
     with pytest.raises(ValueError, match="failed"):
         sb.result_to_row(_bench_result(completed=31, failed=1), **kw)
     with pytest.raises(ValueError, match="concurrency"):

@@ -1,0 +1,170 @@
+"""Compile, at start-up, every variant of our kernels that serving can launch.
+
+Triton compiles a kernel the first time it meets a new set of compile-time arguments. CUDA-graph
+capture runs the decode path of every captured batch size, but the other launches of a layer
+(the prefill configuration of our attention kernel, which serves chunked-prefill continuations
+too short for FlashAttention-2; the context gather before FlashAttention-2; the write kernel's
+launch for more than ``SMALL_BATCH_TOKENS`` tokens) were first met mid-serving: vLLM's JIT monitor
+logged ``_gather_kv_kernel`` and ``_attn_fwd`` compiling inside timed ``vllm bench serve`` points
+at 32 and 128 concurrent requests on an H200 (docs/results.md, Serving), where the
+FlashAttention-2 server compiled nothing.
+
+:func:`warm_up_layer` runs each of those launches once on a small scratch cache, with the layer's
+own shapes, dtype, window, soft cap and scales. The metadata builder calls it for its layers
+before vLLM captures CUDA graphs; a shape already warmed in this process is skipped. The
+launches' arguments that vary from step to step (sequence counts, the alignment of sliced
+metadata tensors) are not specialized on by the kernels (``do_not_specialize``), so these few
+launches cover them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from int8kv_kernels import gather_kv_context, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels.attention import MAX_SPLITS
+from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
+from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT8_DTYPES, STATIC_DTYPE
+from int8kv_kernels.page_layout import get_page_bytes
+from int8kv_shim._logging import get_logger
+
+logger = get_logger()
+
+# Query lengths of the attention launches: one decode token (unsplit and split-KV), two (the
+# decode configuration's multi-token case when the GQA group allows it) and a prefill chunk.
+_QUERY_LENS = (1, 2, 64)
+_SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))
+# Context before the new tokens of the prefill and gather launches: a partial page read back.
+_CONTEXT = 24
+
+
+@dataclass(frozen=True)
+class WarmupKey:
+    """What decides which kernel variants a layer compiles."""
+
+    kv_dtype: str
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    sliding_window: int | None
+    soft_cap: float | None
+    v_format: str
+    gather: bool
+    model_dtype: torch.dtype
+
+
+_warmed: set[WarmupKey] = set()
+
+
+def layer_key(impl: Any, block_size: int, model_dtype: torch.dtype) -> WarmupKey | None:
+    """The warm-up key of one of our attention impls; None for a dtype it does not cover."""
+    if impl.kv_cache_dtype not in INT8_DTYPES:
+        return None
+    return WarmupKey(
+        kv_dtype=impl.kv_cache_dtype,
+        num_heads=impl.num_heads,
+        num_kv_heads=impl.num_kv_heads,
+        head_size=impl.head_size,
+        block_size=block_size,
+        sliding_window=impl.sliding_window,
+        soft_cap=impl.logits_soft_cap,
+        v_format=impl.v_format,
+        gather=impl.kv_cache_dtype in FLASH_CONTEXT_DTYPES and impl.flash_prefill,
+        model_dtype=model_dtype,
+    )
+
+
+def warm_up_layer(
+    impl: Any, *, block_size: int, model_dtype: torch.dtype, device: torch.device
+) -> int:
+    """Launch each kernel variant of ``impl``'s layer once; the number of launches (0 when this
+    process warmed the same shape before, or the dtype has no warm-up)."""
+    key = layer_key(impl, block_size, model_dtype)
+    if key is None or key in _warmed:
+        return 0
+    launches = _launch_all(key, impl.scale, impl.k_scale, impl.v_scale, device)
+    _warmed.add(key)
+    return launches
+
+
+def warm_up_layers(
+    impls: list[Any], *, block_size: int, model_dtype: torch.dtype, device: torch.device
+) -> None:
+    """:func:`warm_up_layer` for every impl, logged once with what it took."""
+    start = time.perf_counter()
+    launches = sum(
+        warm_up_layer(i, block_size=block_size, model_dtype=model_dtype, device=device)
+        for i in impls
+    )
+    if launches:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        logger.info(
+            "int8kv-shim: compiled our kernels' serving variants at start-up (%d launches, %.1f s)",
+            launches,
+            time.perf_counter() - start,
+        )
+
+
+def _launch_all(
+    key: WarmupKey,
+    softmax_scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    device: torch.device,
+) -> int:
+    b, hk, d, h = key.block_size, key.num_kv_heads, key.head_size, key.num_heads
+    tokens = SMALL_BATCH_TOKENS + b  # the write kernel's tiled launch
+    num_blocks = -(-tokens // b) + 1
+    page_bytes = get_page_bytes(key.kv_dtype, b, hk, d)
+    kv_cache = torch.zeros(num_blocks, page_bytes, dtype=torch.int8, device=device)
+    scales: dict[str, Any] = {"k_scale": None, "v_scale": None}
+    if key.kv_dtype == STATIC_DTYPE:
+        ones = torch.ones(hk, dtype=torch.float32, device=device)
+        scales = {
+            "k_scale": k_scale if k_scale is not None else ones,
+            "v_scale": v_scale if v_scale is not None else ones,
+            "v_format": key.v_format,
+        }
+    launches = 0
+    for n in (1, tokens):
+        kv = torch.zeros(n, hk, d, dtype=key.model_dtype, device=device)
+        slots = torch.arange(n, dtype=torch.int64, device=device)
+        write_kv_cache(kv, kv, kv_cache, slots, kv_dtype=key.kv_dtype, block_size=b, **scales)
+        launches += 1
+    block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]
+    workspace = make_workspace(max(_QUERY_LENS), h, d, device=device)
+    group = h // hk
+    for q_len in _QUERY_LENS:
+        if q_len == 2 and q_len * group > 16:
+            continue  # two tokens already take the prefill configuration
+        seq_len = _CONTEXT + q_len
+        query = torch.zeros(q_len, h, d, dtype=key.model_dtype, device=device)
+        # the split merge is compiled per power-of-two split count
+        for splits in _SPLIT_COUNTS if q_len <= 2 else (1,):
+            paged_attention(
+                query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype, block_size=b,
+                num_kv_heads=hk,
+                query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
+                seq_lens=torch.tensor([seq_len], dtype=torch.int32, device=device),
+                block_table=block_table, max_query_len=q_len, max_seq_len=seq_len,
+                softmax_scale=softmax_scale, sliding_window=key.sliding_window,
+                soft_cap=key.soft_cap, workspace=workspace, num_splits=splits, **scales,
+            )  # fmt: skip
+            launches += 1
+    if key.gather:
+        q_len = max(_QUERY_LENS)
+        new = torch.zeros(q_len, hk, d, dtype=key.model_dtype, device=device)
+        gather_kv_context(
+            kv_cache, new, new, kv_dtype=key.kv_dtype, block_size=b, block_table=block_table,
+            cu_seqlens_q=torch.tensor([0, q_len], dtype=torch.int32, device=device),
+            cu_seqlens_k=torch.tensor([0, _CONTEXT + q_len], dtype=torch.int32, device=device),
+            max_seqlen_k=_CONTEXT + q_len, num_k_tokens=_CONTEXT + q_len, **scales,
+        )  # fmt: skip
+        launches += 1
+    return launches

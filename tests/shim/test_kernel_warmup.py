@@ -1,0 +1,83 @@
+"""The start-up warm-up compiles every kernel variant serving batches launch (as Triton's binder
+decides variants for an sm80 target), so none compiles mid-serving; and it runs once per shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from int8kv_shim import kernel_warmup
+
+PROBE = Path(__file__).with_name("warmup_variants.py")
+
+SHAPES = {
+    "SmolLM2 9/3/64": dict(kv_dtype="int8", heads=9, kv_heads=3, head_size=64, window=None,
+                           v_format="int8", gather=True),
+    "Gemma 3 4/1/256, sliding": dict(kv_dtype="int8", heads=4, kv_heads=1, head_size=256,
+                                     window=512, v_format="int8", gather=True),
+    "int8_static e4m3 32/8/128": dict(kv_dtype="int8_static", heads=32, kv_heads=8,
+                                      head_size=128, window=None, v_format="e4m3", gather=False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real JITFunctions
+    shape = {**SHAPES[name], "block_size": 16}
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), json.dumps(shape)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    warm = set(found["warmup"])
+    kernels = {eval(k)[0] for k in warm}  # noqa: S307  (our own repr of tuples of literals)
+    expected = {"_attn_fwd", "_merge_splits", "_write_kv_kernel"}
+    assert expected | ({"_gather_kv_kernel"} if shape["gather"] else set()) == kernels
+    missing = {
+        batch: [k for k in keys if k not in warm]
+        for batch, keys in found["serving"].items()
+        if not set(keys) <= warm
+    }
+    assert all(found["serving"].values()), "a serving batch launched nothing: the probe is broken"
+    assert not missing, f"variants serving compiles mid-run: {missing}"
+
+
+def _impl(**kw) -> SimpleNamespace:
+    base = dict(
+        kv_cache_dtype="int8", num_heads=4, num_kv_heads=1, head_size=256, sliding_window=None,
+        logits_soft_cap=None, v_format="int8", flash_prefill=True, scale=0.0625, k_scale=None,
+        v_scale=None,
+    )  # fmt: skip
+    return SimpleNamespace(**(base | kw))
+
+
+def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(kernel_warmup, "_warmed", set())
+    monkeypatch.setattr(kernel_warmup, "_launch_all", lambda key, *a: calls.append(key) or 3)
+    cpu = torch.device("cpu")
+    kw = dict(block_size=16, model_dtype=torch.bfloat16, device=cpu)
+    assert kernel_warmup.warm_up_layer(_impl(), **kw) == 3
+    assert kernel_warmup.warm_up_layer(_impl(), **kw) == 0  # the same shape: nothing to compile
+    assert kernel_warmup.warm_up_layer(_impl(sliding_window=512), **kw) == 3
+    assert kernel_warmup.warm_up_layer(_impl(), **(kw | {"block_size": 32})) == 3
+    assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **kw) == 0  # not covered
+    assert [k.sliding_window for k in calls] == [None, 512, None]
+
+
+def test_warmup_launches_run_on_the_interpreter() -> None:
+    # the real launches, tiny: every argument the warm-up passes is one the wrappers accept
+    kernel_warmup._warmed.discard(kernel_warmup.layer_key(_impl(head_size=64), 16, torch.bfloat16))
+    n = kernel_warmup.warm_up_layer(
+        _impl(head_size=64), block_size=16, model_dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    assert n == 2 + len(kernel_warmup._SPLIT_COUNTS) * 2 + 1 + 1

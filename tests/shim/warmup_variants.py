@@ -1,0 +1,156 @@
+"""Subprocess side of test_kernel_warmup.py: which compiled variants serving batches need, and
+which the start-up warm-up compiles, as Triton's own binder decides them for an sm80 target.
+
+Run without TRITON_INTERPRET (the kernels must be real JITFunctions) and without a GPU: every
+DirectLauncher launch is replaced by Triton's binder on the launch's arguments, whose
+specialization (argument types, 16-byte alignment and value classes, constexprs) plus options
+is what Triton compiles one binary per. Prints one JSON line:
+``{"warmup": [...], "serving": {"name of the batch": [...]}}`` (keys as strings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import create_function_from_signature
+
+from int8kv_kernels import (
+    choose_num_splits,
+    gather_kv_context,
+    make_workspace,
+    paged_attention,
+    write_kv_cache,
+)
+from int8kv_kernels.launch import DirectLauncher
+from int8kv_kernels.page_layout import get_page_bytes
+from int8kv_shim import kernel_warmup
+
+_BACKEND = CUDABackend(GPUTarget("cuda", 80, 32))
+_binders: dict[int, object] = {}
+_seen: set[str] = set()
+
+
+def _bind(self: DirectLauncher, args: tuple, kwargs: dict) -> None:
+    fn = self.fn
+    binder = _binders.get(id(fn))
+    if binder is None:
+        binder = _binders[id(fn)] = create_function_from_signature(
+            fn.signature, fn.params, _BACKEND
+        )
+    _, specialization, options = binder(*args, **kwargs)
+    _seen.add(repr((fn.__name__, tuple(specialization), tuple(sorted(options.items())))))
+
+
+def _call(self: DirectLauncher, grid, *args, **kwargs) -> None:
+    _bind(self, args, kwargs)
+
+
+def _record(self: DirectLauncher, swap, grid, *args, **kwargs) -> None:
+    _bind(self, args, kwargs)
+
+
+DirectLauncher.__call__ = _call  # type: ignore[method-assign]
+DirectLauncher.record = _record  # type: ignore[method-assign]
+
+
+def _take() -> list[str]:
+    out = sorted(_seen)
+    _seen.clear()
+    return out
+
+
+def serving_batches(shape: dict) -> dict[str, list[str]]:
+    """Launches as the impl makes them for decode, mixed and continuation batches: the sequences
+    after the decodes are slices of the batch's metadata, starting at any row."""
+    h, hk, d, b = shape["heads"], shape["kv_heads"], shape["head_size"], shape["block_size"]
+    kw = dict(
+        kv_dtype=shape["kv_dtype"], block_size=b, num_kv_heads=hk, softmax_scale=0.125,
+        sliding_window=shape["window"], soft_cap=None, **scales(shape),
+    )  # fmt: skip
+    max_blocks = 8192 // b
+    num_blocks = 4096
+    kv_cache = torch.zeros(
+        num_blocks, get_page_bytes(shape["kv_dtype"], b, hk, d), dtype=torch.int8
+    )
+    workspace = make_workspace(256, h, d)
+    out: dict[str, list[str]] = {}
+    for num_seqs in (1, 3, 16, 33, 200):
+        lens = torch.randint(100, 8000, (num_seqs,), dtype=torch.int32)
+        table = torch.randint(1, num_blocks, (num_seqs, max_blocks), dtype=torch.int32)
+        q = torch.zeros(num_seqs, h, d, dtype=torch.bfloat16)
+        qsl = torch.arange(num_seqs + 1, dtype=torch.int32)
+        splits = choose_num_splits(num_seqs, hk, 8192, 132, sliding_window=shape["window"])
+        paged_attention(q, kv_cache, torch.empty_like(q), query_start_loc=qsl, seq_lens=lens,
+                        block_table=table, max_query_len=1, max_seq_len=8192,
+                        workspace=workspace, num_splits=splits, **kw)  # fmt: skip
+        out[f"decode of {num_seqs}"] = _take()
+    for nd, q_lens in ((1, [3]), (2, [40, 7]), (3, [700]), (5, [2, 4]), (6, [1000, 9, 63])):
+        n = nd + len(q_lens)
+        lens = torch.randint(2000, 8000, (n,), dtype=torch.int32)
+        table = torch.randint(1, num_blocks, (n, max_blocks), dtype=torch.int32)
+        qsl = torch.tensor([0, *torch.tensor([1] * nd + q_lens).cumsum(0).tolist()],
+                           dtype=torch.int32)  # fmt: skip
+        q = torch.zeros(int(qsl[-1]), h, d, dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+        paged_attention(q[:nd], kv_cache, o[:nd], query_start_loc=qsl[: nd + 1],
+                        seq_lens=lens[:nd], block_table=table[:nd], max_query_len=1,
+                        max_seq_len=8000, workspace=workspace,
+                        num_splits=choose_num_splits(nd, hk, 8192, 132), **kw)  # fmt: skip
+        paged_attention(q[nd:], kv_cache, o[nd:], query_start_loc=qsl[nd:] - nd,
+                        seq_lens=lens[nd:], block_table=table[nd:], max_query_len=max(q_lens),
+                        max_seq_len=8000, workspace=workspace, num_splits=1, **kw)  # fmt: skip
+        if shape["gather"]:
+            ctx = (lens[nd:] - torch.tensor(q_lens, dtype=torch.int32)).clamp(min=0)
+            cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+            cu_k = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+            cu_k[1:] = (ctx + torch.tensor(q_lens, dtype=torch.int32)).cumsum(0)
+            new = torch.zeros(int(cu_q[-1]), hk, d, dtype=torch.bfloat16)
+            gather_kv_context(kv_cache, new, new, kv_dtype=shape["kv_dtype"], block_size=b,
+                              block_table=table[nd:], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                              max_seqlen_k=int((cu_k[1:] - cu_k[:-1]).max()),
+                              num_k_tokens=int(cu_k[-1]), **scales(shape))  # fmt: skip
+        out[f"mixed: {nd} decodes, then queries of {q_lens}"] = _take()
+    for n in (1, 7, 256, 513, 8192):
+        kv = torch.zeros(n, hk, d, dtype=torch.bfloat16)
+        slots = torch.randint(0, num_blocks * b, (n,), dtype=torch.int64)
+        write_kv_cache(kv, kv, kv_cache, slots, kv_dtype=shape["kv_dtype"], block_size=b,
+                       **scales(shape))  # fmt: skip
+        out[f"write of {n} tokens"] = _take()
+    return out
+
+
+def scales(shape: dict) -> dict:
+    if shape["kv_dtype"] != "int8_static":
+        return {}
+    ones = torch.ones(shape["kv_heads"], dtype=torch.float32)
+    return {"k_scale": ones, "v_scale": ones, "v_format": shape["v_format"]}
+
+
+def warm_up(shape: dict) -> list[str]:
+    impl = SimpleNamespace(
+        kv_cache_dtype=shape["kv_dtype"], num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
+        head_size=shape["head_size"], sliding_window=shape["window"], logits_soft_cap=None,
+        v_format=shape["v_format"], flash_prefill=shape["gather"], scale=0.125, k_scale=None,
+        v_scale=None,
+    )  # fmt: skip
+    kernel_warmup.warm_up_layer(
+        impl, block_size=shape["block_size"], model_dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    return _take()
+
+
+def main() -> None:
+    shape = json.loads(sys.argv[1])
+    torch.manual_seed(0)
+    warm = warm_up(shape)
+    print(json.dumps({"warmup": warm, "serving": serving_batches(shape)}))
+
+
+if __name__ == "__main__":
+    main()
