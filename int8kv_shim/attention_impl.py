@@ -59,6 +59,7 @@ from int8kv_shim.flash_prefill import (
     flash_attention,
     split_batch,
 )
+from int8kv_shim.kernel_warmup import warm_up_layers
 from int8kv_shim.static.recorder import active_recorder
 
 # vLLM's logger tree (a child of "vllm"): a logger named after this module has no handler, and
@@ -155,6 +156,14 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             if device.type == "cuda"
             else 4
         )
+        if device.type == "cuda":
+            # Before vLLM captures CUDA graphs and its JIT monitor starts watching.
+            forward_context = vllm_config.compilation_config.static_forward_context
+            impls = [getattr(forward_context.get(name), "impl", None) for name in layer_names]
+            warm_up_layers(
+                [i for i in impls if isinstance(i, Int8KVAttentionImpl)],
+                block_size=self.block_size, model_dtype=model_config.dtype, device=device,
+            )  # fmt: skip
 
     def _decode_splits(self, num_seqs: int) -> int:
         # A function of the batch's power-of-two size class and max_model_len only: a CUDA graph
@@ -336,6 +345,11 @@ class Int8KVAttentionImpl(AttentionImpl):
         self._flash_attention = (
             flash_attention(head_size) if kv_sharing_target_layer_name is None else None
         )
+
+    @property
+    def flash_prefill(self) -> bool:
+        """Whether this layer's prefills run on FlashAttention-2 (with gathered context)."""
+        return self._flash_attention is not None
 
     def set_static_scales(
         self, k_scale: torch.Tensor, v_scale: torch.Tensor, v_format: str, source: str = ""

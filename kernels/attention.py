@@ -372,9 +372,22 @@ def _chunked_kv_loop(
     return m, tl.sum(l_i * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
 
 
-# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant serves
-# every batch instead of a Triton compile mid-serving when a new size class shows up.
-@triton.jit(do_not_specialize=["num_seqs", "window"])
+# Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of batch-dependent
+# pointers: one compiled variant serves every batch instead of a Triton compile mid-serving when
+# a new size class shows up (tests/shim/warmup_variants.py lists what still varies: constexprs,
+# compiled at start-up by int8kv_shim/kernel_warmup.py).
+@triton.jit(
+    do_not_specialize=["num_seqs", "window", "stride_bt"],
+    # Sliced per batch (the sequences after the decodes of a mixed batch start at any row); a
+    # dynamic-scale launch passes seq_lens in the static scales' slots.
+    do_not_specialize_on_alignment=[
+        "block_table_ptr",
+        "qsl_ptr",
+        "seq_lens_ptr",
+        "static_k_ptr",
+        "static_v_ptr",
+    ],
+)
 def _attn_fwd(
     q_ptr,
     out_ptr,
@@ -566,7 +579,9 @@ launch_attn = DirectLauncher(_attn_fwd)
 _replays = ReplayCache()
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # as _attn_fwd
+@triton.jit(  # as _attn_fwd
+    do_not_specialize=["num_seqs", "num_splits"], do_not_specialize_on_alignment=["qsl_ptr"]
+)
 def _merge_splits(
     out_ptr,
     ws_acc_ptr,

@@ -52,7 +52,10 @@ def _round_to_out(x, OUT_BF16: tl.constexpr):
         return x.to(tl.float16)  # IEEE round to nearest even, on GPUs and in the interpreter
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(
+    do_not_specialize=["num_seqs", "stride_bt"],
+    do_not_specialize_on_alignment=["block_table_ptr", "cu_q_ptr", "cu_k_ptr"],  # sliced per batch
+)
 def _gather_kv_kernel(
     cache_ptr, cache16_ptr, new_k_ptr, new_v_ptr, k_out_ptr, v_out_ptr,
     block_table_ptr, cu_q_ptr, cu_k_ptr, k_scale_ptr, v_scale_ptr,
