@@ -1,0 +1,208 @@
+"""Paged attention over int4 pages + tails == fp64 reference attention over the dequantized pages
+and the tails' rows (reference_int4.int4_kv_slots), within the bf16 bound of kvbatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvbatch import assert_close_bf16, make_batch
+
+from int8kv_kernels import Int4PageLayout, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels.reference import attention_ref
+from int8kv_kernels.reference_int4 import int4_kv_slots
+
+B = 64
+
+
+def random_int4_cache(nkv: int, d: int, num_blocks: int, device: str) -> torch.Tensor:
+    """Random codes and (scale, zero) pairs that dequantize to about [-2.5, 2.5], like
+    unit-variance activations, with every channel's and token's scale different."""
+    lay = Int4PageLayout(B, nkv, d)
+    cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
+    for lo, hi in ((lay.k_sz, lay.v_sz), (lay.v_sz, lay.page_bytes)):
+        sz = cache[:, lo:hi].view(torch.float16)
+        n = sz.shape[1] // 2
+        scale = (torch.rand(num_blocks, n, device=device) + 0.5) * (5.0 / 15)
+        zero = scale * (-7.5 + (torch.rand(num_blocks, n, device=device) - 0.5))
+        if lo == lay.k_sz:  # [H][2][D]: scale row, zero row
+            view = sz.view(num_blocks, nkv, 2, d)
+            view[:, :, 0] = scale.view(num_blocks, nkv, d).half()
+            view[:, :, 1] = zero.view(num_blocks, nkv, d).half()
+        else:  # [H][NG][2][B]
+            view = sz.view(num_blocks, -1, 2, B)
+            view[:, :, 0] = scale.view(num_blocks, -1, B).half()
+            view[:, :, 1] = zero.view(num_blocks, -1, B).half()
+    return cache
+
+
+def random_tail(num_slots: int, nkv: int, d: int, device: str, dtype=torch.bfloat16):
+    """Tail rows of unit variance; rows past each sequence's tokens hold NaN, which must never be
+    read (a pool slot's stale rows can be anything)."""
+    tail = torch.randn(num_slots, 2, nkv, B, d, device=device).to(dtype)
+    return tail
+
+
+def _poison_unused_tail_rows(tail, seq_lens, slots):
+    for n, s in zip(seq_lens, slots, strict=False):
+        if s >= 0:
+            tail[s, :, :, n % B :] = float("nan")
+
+
+def run_int4(b, cache, tail, slots, nkv, out=None, **kw):
+    if out is None:
+        out = torch.empty_like(b.query)
+    out.fill_(float("nan"))
+    paged_attention(
+        b.query, cache, out, kv_dtype="int4", block_size=B, num_kv_heads=nkv,
+        query_start_loc=b.query_start_loc, seq_lens=b.seq_lens, block_table=b.block_table,
+        max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
+        softmax_scale=b.query.shape[-1] ** -0.5, tail=tail, slot_of_seq=slots, **kw,
+    )  # fmt: skip
+    return out
+
+
+def reference_int4(b, cache, tail, slots, **kw):
+    k, v, readable = int4_kv_slots(cache, tail, block_size=B, seq_lens=b.seq_lens.cpu(),
+                                   block_table=b.block_table.cpu(), slot_of_seq=slots.cpu())  # fmt: skip
+    kw = {n: x for n, x in kw.items() if n not in ("num_splits", "workspace")}
+    ref = attention_ref(
+        b.query, k.to(b.query.device), v.to(b.query.device), query_start_loc=b.query_start_loc,
+        seq_lens=b.seq_lens, block_table=b.block_table, softmax_scale=b.query.shape[-1] ** -0.5,
+        readable=readable, **kw,
+    )  # fmt: skip
+    return ref[: int(b.query_start_loc[-1])]
+
+
+def check(q_lens, seq_lens, nq, nkv, d, device, slots=None, q_std=1.0, pad_tokens=0, **kw):
+    b = make_batch(q_lens, seq_lens, nq, d, B, device, q_std=q_std, pad_tokens=pad_tokens)
+    if slots is None:
+        slots = list(range(len(seq_lens)))
+    num_slots = max([*slots, 0]) + 1
+    cache = random_int4_cache(nkv, d, b.num_blocks, device)
+    tail = random_tail(num_slots, nkv, d, device)
+    _poison_unused_tail_rows(tail, seq_lens, slots)
+    slot_t = torch.tensor(slots + [0] * 3, dtype=torch.int32, device=device)  # + padding rows
+    out = run_int4(b, cache, tail, slot_t, nkv, **kw)
+    assert_close_bf16(out, reference_int4(b, cache, tail, slot_t, **kw))
+    return out
+
+
+# (name, q_lens, seq_lens, nq, nkv, head_size, extra kwargs). num_splits forces the split-KV
+# decode path (the CPU heuristic would not split sequences this short).
+CASES = [
+    ("decode_no_tail_multiple_of_64", [1, 1], [128, 64], 8, 2, 64, {}),
+    ("decode_tail_only_shorter_than_64", [1, 1], [37, 1], 8, 2, 64, {}),
+    ("decode_pages_and_tail_split", [1, 1, 1], [200, 129, 70], 8, 2, 64, {"num_splits": 2}),
+    ("decode_split_4_gqa8_d128", [1, 1], [300, 65], 8, 1, 128, {"num_splits": 4}),
+    ("decode_d256_two_v_groups", [1, 1], [130, 40], 4, 2, 256, {"num_splits": 2}),
+    ("prefill_ends_mid_page", [150], [150], 4, 2, 64, {}),
+    ("prefill_multiple_of_64", [128, 20], [128, 20], 4, 4, 64, {}),
+    ("chunked_prefill_on_context", [70, 1], [200, 90], 8, 2, 128, {}),
+    ("mixed_d256", [1, 9, 1], [100, 70, 64], 4, 2, 256, {}),
+    ("sliding_window_decode_crosses_pages", [1, 1], [200, 50], 4, 1, 64,
+     {"sliding_window": 70, "num_splits": 2}),
+    ("sliding_window_prefill", [100, 1], [180, 129], 4, 2, 64, {"sliding_window": 50}),
+    ("soft_cap", [1, 30], [150, 90], 4, 1, 128, {"soft_cap": 3.0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_int4_attention_matches_reference(case, device):
+    _, q_lens, seq_lens, nq, nkv, d, kw = case
+    check(q_lens, seq_lens, nq, nkv, d, device, q_std=2.0 if "soft_cap" in kw else 1.0, **kw)
+
+
+def test_int4_slot_minus_one_reads_no_tail(device):
+    # padding rows / dummy runs: their partial pages are not read; a query that sees no key at
+    # all (seq_len < 64, no slot) gets 0; the first sequence's slot is the last of the pool, so a
+    # -1 read as an index would be out of bounds
+    out = check([1, 1, 3, 1], [100, 30, 150, 64], 4, 1, 64, device, slots=[1, -1, -1, -1])
+    assert (out[1] == 0).all()
+    check([1, 1], [100, 30], 4, 1, 64, device, slots=[-1, 0], num_splits=2)
+
+
+def test_int4_workspace_padding_tokens_and_empty_sequences(device):
+    # CUDA-graph-style batch: preallocated workspace, a sequence without new tokens, query rows
+    # past the batch, which must stay untouched (still NaN)
+    nq, d = 4, 64
+    ws = make_workspace(8, nq, d, max_splits=4, device=device)
+    out = check([1, 0, 1], [300, 5, 260], nq, 1, d, device, pad_tokens=2, workspace=ws,
+                num_splits=4)  # fmt: skip
+    assert out[-2:].isnan().all()
+
+
+def test_int4_fp16_queries(device):
+    b = make_batch([1, 5], [100, 70], 4, 64, B, device, dtype=torch.float16)
+    cache = random_int4_cache(2, 64, b.num_blocks, device)
+    tail = random_tail(3, 2, 64, device, dtype=torch.float16)
+    slots = torch.tensor([0, 2], dtype=torch.int32, device=device)
+    out = run_int4(b, cache, tail, slots, 2)
+    assert_close_bf16(out, reference_int4(b, cache, tail, slots))
+
+
+def test_int4_attention_needs_a_tail_and_refuses_static_scales(device):
+    b = make_batch([1], [10], 4, 64, B, device)
+    cache = random_int4_cache(1, 64, b.num_blocks, device)
+    with pytest.raises(ValueError, match="tail and slot_of_seq"):
+        paged_attention(b.query, cache, torch.empty_like(b.query), kv_dtype="int4", block_size=B,
+                        num_kv_heads=1, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+                        block_table=b.block_table, max_query_len=1, max_seq_len=10,
+                        softmax_scale=0.1)  # fmt: skip
+    with pytest.raises(ValueError, match="static scales"):
+        run_int4(b, cache, random_tail(1, 1, 64, device), torch.zeros(1, dtype=torch.int32), 1,
+                 k_scale=torch.ones(1))  # fmt: skip
+
+
+def test_int4_through_the_write_stays_within_the_quantization_error(device):
+    """End to end: K/V written through the int4 write kernel (pages + tail), attention against
+    exact attention on the BF16 K/V. 4-bit K per channel of a page, V per token: the output error
+    stays below 0.15 of the output's RMS for unit-variance K/V (measured about 0.08)."""
+    nq, nkv, d = 8, 2, 64
+    seq_lens = [150, 64, 30]
+    b = make_batch([1, 1, 1], seq_lens, nq, d, B, device)
+    cache = torch.zeros(b.num_blocks, Int4PageLayout(B, nkv, d).page_bytes, dtype=torch.int8,
+                        device=device)  # fmt: skip
+    tail = torch.zeros(4, 2, nkv, B, d, dtype=torch.bfloat16, device=device)
+    tail_page = torch.full((4,), -1, dtype=torch.int32, device=device)
+    slots = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    k_slots = torch.zeros(b.num_blocks, B, nkv, d, dtype=torch.bfloat16, device=device)
+    v_slots = torch.zeros_like(k_slots)
+    total = sum(seq_lens)
+    key = torch.randn(total, nkv, d, device=device).to(torch.bfloat16)
+    value = torch.randn(total, nkv, d, device=device).to(torch.bfloat16)
+    qsl = torch.tensor([0, 150, 214, 244], dtype=torch.int32, device=device)
+    write_kv_cache(key, value, cache, None, kv_dtype="int4", tail=tail, tail_page=tail_page,
+                   block_size=B, query_start_loc=qsl, seq_lens=b.seq_lens,
+                   block_table=b.block_table, slot_of_seq=slots,
+                   slot_is_new=torch.ones(3, dtype=torch.int32, device=device), num_seqs=3,
+                   max_query_len=150)  # fmt: skip
+    for s, n in enumerate(seq_lens):
+        pos = torch.arange(n, device=device)
+        idx = b.block_table[s, pos // B].long() * B + pos % B
+        k_slots.view(-1, nkv, d)[idx] = key[int(qsl[s]) : int(qsl[s]) + n]
+        v_slots.view(-1, nkv, d)[idx] = value[int(qsl[s]) : int(qsl[s]) + n]
+    out = run_int4(b, cache, tail, slots, nkv).float()
+    exact = attention_ref(b.query, k_slots, v_slots, query_start_loc=b.query_start_loc,
+                          seq_lens=b.seq_lens, block_table=b.block_table,
+                          softmax_scale=d**-0.5)  # fmt: skip
+    err = (out - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()
+    assert err < 0.15, float(err)
+    # the 30-token sequence lives in its tail only: exact up to the output's bf16 rounding
+    assert_close_bf16(out[2:3], exact[2:3])
+
+
+GPU_CASES = [
+    ("decode_b8_8k_plus_13", [1] * 8, [8192 + 13] * 8, 32, 8, 128, {}),
+    ("decode_d256_window", [1] * 4, [4096 + 5, 100, 3000, 64], 4, 1, 256,
+     {"sliding_window": 512, "soft_cap": 30.0}),
+    ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, {}),
+    ("prefill_2k_on_8k", [2048], [8192 + 7], 32, 8, 128, {}),
+    ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, {}),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_int4_attention_matches_reference_gpu(case):
+    _, q_lens, seq_lens, nq, nkv, d, kw = case
+    check(q_lens, seq_lens, nq, nkv, d, "cuda", **kw)
