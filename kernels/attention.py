@@ -53,8 +53,8 @@ from .page_layout import cached_page_layout, next_power_of_2
 from .quantize import rint
 
 # Re-exported: the int8 attention's public names from before the planning had its own module.
-__all__ = ["AttentionWorkspace", "MAX_SPLITS", "choose_num_splits", "launch_merge",
-           "make_workspace", "paged_attention"]  # fmt: skip
+__all__ = ["AttentionWorkspace", "LaunchConfig", "MAX_SPLITS", "choose_num_splits",
+           "launch_merge", "make_workspace", "paged_attention"]  # fmt: skip
 
 _E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
 
