@@ -646,6 +646,7 @@ def paged_attention(
         kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
         sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
+        tail is None, slot_of_seq is None,  # int4's, unused here
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
                     static_v_ptr=v_scale):  # fmt: skip
@@ -723,7 +724,8 @@ def paged_attention(
     )
     merge = None
     if use_split:
-        merge = launch_split_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
+        merge = launch_split_merge(output, plan.workspace, query_start_loc, num_seqs, splits,
+                                   launch_merge)  # fmt: skip
     # A workspace made by this call would be freed under a replay of it
     if attn is not None and (merge is not None or not use_split) and workspace is plan.workspace:
         _replays.add(key, [attn] if merge is None else [attn, merge], workspace)

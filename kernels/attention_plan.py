@@ -276,11 +276,14 @@ def launch_split_merge(
     query_start_loc: torch.Tensor,
     num_seqs: int,
     splits: int,
+    launcher: DirectLauncher | None = None,
 ) -> Replay | None:
     """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size];
-    returns the launch's Replay (swapping ``output``) where it went direct."""
+    returns the launch's Replay (swapping ``output``) where it went direct. ``launcher``: the
+    merge's launcher as the caller's module holds it (tests swap it there), ``launch_merge``
+    by default."""
     num_tokens, num_q_heads, head_size = output.shape
-    return launch_merge.record(
+    return (launcher or launch_merge).record(
         [("out_ptr",)],
         (num_tokens, num_q_heads),
         output,

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -187,7 +185,15 @@ def write_kv_cache(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     v_format: str = "int8",
-    **int4: Any,
+    tail: torch.Tensor | None = None,
+    tail_page: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    slot_of_seq: torch.Tensor | None = None,
+    slot_is_new: torch.Tensor | None = None,
+    num_seqs: int | None = None,
+    max_query_len: int | None = None,
 ) -> None:
     """Quantize ``key``/``value`` and store them into their slots of ``kv_cache``, in place.
 
@@ -206,8 +212,12 @@ def write_kv_cache(
         if k_scale is not None or v_scale is not None:
             raise ValueError("int4 has no static scales: k_scale / v_scale must be None")
         check_v_format(kv_dtype, v_format)
-        return write_kv_cache_int4(key, value, kv_cache, kv_dtype=kv_dtype, block_size=block_size,
-                                   **int4)  # fmt: skip
+        return write_kv_cache_int4(
+            key, value, kv_cache, tail, tail_page, kv_dtype=kv_dtype, block_size=block_size,
+            query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
+            slot_of_seq=slot_of_seq, slot_is_new=slot_is_new, num_seqs=num_seqs,
+            max_query_len=max_query_len,
+        )  # fmt: skip
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
     num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
@@ -218,6 +228,9 @@ def write_kv_cache(
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
         slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
         k_scale is None, v_scale is None, v_format, launch,  # tests vary it
+        # int4's keywords, unused here: passing one is another call (tests/kernels' key check)
+        (tail, tail_page, query_start_loc, seq_lens, block_table, slot_of_seq, slot_is_new,
+         num_seqs, max_query_len).count(None),
     )  # fmt: skip
     if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache, k_scale_ptr=k_scale,
                     v_scale_ptr=v_scale):  # fmt: skip
