@@ -200,9 +200,9 @@ def _flush_pages_kernel(
     block = block.to(tl.int64)
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
     has_slot = slot >= 0
-    fresh = tl.load(slot_is_new_ptr + seq) != 0
+    kept = tl.load(slot_is_new_ptr + seq) == 0  # the slot's rows are this sequence's
     holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
-    tail_ok = has_slot & (not fresh) & (holder.to(tl.int64) == block)
+    tail_ok = has_slot & kept & (holder.to(tl.int64) == block)
     # a page with positions before this step needs them from the tail (else: leave it)
     if complete & ((p0 >= ctx) | tail_ok):
         r = tl.arange(0, BLOCK_SIZE)
