@@ -23,16 +23,15 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from int8kv_kernels import Int4PageLayout, PageLayout  # noqa: E402
-from int8kv_kernels.attention import (  # noqa: E402
-    MAX_SHARED_BYTES,
-    _attn_fwd,
-    _choose_config,
-    _merge_splits,
-)
-from int8kv_kernels.attention_int4 import _attn_int4_fwd, int4_attn_constexprs  # noqa: E402
+from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
+from int8kv_kernels.attention_int4 import _attn_int4_fwd, choose_config_int4  # noqa: E402
+from int8kv_kernels.attention_plan import MAX_SHARED_BYTES, merge_splits  # noqa: E402
 from int8kv_kernels.cache_write import _write_kv_kernel, write_launch  # noqa: E402
-from int8kv_kernels.cache_write_int4 import _TILE_T as _TILE_T_INT4  # noqa: E402
-from int8kv_kernels.cache_write_int4 import _write_kv_int4_kernel, int4_write_constexprs  # noqa: E402
+from int8kv_kernels.cache_write_int4 import (  # noqa: E402
+    _flush_pages_kernel,
+    _store_tail_kernel,
+    int4_flush_launch,
+)
 from int8kv_kernels.catalogue import INT8_DTYPES, get_dtype  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
@@ -121,14 +120,11 @@ def check_write_v_store(k, v_bytes: int, tile_t: int) -> None:
 
 
 def check_int4_pipelined(k) -> None:
-    """As check_pipelined, for int4: the packed K/V bytes and the (scale, zero) words (read a page
-    at a time as 32-bit words, _load_sz_tile) are asynchronous copies."""
+    """As check_pipelined, for int4: the packed K/V bytes of a page are asynchronous copies, so
+    the next page streams in while this one computes."""
     copies = [ln for ln in k.asm["ttgir"].splitlines() if "async_copy_global_to_local" in ln]
     targets = [ln.split("->")[-1] for ln in copies]
     assert sum("xi8" in t for t in targets) >= 2, "int4 K/V loads are not asynchronous copies"
-    # [pages, pairs] words; 1-D i32 copies are the block-table gathers
-    words = [t for t in targets if re.search(r"<\d+x\d+xi32", t)]
-    assert len(words) >= 2, "int4 scale/zero loads are not asynchronous copies"
 
 
 def main() -> int:
@@ -194,7 +190,7 @@ def main() -> int:
         print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, flush=True)
         if cfg.split:
             compile_one(
-                _merge_splits,
+                merge_splits,
                 {"out_ptr": "*bf16", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
                  "ws_l_ptr": "*fp32", "qsl_ptr": "*i32"},
                 dict(NUM_Q_HEADS=nq, HEAD_SIZE=d, S_PAD=32),
@@ -208,55 +204,69 @@ def main() -> int:
 
 
 def compile_int4() -> int:
-    """int4: the write for every catalogue head size, attention decode (split and not) and
-    prefill for each head size, GQA groups 1 / 4 / 8, window + soft-cap; fp32 merge output."""
+    """int4: the page flush and the tail store for every catalogue head size (one program per
+    sequence and per page), attention decode (split and not) and prefill for each head size, GQA
+    groups 1 / 3 / 4 / 8, window + soft-cap, bf16 and fp16."""
     n = 0
-    # The write kernel reads the rotated fp32 K/V whatever the model dtype; slots int64 or int32.
-    for slot_t, nkv, d in (("*i64", 8, 128), ("*i64", 3, 64), ("*i32", 2, 256), ("*i32", 1, 128)):
-        lay = Int4PageLayout(16, nkv, d)
-        k = compile_one(
-            _write_kv_int4_kernel,
-            {"k_rot_ptr": "*fp32", "v_rot_ptr": "*fp32", "cache_ptr": "*u8",
-             "cache16_ptr": "*fp16", "slot_ptr": slot_t},
-            int4_write_constexprs(lay),
+    for dt, nkv, d, per_seq in (("bf16", 8, 128, 0), ("fp16", 3, 64, 2), ("bf16", 2, 256, 2),
+                                ("bf16", 1, 128, 2)):  # fmt: skip
+        lay = Int4PageLayout(64, nkv, d)
+        compile_one(
+            _flush_pages_kernel,
+            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
+             "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
+             "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
+             "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
+            dict(PAGES_PER_SEQ=per_seq, **lay.kernel_constexprs()),
+            num_warps=int4_flush_launch(lay),
+        )  # fmt: skip
+        compile_one(
+            _store_tail_kernel,
+            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
+             "tail_page_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "block_table_ptr": "*i32", "slot_of_seq_ptr": "*i32"},
+            dict(HEAD_SIZE=d, BLOCK_SIZE=64),
             num_warps=4,
         )  # fmt: skip
-        n += 1
-        check_write_v_store(k, d // 2, _TILE_T_INT4)
-        print("ok write int4", slot_t, nkv, d, flush=True)
-    ptrs = {"q_ptr": "*fp32", "out_ptr": "*fp32", "cache_ptr": "*u8", "cache16_ptr": "*fp16",
-            "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-            "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
-    cases = [  # (nq, nkv, d, block_size, max_query_len, window, softcap, split)
-        (32, 8, 128, 16, 1, False, False, True),
-        (32, 8, 128, 16, 1, False, False, False),
-        (8, 8, 128, 16, 1, False, False, True),
-        (9, 3, 64, 16, 1, True, True, True),
-        (16, 2, 256, 32, 1, False, False, True),
-        (32, 8, 128, 16, 2048, False, False, False),
-        (9, 3, 64, 32, 512, True, True, False),
-        (8, 8, 256, 16, 512, False, False, False),
-        (64, 8, 128, 16, 512, True, False, False),
+        n += 2
+        print("ok write int4", dt, nkv, d, per_seq, flush=True)
+    cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split)
+        ("bf16", 32, 8, 128, 1, False, False, True),
+        ("bf16", 32, 8, 128, 1, False, False, False),
+        ("fp16", 8, 8, 128, 1, False, False, True),
+        ("bf16", 9, 3, 64, 1, True, True, True),
+        ("bf16", 16, 2, 256, 1, False, False, True),
+        ("bf16", 4, 1, 256, 1, True, True, True),
+        ("bf16", 32, 8, 128, 2048, False, False, False),
+        ("bf16", 9, 3, 64, 512, True, True, False),
+        ("fp16", 8, 8, 256, 512, False, False, False),
+        ("bf16", 4, 1, 256, 512, True, True, False),
+        ("bf16", 64, 8, 128, 512, True, False, False),
     ]
-    for nq, nkv, d, bs, mq, window, softcap, split in cases:
-        lay = Int4PageLayout(bs, nkv, d)
+    for dt, nq, nkv, d, mq, window, softcap, split in cases:
+        lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
-        cfg = _choose_config(group, d, mq)
+        cfg = choose_config_int4(group, d, mq)
+        ptrs = {"q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "cache_ptr": "*u8",
+                "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "block_table_ptr": "*i32",
+                "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "slot_of_seq_ptr": "*i32",
+                "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
         k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 TILE_N=cfg.tile_n, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                 SPLIT=cfg.split and split, DOT_F32=False, **int4_attn_constexprs(lay)),
+                 USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
+                 DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
         check_int4_pipelined(k)
         check_v_operand(k)
-        print("ok attention int4", nq, nkv, d, bs, mq, window, softcap, split, flush=True)
+        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split,
+              k.metadata.shared, flush=True)  # fmt: skip
         if cfg.split and split:
             compile_one(
-                _merge_splits,
-                {"out_ptr": "*fp32", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
+                merge_splits,
+                {"out_ptr": f"*{dt}", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
                  "ws_l_ptr": "*fp32", "qsl_ptr": "*i32"},
                 dict(NUM_Q_HEADS=nq, HEAD_SIZE=d, S_PAD=32),
                 num_warps=4,

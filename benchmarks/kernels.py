@@ -53,7 +53,7 @@ except ImportError:  # not installed: use the source tree through a temporary al
     _spec.loader.exec_module(K)
 
 from benchmarks import common  # noqa: E402
-from int8kv_kernels.catalogue import KERNEL_DTYPES  # noqa: E402
+from int8kv_kernels.catalogue import CATALOGUE, KERNEL_DTYPES, TAIL_DTYPES  # noqa: E402
 
 DEV = "cuda"
 BLOCK = 16
@@ -69,6 +69,17 @@ VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
 
 def kv_dtype(impl: str) -> str:
     return VIA_FA2.get(impl, impl)
+
+
+def block_size(impl: str) -> int:
+    """Tokens per page: int4's is fixed by its format (64), every other cache takes BLOCK."""
+    entry = CATALOGUE.get(kv_dtype(impl))
+    return entry.page_tokens if entry is not None and entry.page_tokens else BLOCK
+
+
+# int4 decode rows time sequences of ctx + TAIL_TOKENS keys, so every sequence has a partial
+# last page in the tail pool, as in serving (a context that is a multiple of 64 would read none)
+TAIL_TOKENS = 13
 
 
 def graph_ms(fn: Callable[[], None], reps: int = 1) -> float:
@@ -99,13 +110,14 @@ def kv_bytes_per_token(impl: str, nkv: int, d: int) -> int:
         return nkv * 2 * d * 2
     if impl == "upstream_int8_pth":
         return nkv * 2 * (d + 4)
-    return K.get_page_bytes(kv_dtype(impl), BLOCK, nkv, d) // BLOCK
+    bs = block_size(impl)
+    return K.get_page_bytes(kv_dtype(impl), bs, nkv, d) // bs
 
 
 class Cache:
     """One impl's paged cache for a batch, filled with realistic quantized data."""
 
-    def __init__(self, impl: str, num_blocks: int, nkv: int, d: int):
+    def __init__(self, impl: str, num_blocks: int, nkv: int, d: int, num_slots: int = 0):
         self.impl, self.nkv, self.d = impl, nkv, d
         if impl in ("bf16_fa2", "bf16"):
             self.k = torch.randn(num_blocks, BLOCK, nkv, d, device=DEV, dtype=torch.bfloat16)
@@ -118,12 +130,16 @@ class Cache:
             self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
             self.ks.uniform_(0.005, 0.02)
             self.vs.uniform_(0.005, 0.02)
-        elif impl in K.INT4_DTYPES:
-            lay = K.Int4PageLayout(BLOCK, nkv, d)
+        elif impl in TAIL_DTYPES:
+            lay = K.Int4PageLayout(block_size(impl), nkv, d)
             self.raw = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
                                      device=DEV)  # fmt: skip
             self.raw[:, lay.k_sz :].view(torch.float16).uniform_(0.005, 0.02)  # scales, zeros
             self.sk = self.sv = None  # no static scales
+            # the pool of unfinished pages: one slot per sequence, its own pages' tokens
+            self.tail = torch.randn(max(num_slots, 1), 2, nkv, lay.block_size, d, device=DEV,
+                                    dtype=torch.bfloat16)  # fmt: skip
+            self.tail_page = torch.full((self.tail.shape[0],), -1, dtype=torch.int32, device=DEV)
         else:
             lay = K.PageLayout(kv_dtype(impl), BLOCK, nkv, d)
             self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
@@ -192,25 +208,32 @@ def attention_fn(
 
         return via_fa2
     ws = K.make_workspace(q.shape[0], q.shape[1], d, device=DEV)
+    tail = {}
+    if impl in TAIL_DTYPES:
+        slots = torch.arange(seq_lens.shape[0], dtype=torch.int32, device=DEV)
+        tail = dict(tail=cache.tail, slot_of_seq=slots)
     return lambda: K.paged_attention(
-        q, cache.raw, out, kv_dtype=impl, block_size=BLOCK, num_kv_heads=cache.nkv,
+        q, cache.raw, out, kv_dtype=impl, block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
         max_seq_len=max_s, softmax_scale=scale, k_scale=cache.sk, v_scale=cache.sv, workspace=ws,
-        sliding_window=window or None,
+        sliding_window=window or None, **tail,
     )  # fmt: skip
 
 
 def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> dict:
-    blocks_per_seq = -(-ctx // BLOCK)
-    must_kv = batch * ctx * kv_bytes_per_token(impl, nkv, d)
+    bs = block_size(impl)
+    tail = TAIL_TOKENS if impl in TAIL_DTYPES else 0
+    seq_len = ctx + tail
+    blocks_per_seq = -(-seq_len // bs)
+    must_kv = batch * seq_len * kv_bytes_per_token(impl, nkv, d)
     copies = max(1, min(8, -(-2 * L2_BYTES // must_kv)))
-    caches = [Cache(impl, batch * blocks_per_seq + 1, nkv, d) for _ in range(copies)]
+    caches = [Cache(impl, batch * blocks_per_seq + 1, nkv, d, batch) for _ in range(copies)]
     bt = torch.randperm(batch * blocks_per_seq, device=DEV).int().view(batch, blocks_per_seq)
     q = torch.randn(batch * q_len, nq, d, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(q)
     qsl = torch.arange(0, batch * q_len + 1, q_len, device=DEV, dtype=torch.int32)
-    sl = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
-    fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, ctx, window) for c in caches]
+    sl = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
+    fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, seq_len, window) for c in caches]
 
     def run():
         for f in fns:
@@ -224,6 +247,8 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> di
                ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
     if window:
         row["window"] = window
+    if tail:
+        row["tail_tokens"] = tail  # keys per sequence past ctx, read from the tail pool
     return row
 
 
@@ -238,8 +263,10 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
         slots = (pages[:, None] * BLOCK + torch.arange(BLOCK, device=DEV)).flatten()[:tokens]
     else:
         slots = torch.randperm(num_blocks * BLOCK, device=DEV)[:tokens]
-    c = Cache(impl, num_blocks, nkv, d)
-    if impl in ("bf16_fa2", "bf16"):
+    c = Cache(impl, num_blocks, nkv, d, tokens)
+    if impl in TAIL_DTYPES:
+        fn = int4_write_fn(c, key, value, consecutive)
+    elif impl in ("bf16_fa2", "bf16"):
         from vllm import _custom_ops as ops
 
         one = torch.ones((), device=DEV)
@@ -258,6 +285,44 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
     return dict(kernel="write", impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=tokens,
                 ctx=0, ms=ms, gbs=moved / ms / 1e6,
                 slots="consecutive" if consecutive else "random")  # fmt: skip
+
+
+def int4_write_fn(
+    c: Cache, key: torch.Tensor, value: torch.Tensor, consecutive: bool,
+    seq_lens: list[int] | None = None,
+):  # fmt: skip
+    """A step's int4 write: ``consecutive``, one sequence's prefill chunk from position 0 (every
+    page quantized straight from key/value, the last one's rest into the tail); otherwise one
+    token for each of as many sequences at random positions (their tails' rows, and a page
+    flushed from the tail whenever a token completes it: 1 in 64 on average). The time includes a
+    copy of ``tokens`` int32 that restores the slots' pages before each write. ``seq_lens``: the
+    decode positions (tests)."""
+    tokens, bs = key.shape[0], c.tail.shape[3]
+    if consecutive:
+        q_lens, seq_lens = [tokens], [tokens]
+    else:
+        q_lens = [1] * tokens
+        if seq_lens is None:
+            seq_lens = torch.randint(1, 16 * bs, (tokens,)).tolist()
+    n = len(q_lens)
+    width = max(-(-s // bs) for s in seq_lens)
+    table = torch.randperm(c.raw.shape[0], device=DEV)[: n * width].int().view(n, width)
+    qsl = torch.zeros(n + 1, dtype=torch.int32, device=DEV)
+    qsl[1:] = torch.tensor(q_lens, device=DEV).cumsum(0)
+    slots = torch.arange(n, dtype=torch.int32, device=DEV)
+    # each slot holds its sequence's last page; reset before every write, or replays after the
+    # first would find the flushed pages' slots emptied and skip them (the copy is timed too)
+    holder = table[torch.arange(n, device=DEV), (torch.tensor(seq_lens, device=DEV) - 1) // bs]
+    kw = dict(tail=c.tail, tail_page=c.tail_page, block_size=bs, query_start_loc=qsl,
+              seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), block_table=table,
+              slot_of_seq=slots, slot_is_new=torch.zeros_like(slots), num_seqs=n,
+              max_query_len=max(q_lens))  # fmt: skip
+
+    def write() -> None:
+        c.tail_page[:n].copy_(holder)
+        K.write_kv_cache(key, value, c.raw, None, kv_dtype=c.impl, **kw)
+
+    return write
 
 
 def plot(result: dict, path: str) -> None:

@@ -55,11 +55,19 @@ from pathlib import Path
 import torch
 
 from benchmarks import common
-from int8kv_kernels.hadamard import hadamard
 from int8kv_kernels.reference import quantize_int8
 from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 
 SINK_TOKENS = 4
+
+
+def hadamard(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The normalized D x D Sylvester-Hadamard matrix (symmetric, orthogonal): the rotation the
+    earlier int4 format applied, kept here for its simulated rows."""
+    h = torch.ones(1, 1, device=device)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h * d**-0.5
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,8 @@ def _fixed_config(tile_n: int, warps: int, stages: int, chunks: int):
     failed to compile, with the new argument taken as the tile size).
     """
 
-    def choose(group: int, *_args, **_kwargs) -> A._Config:
-        return A._Config(
+    def choose(group: int, *_args, **_kwargs) -> A.LaunchConfig:
+        return A.LaunchConfig(
             max(16, triton.next_power_of_2(group)), tile_n, warps, stages, True, chunks
         )
 

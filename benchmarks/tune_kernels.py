@@ -98,7 +98,7 @@ def main() -> None:
             for ns in split_opts if (tn, w, st) == (64, 4, 3) else [base_splits]:
                 # keyword-only: _choose_config's callers pass more arguments (cc_major, ...),
                 # which a positional tn= would have taken as the tile size
-                A._choose_config = lambda g, *_a, tn=tn, w=w, st=st, **_k: A._Config(
+                A._choose_config = lambda g, *_a, tn=tn, w=w, st=st, **_k: A.LaunchConfig(
                     max(16, triton.next_power_of_2(g)), tn, w, st, True
                 )
 
@@ -162,7 +162,7 @@ def main() -> None:
         for tn in (32, 64):
             for w in (4, 8):
                 for st in (2, 3) if (bm, tn, w) == (128, 64, 8) else (2,):
-                    A._choose_config = lambda g, *_a, bm=bm, tn=tn, w=w, st=st, **_k: A._Config(
+                    A._choose_config = lambda g, *_a, bm=bm, tn=tn, w=w, st=st, **_k: A.LaunchConfig(
                         bm, tn, w, st, False
                     )
                     try:

@@ -38,16 +38,13 @@ from int8kv_kernels.catalogue import (
     V_FORMATS,
     get_dtype,
 )
-from int8kv_kernels.hadamard import hadamard, set_rotation
 from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
 from int8kv_shim import flash_prefill
 from int8kv_shim._logging import get_logger
 from int8kv_shim.environment_variables import (
     INT8KV_DIRECT_LAUNCH,
-    INT8KV_INT4_ROTATION,
     direct_launch_enabled,
-    int4_rotation_enabled,
 )
 from int8kv_shim.flash_prefill import (
     CONTEXT_BUFFER_BYTES,
@@ -135,10 +132,6 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
         )
         our_dtype = getattr(kv_cache_spec, "int8kv_dtype", None)
-        if our_dtype is not None and get_dtype(our_dtype).rotated:
-            # Made here, before any CUDA-graph capture, so the cached rotation matrix does not
-            # live in a graph's memory pool.
-            hadamard(model_config.get_head_size(), device)
         # Decided once per builder, like the impl's own choice (same cached function).
         self.flash_prefill = flash_attention(model_config.get_head_size()) is not None
         # Continuations need their context dequantized into BF16 (int8 / int8_static only: int4
@@ -306,13 +299,6 @@ class Int8KVAttentionImpl(AttentionImpl):
             logger.info_once(
                 "int8kv-shim: %s=0: kernels launch through Triton's kernel[grid]",
                 INT8KV_DIRECT_LAUNCH,
-            )
-        if get_dtype(kv_cache_dtype).rotated and not int4_rotation_enabled():
-            set_rotation(False)
-            logger.warning_once(
-                "int8kv-shim: %s=0: int4 stores K/V without the Hadamard rotation (an accuracy "
-                "ablation; expect a worse model)",
-                INT8KV_INT4_ROTATION,
             )
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(

@@ -23,33 +23,40 @@ asked for). No host syncs and no data-dependent grid: safe under CUDA-graph capt
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .cache_write import _rint
+from .attention_int4 import paged_attention_int4
+from .attention_plan import (
+    LOG2E,
+    M_INIT,
+    MAX_SPLITS,
+    AttentionWorkspace,
+    LaunchConfig,
+    LaunchPlan,
+    check_shapes,
+    choose_num_splits,
+    device_cc_major,
+    find_seq,
+    launch_merge,
+    launch_split_merge,
+    make_workspace,
+    plan_launch,
+    softmax_step,
+)
 from .catalogue import INT4_DTYPES
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
-from .launch import DirectLauncher, Replay, ReplayCache
+from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_page_layout, next_power_of_2
+from .quantize import rint
 
-_LOG2E = tl.constexpr(1.4426950408889634)
-# Running max starts finite so a row that has seen only masked keys gives exp2(-inf - m) = 0 and
-# alpha = exp2(0) = 1 instead of NaN from (-inf) - (-inf).
-_M_INIT = tl.constexpr(-1.0e30)
+# Re-exported: the int8 attention's public names from before the planning had its own module.
+__all__ = ["AttentionWorkspace", "LaunchConfig", "MAX_SPLITS", "choose_num_splits",
+           "launch_merge", "make_workspace", "paged_attention"]  # fmt: skip
+
 _E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
-
-# Upper bound on KV splits of one (sequence, kv-head); workspaces are sized with it.
-MAX_SPLITS = 32
-# A split shorter than this costs more in partial-result traffic and merge than it saves.
-MIN_TOKENS_PER_SPLIT = 128
-# Past one program per SM, split further only while splits keep this many keys: on an H200
-# (benchmarks/results/tune_decode.json) batch 8 x 8K ran 57 us at 4 splits of 2K against 64 us
-# at 8 of 1K, and batch 32 x 8K 177 us at 2 splits of 4K against 213 us unsplit.
-MIN_TOKENS_PER_EXTRA_SPLIT = 2048
-
 
 @triton.jit
 def _i8_to_f16(x):
@@ -90,8 +97,8 @@ def _split_q_i8(q, DOT_F32: tl.constexpr):
     amax = tl.max(tl.abs(qf), axis=1)
     step = tl.where(amax > 0.0, amax / 127.0, 1.0)
     x = qf / step[:, None]
-    hi = _rint(x)
-    lo = tl.minimum(_rint((x - hi) * 256.0), 127.0)
+    hi = rint(x)
+    lo = tl.minimum(rint((x - hi) * 256.0), 127.0)
     if not DOT_F32:
         hi = hi.to(tl.int8)
         lo = lo.to(tl.int8)
@@ -254,41 +261,6 @@ def _prefetch_scales(
 
 
 @triton.jit
-def _softmax_step(
-    s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr,
-):  # fmt: skip
-    """Soft-cap, causal (and window) mask and one online-softmax step on a [BLOCK_M, TILE_N] tile
-    of scaled scores (log2 units unless soft-capped): (p, alpha, new running max, new sum)."""
-    if USE_SOFTCAP:
-        # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
-        s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
-    visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
-    if USE_WINDOW:
-        visible = visible & (pos[:, None] - key[None, :] < window)
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
-
-
-@triton.jit
-def _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
-    # Query blocks of sequence s are numbered from qsl[s] // BLOCK_Q + s (an upper bound that
-    # needs no prefix sum of per-sequence block counts); binary search for the owner of pid_q.
-    lo: tl.int32 = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid_q:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-@triton.jit
 def _chunked_kv_loop(
     q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
     stride_block, window, soft_cap,
@@ -310,7 +282,7 @@ def _chunked_kv_loop(
     offs_k = tl.arange(0, CHUNKS)[:, None] * C + tl.arange(0, C)[None, :]  # [CHUNKS, C]
     q3_hi = tl.broadcast_to(q_hi[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
     q3_lo = tl.broadcast_to(q_lo[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
-    m_i = tl.full([CHUNKS, BLOCK_M], _M_INIT, tl.float32)
+    m_i = tl.full([CHUNKS, BLOCK_M], M_INIT, tl.float32)
     l_i = tl.zeros([CHUNKS, BLOCK_M], tl.float32)
     acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_SIZE], tl.float32)
     # Scales prefetched two deep, as in the 2D loop.
@@ -342,7 +314,7 @@ def _chunked_kv_loop(
         if DYNAMIC:
             s = s * k_sc.to(tl.float32)[:, None, :]
         if USE_SOFTCAP:
-            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * _LOG2E
+            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
         visible = key_ok[:, None, :] & (key[:, None, :] <= pos[None, :, None])
         if USE_WINDOW:
             visible = visible & (pos[None, :, None] - key[:, None, :] < window)
@@ -427,7 +399,7 @@ def _attn_fwd(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
-    DECODE: tl.constexpr,  # the decode launch configuration (_Config.split), split or not
+    DECODE: tl.constexpr,  # the decode launch configuration (LaunchConfig.split), split or not
     DOT_F32: tl.constexpr,
     V_E4M3: tl.constexpr,
 ):
@@ -436,7 +408,7 @@ def _attn_fwd(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
 
-    seq = _find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
+    seq = find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     qb = pid_q - (q_start // BLOCK_Q + seq)
@@ -474,7 +446,7 @@ def _attn_fwd(
     if not DYNAMIC:
         score_scale = score_scale * tl.load(static_k_ptr + kvh)
     if not USE_SOFTCAP:
-        score_scale = score_scale * _LOG2E
+        score_scale = score_scale * LOG2E
     # q as two int8 halves; each row's unit and the softmax (and static K) scale fold into one
     # factor per row, the per-token K scales into one per column. DOT_F32 (the Triton interpreter
     # of the CPU tests: no inline asm, a wrong bf16 tl.dot) runs the same arithmetic in fp32
@@ -490,7 +462,7 @@ def _attn_fwd(
             K_DATA, V_DATA, K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
         )  # fmt: skip
     else:
-        m_i = tl.full([BLOCK_M], _M_INIT, tl.float32)
+        m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
         offs_n = tl.arange(0, TILE_N)
@@ -541,7 +513,7 @@ def _attn_fwd(
             s = _qk_i8(q_hi, q_lo, k, DOT_F32) * row_scale[:, None]
             if DYNAMIC:
                 s = s * k_sc.to(tl.float32)[None, :]
-            p, alpha, m_i, l_i = _softmax_step(
+            p, alpha, m_i, l_i = softmax_step(
                 s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
             )
 
@@ -579,111 +551,10 @@ launch_attn = DirectLauncher(_attn_fwd)
 _replays = ReplayCache()
 
 
-@triton.jit(  # as _attn_fwd
-    do_not_specialize=["num_seqs", "num_splits"], do_not_specialize_on_alignment=["qsl_ptr"]
-)
-def _merge_splits(
-    out_ptr,
-    ws_acc_ptr,
-    ws_m_ptr,
-    ws_l_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    S_PAD: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    if t >= tl.load(qsl_ptr + num_seqs):  # padding token beyond the batch: nothing was computed
-        return
-    offs_s = tl.arange(0, S_PAD)
-    offs_d = tl.arange(0, HEAD_SIZE)
-    s_ok = offs_s < num_splits
-    ws = (t * NUM_Q_HEADS + h) * num_splits + offs_s
-    m = tl.load(ws_m_ptr + ws, mask=s_ok, other=float("-inf"))
-    l_s = tl.load(ws_l_ptr + ws, mask=s_ok, other=0.0)
-    acc = tl.load(
-        ws_acc_ptr + ws[:, None] * HEAD_SIZE + offs_d[None, :], mask=s_ok[:, None], other=0.0
-    )
-    w = tl.exp2(m - tl.max(m, axis=0))  # splits that saw no key hold m = -1e30: weight 0
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
-    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
-
-
-launch_merge = DirectLauncher(_merge_splits)
-
-
-@dataclass(frozen=True)
-class AttentionWorkspace:
-    """Scratch for split-KV partial results; allocate once (``make_workspace``) for CUDA graphs."""
-
-    acc: torch.Tensor  # fp32, flat: [tokens][q_heads][splits][head_size]
-    m: torch.Tensor  # fp32, flat: [tokens][q_heads][splits] running max (log2 units)
-    l: torch.Tensor  # noqa: E741  fp32, same shape: softmax denominator
-
-    def max_splits_for(self, num_tokens: int, num_q_heads: int, head_size: int) -> int:
-        """Largest power-of-two split count (<= MAX_SPLITS) whose partials fit."""
-        rows = num_tokens * num_q_heads
-        fit = min(self.m.numel() // rows, self.acc.numel() // (rows * head_size), MAX_SPLITS)
-        return 1 << (fit.bit_length() - 1) if fit >= 1 else 1
-
-
-def make_workspace(
-    max_num_tokens: int,
-    num_q_heads: int,
-    head_size: int,
-    max_splits: int = MAX_SPLITS,
-    device: torch.device | str | None = None,
-) -> AttentionWorkspace:
-    """Split-KV scratch for up to ``max_num_tokens`` decode tokens with up to ``max_splits`` splits:
-    max_num_tokens * num_q_heads * max_splits * (head_size + 2) * 4 bytes.
-
-    Pass the same one to every ``paged_attention`` call (layers run one after another). A call whose
-    partials would not fit uses fewer splits: never an allocation, never a wrong result.
-    """
-    n = max_num_tokens * num_q_heads * max_splits
-    return AttentionWorkspace(
-        acc=torch.empty(n * head_size, dtype=torch.float32, device=device),
-        m=torch.empty(n, dtype=torch.float32, device=device),
-        l=torch.empty(n, dtype=torch.float32, device=device),
-    )
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _device_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: small, so the CPU tests exercise splitting
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@dataclass(frozen=True)
-class _Config:
-    block_m: int
-    tile_n: int
-    num_warps: int
-    num_stages: int
-    split: bool
-    chunks: int = 1  # > 1: split-K inside the program (_chunked_kv_loop)
-
-
-# Shared memory one program may use on sm86 (A10, A40, A6000, RTX 3090), the smallest of the
-# targets (sm80: 163 KiB, sm90: 227 KiB). A program above it does not launch there ("out of
-# resources"); benchmarks/compile_sm80.py checks every default specialisation against it.
-MAX_SHARED_BYTES = 99 * 1024
-
-
 @functools.cache  # on the host path of every launch
 def _choose_config(
     group: int, head_size: int, max_query_len: int, cc_major: int = 8, v_e4m3: bool = False
-) -> _Config:
+) -> LaunchConfig:
     # Shared memory grows with tile_n * head_size (K and V tiles, two buffers of each): at head
     # size 256, 128-key decode tiles took 141-205 KB and 64-key prefill tiles up to 104 KB, past
     # MAX_SHARED_BYTES; 32-key tiles take 41-68 KB (compiled for sm80).
@@ -695,7 +566,7 @@ def _choose_config(
         # stages keep two (73 KB)
         tile_n = 128 if head_size <= 128 else 32
         stages = 4 if v_e4m3 else 5
-        return _Config(block_m, tile_n=tile_n, num_warps=4, num_stages=stages, split=True)
+        return LaunchConfig(block_m, tile_n=tile_n, num_warps=4, num_stages=stages, split=True)
     block_m = 64 if head_size > 128 else 128
     block_m = max(block_m, next_power_of_2(group))
     tile_n = 64 if head_size <= 128 else 32
@@ -703,75 +574,7 @@ def _choose_config(
     # Hopper's wgmma keeps it in fewer registers, and 4 warps measured fastest on the H200
     # (benchmarks/tune_kernels.py prefill sweep).
     num_warps = 4 if cc_major >= 9 else 8
-    return _Config(block_m, tile_n=tile_n, num_warps=num_warps, num_stages=2, split=False)
-
-
-@functools.cache
-def _cc_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
-def _device_cc_major(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8  # interpreter
-    return _cc_major(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def choose_num_splits(
-    num_seqs: int,
-    num_kv_heads: int,
-    max_seq_len: int,
-    sm_count: int,
-    max_splits: int = MAX_SPLITS,
-    sliding_window: int | None = None,
-) -> int:
-    """Power-of-two KV splits per (sequence, kv-head) for the decode path.
-
-    Splits until there is a program per SM; then on towards two per SM only while every split
-    keeps MIN_TOKENS_PER_EXTRA_SPLIT keys, since a short split's fixed cost (Q load, pipeline
-    fill, partials, merge) outweighs the extra parallelism. Never a split shorter than
-    MIN_TOKENS_PER_SPLIT. A sliding-window layer reads at most its window's keys however long the
-    sequence, so its splits are sized for the window. Only performance depends on it: any value
-    gives the same result.
-    """
-    if sliding_window:
-        max_seq_len = min(max_seq_len, sliding_window)
-    programs = num_seqs * num_kv_heads
-    splits = 1
-    while splits * 2 <= max_splits and max_seq_len >= 2 * splits * MIN_TOKENS_PER_SPLIT:
-        filled = programs * splits >= sm_count
-        if filled and (
-            programs * splits >= 2 * sm_count
-            or max_seq_len < 2 * splits * MIN_TOKENS_PER_EXTRA_SPLIT
-        ):
-            break
-        splits *= 2
-    return splits
-
-
-def _check_shapes(
-    query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int
-) -> None:
-    num_q_heads, head_size = query.shape[1], query.shape[2]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
-        )
-    if head_size & (head_size - 1):
-        raise ValueError(f"head_size {head_size} must be a power of two")
-    if query.stride(2) != 1 or output.stride(2) != 1:
-        raise ValueError("query/output must be contiguous along head_size")
-    if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
-        raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
-
-
-@dataclass(frozen=True)
-class _Plan:
-    cfg: _Config
-    block_q: int  # query tokens per program
-    num_q_blocks: int  # grid dim 0
-    splits: int  # grid dim 2; > 1: partials go to ``workspace`` and need a merge
-    workspace: AttentionWorkspace | None
+    return LaunchConfig(block_m, tile_n=tile_n, num_warps=num_warps, num_stages=2, split=False)
 
 
 def _plan_launch(
@@ -785,27 +588,12 @@ def _plan_launch(
     num_splits: int | None,
     v_e4m3: bool = False,
     sliding_window: int | None = None,
-) -> _Plan:
-    """Launch shape of the attention kernel from Python ints only (shared by int8 and int4)."""
-    num_tokens, num_q_heads, head_size = query.shape
-    cc_major = _device_cc_major(query.device)
-    cfg = _choose_config(group, head_size, max_query_len, cc_major, v_e4m3=v_e4m3)
-    block_q = cfg.block_m // group
-    splits = 1
-    if cfg.split:
-        max_splits = MAX_SPLITS
-        if workspace is not None:
-            max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
-        if num_splits is None:
-            sms = _device_sms(query.device)
-            splits = choose_num_splits(
-                num_seqs, num_kv_heads, max_seq_len, sms, max_splits, sliding_window
-            )
-        else:
-            splits = min(num_splits, max_splits)
-    if splits > 1 and workspace is None:
-        workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
-    return _Plan(cfg, block_q, num_tokens // block_q + num_seqs, splits, workspace)
+) -> LaunchPlan:
+    """The int8 kernel's launch: its config (``_choose_config``, which tuning swaps), planned."""
+    cc_major = device_cc_major(query.device)
+    cfg = _choose_config(group, query.shape[2], max_query_len, cc_major, v_e4m3=v_e4m3)
+    return plan_launch(query, cfg, num_seqs, group, max_seq_len, num_kv_heads, workspace,
+                       num_splits, sliding_window)  # fmt: skip
 
 
 def paged_attention(
@@ -829,6 +617,8 @@ def paged_attention(
     workspace: AttentionWorkspace | None = None,
     num_splits: int | None = None,
     v_format: str = "int8",
+    tail: torch.Tensor | None = None,
+    slot_of_seq: torch.Tensor | None = None,
 ) -> None:
     """Causal varlen attention of ``query`` over the INT8 paged cache, written into ``output``.
 
@@ -842,19 +632,22 @@ def paged_attention(
     (``int8_static`` only) the V bytes are FP8-E4M3FN codes (as ``write_kv_cache`` stores them)
     dequantized as e4m3 value * v_scale. ``num_splits`` overrides the
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
-    ``int4``: attention_int4.py (same arguments, no static scales; query/output in the model's
-    basis, the Hadamard rotation is internal).
+    ``int4`` (attention_int4.py): no static scales, and ``tail`` [num_slots, 2, num_kv_heads, 64,
+    head_size] / ``slot_of_seq`` int32 [>= num_seqs]: the sequences' unfinished pages.
     """
     if kv_dtype in INT4_DTYPES:
-        from .attention_int4 import paged_attention_int4  # imports this module: not at the top
-
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("int4 has no static scales: k_scale / v_scale must be None")
+        check_v_format(kv_dtype, v_format)
+        if tail is None or slot_of_seq is None:
+            raise ValueError("int4 attention needs tail and slot_of_seq")
         return paged_attention_int4(
             query, kv_cache, output, kv_dtype=kv_dtype, block_size=block_size,
             num_kv_heads=num_kv_heads, query_start_loc=query_start_loc, seq_lens=seq_lens,
             block_table=block_table, max_query_len=max_query_len, max_seq_len=max_seq_len,
-            softmax_scale=softmax_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-            k_scale=k_scale, v_scale=v_scale, workspace=workspace, num_splits=num_splits,
-            v_format=v_format,
+            softmax_scale=softmax_scale, tail=tail, slot_of_seq=slot_of_seq,
+            sliding_window=sliding_window, soft_cap=soft_cap, workspace=workspace,
+            num_splits=num_splits,
         )  # fmt: skip
     # Everything that decides the launches (checks, grid, binary, arguments) but the addresses of
     # the calling layer's own tensors: a model's layers repeat one step's call with only those
@@ -866,6 +659,7 @@ def paged_attention(
         kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
         sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
+        tail is None, slot_of_seq is None,  # int4's, unused here
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
                     static_v_ptr=v_scale):  # fmt: skip
@@ -874,7 +668,7 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
     v_e4m3 = check_v_format(kv_dtype, v_format)
-    _check_shapes(query, output, kv_cache, num_kv_heads)
+    check_shapes(query, output, kv_cache, num_kv_heads)
     dynamic = layout.has_scales
     if not dynamic and (k_scale is None or v_scale is None):
         raise ValueError("int8_static needs k_scale and v_scale")
@@ -943,36 +737,10 @@ def paged_attention(
     )
     merge = None
     if use_split:
-        merge = _launch_merge(output, plan.workspace, query_start_loc, num_seqs, splits)
+        merge = launch_split_merge(output, plan.workspace, query_start_loc, num_seqs, splits,
+                                   launch_merge)  # fmt: skip
     # A workspace made by this call would be freed under a replay of it
     if attn is not None and (merge is not None or not use_split) and workspace is plan.workspace:
         _replays.add(key, [attn] if merge is None else [attn, merge], workspace)
 
 
-def _launch_merge(
-    output: torch.Tensor,
-    workspace: AttentionWorkspace,
-    query_start_loc: torch.Tensor,
-    num_seqs: int,
-    splits: int,
-) -> Replay | None:
-    """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size];
-    returns the launch's Replay (swapping ``output``) where it went direct."""
-    num_tokens, num_q_heads, head_size = output.shape
-    return launch_merge.record(
-        [("out_ptr",)],
-        (num_tokens, num_q_heads),
-        output,
-        workspace.acc,
-        workspace.m,
-        workspace.l,
-        query_start_loc,
-        num_seqs,
-        splits,
-        output.stride(0),
-        output.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        HEAD_SIZE=head_size,
-        S_PAD=next_power_of_2(splits),
-        num_warps=4,
-    )

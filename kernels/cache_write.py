@@ -1,6 +1,6 @@
 """Cache write: bf16/fp16 K and V of new tokens -> quantized INT8 pages (vLLM's reshape_and_cache).
 
-``int4`` is dispatched to cache_write_int4.py.
+``int4`` (pages quantized when they fill, from a tail pool) is cache_write_int4.py's.
 """
 
 from __future__ import annotations
@@ -9,33 +9,25 @@ import torch
 import triton
 import triton.language as tl
 
+from .cache_write_int4 import write_kv_cache_int4
 from .catalogue import INT4_DTYPES, get_dtype
 from .e4m3 import check_v_format, e4m3_encode
 from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_page_layout
+from .quantize import FP16_MAX, rint, store_key_major
 
 # Quantization constants of the int8 write; reference.py (the kernels' specification) imports them.
 QMAX = get_dtype("int8").qmax  # int8_static's too: one write kernel serves both
 # Smallest positive fp16 (subnormal, 2^-24). Flooring the scale here means a zero vector stores
 # scale 2^-24 and q = 0 (dequantizes to exactly 0), with no branch and no 0/0.
 SCALE_MIN = 2.0**-24
-FP16_MAX = 65504.0  # largest finite fp16
 # absmax/127 above fp16's range (possible for bf16 inputs > 8.3e6) is clamped here and the int8
 # values saturate at +-127: the page never holds Inf/NaN for finite inputs.
 SCALE_MAX = FP16_MAX
 
-# Adding then subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to the nearest integer,
-# ties to even, under IEEE arithmetic. libdevice.rint would do the same on the GPU but does not
-# exist in the Triton interpreter the CPU tests run in; the values are clamped to +-127 first.
-_RINT_MAGIC = tl.constexpr(12582912.0)
 _QMAX = tl.constexpr(QMAX)
 _SCALE_MIN = tl.constexpr(SCALE_MIN)
 _SCALE_MAX = tl.constexpr(SCALE_MAX)
-
-
-@triton.jit
-def _rint(x):
-    return (x + _RINT_MAGIC) - _RINT_MAGIC
 
 
 # Tokens of the batch per program (one kv-head each). V is key-major in the page ([H][D][B]), so
@@ -58,30 +50,6 @@ SMALL_BATCH_TOKENS = 512
 def write_launch(num_tokens: int) -> tuple[int, int]:
     """(tokens per program, warps per program) of the int8 write for a batch of num_tokens."""
     return (1, 1) if num_tokens <= SMALL_BATCH_TOKENS else (_TILE_T, 4)
-
-
-@triton.jit
-def _store_key_major(
-    page, head, slot_in_block, valid, tile,
-    COLS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_T: tl.constexpr,
-):  # fmt: skip
-    """Store ``tile`` [TILE_T tokens, COLS bytes] into a key-major region (byte c of slot t of
-    ``head`` at ``page + (head*COLS + c)*B + t``: int8 V, int4 V's packed bytes, page_layout.py).
-
-    Flattened [COLS, TILE_T], token fastest: a 1-D store has one order, so neighbouring threads
-    take neighbouring tokens (the bytes of consecutive slots share 32-byte sectors) whatever
-    Triton's tie-break between the dimensions of a 2-D store whose addresses it cannot prove
-    contiguous (it changed between releases). The transpose goes through shared memory; each
-    thread then stores single bytes."""
-    offs_c = tl.arange(0, COLS)
-    addr = (head * COLS + offs_c[:, None]) * BLOCK_SIZE + slot_in_block[None, :]
-    flat: tl.constexpr = COLS * TILE_T
-    mask = tl.broadcast_to(valid[None, :], (COLS, TILE_T))
-    tl.store(
-        tl.reshape(page[None, :] + addr, flat),
-        tl.reshape(tl.trans(tile), flat),
-        mask=tl.reshape(mask, flat),
-    )
 
 
 @triton.jit
@@ -137,10 +105,10 @@ def _quantize_store(
     if E4M3:
         q = e4m3_encode(y)  # saturates to +-448 itself
     else:
-        q = _rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
+        q = rint(tl.minimum(tl.maximum(y, -_QMAX), _QMAX)).to(tl.int8)
     page = cache_ptr + page_off + data_off
     if KEY_MAJOR:
-        _store_key_major(page, head, slot_in_block, valid, q, HEAD_SIZE, BLOCK_SIZE, TILE_T)
+        store_key_major(page, head, slot_in_block, valid, q, HEAD_SIZE, BLOCK_SIZE, TILE_T)
     else:
         # K rows are D contiguous bytes: vectorized stores along D.
         addr = row[:, None] * HEAD_SIZE + offs_d[None, :]
@@ -217,6 +185,15 @@ def write_kv_cache(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     v_format: str = "int8",
+    tail: torch.Tensor | None = None,
+    tail_page: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    slot_of_seq: torch.Tensor | None = None,
+    slot_is_new: torch.Tensor | None = None,
+    num_seqs: int | None = None,
+    max_query_len: int | None = None,
 ) -> None:
     """Quantize ``key``/``value`` and store them into their slots of ``kv_cache``, in place.
 
@@ -228,14 +205,18 @@ def write_kv_cache(
     stores V as FP8-E4M3FN codes of v / v_scale (round half even, saturating at +-448; e4m3.py);
     K stays int8.
     No host sync, no allocation: safe inside CUDA-graph capture.
-    ``int4``: see cache_write_int4.py (same arguments, no static scales; Hadamard-rotated 4-bit).
+    ``int4``: ``write_kv_cache_int4``'s keywords (tail, tail_page, query_start_loc, seq_lens,
+    block_table, slot_of_seq, slot_is_new, num_seqs, max_query_len); slot_mapping is not used.
     """
     if kv_dtype in INT4_DTYPES:
-        from .cache_write_int4 import write_kv_cache_int4  # imports this module: not at the top
-
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("int4 has no static scales: k_scale / v_scale must be None")
+        check_v_format(kv_dtype, v_format)
         return write_kv_cache_int4(
-            key, value, kv_cache, slot_mapping, kv_dtype=kv_dtype, block_size=block_size,
-            k_scale=k_scale, v_scale=v_scale, v_format=v_format,
+            key, value, kv_cache, tail, tail_page, kv_dtype=kv_dtype, block_size=block_size,
+            query_start_loc=query_start_loc, seq_lens=seq_lens, block_table=block_table,
+            slot_of_seq=slot_of_seq, slot_is_new=slot_is_new, num_seqs=num_seqs,
+            max_query_len=max_query_len,
         )  # fmt: skip
     # vLLM pads key/value and slot_mapping for CUDA graphs, not always to the same length: rows
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
@@ -247,6 +228,9 @@ def write_kv_cache(
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
         slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
         k_scale is None, v_scale is None, v_format, launch,  # tests vary it
+        # int4's keywords, unused here: passing one is another call (tests/kernels' key check)
+        (tail, tail_page, query_start_loc, seq_lens, block_table, slot_of_seq, slot_is_new,
+         num_seqs, max_query_len).count(None),
     )  # fmt: skip
     if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache, k_scale_ptr=k_scale,
                     v_scale_ptr=v_scale):  # fmt: skip

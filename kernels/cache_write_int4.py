@@ -1,8 +1,28 @@
-"""Cache write for ``int4``: rotate new K/V (fp32 torch matmul), then one Triton kernel quantizes
-each (token, kv-head, group) to 4-bit codes with an fp16 scale and zero and packs two codes a byte.
+"""Cache write for ``int4``: new K/V go to the sequence's tail (model dtype) until their page fills;
+then the whole page is quantized into its int4 page (K per channel over the page's 64 tokens, V per
+token and group) in one program.
 
-The contract is spelled out in reference_int4.py; the kernel does exactly its arithmetic (IEEE
-division, round half even) so the page bytes match the reference bit for bit.
+Two launches per call, in this order:
+
+1. **flush**, grid (page programs, kv-heads): each program owns one page a sequence touches this
+   step; a page complete at ``seq_lens[r]`` is quantized from the new tokens' K/V and, for its
+   positions before this step, the sequence's tail rows -- only when those are the page's
+   (``slot_is_new[r] == 0`` and ``tail_page[slot] == block``); otherwise the page is a full
+   prefix-cache hit whose last token vLLM recomputes, and it is left as it is.
+2. **tail**, grid (sequences, kv-heads): the new tokens of a sequence's partial last page are stored
+   into its tail rows (unchanged, in the model's dtype), and ``tail_page[slot]`` is set: the block
+   of that page, or -1 once the last page is complete.
+
+The flush reads tail rows that the tail launch of the same step may overwrite (the same slot, a
+chunk that completes one page and ends inside the next) and reads ``tail_page`` that it writes:
+the launch order is what keeps every read before those writes. Programs of one launch never write
+what another program of it reads.
+
+Page programs are numbered per sequence from ``qsl[r] // 64 + 2 r`` (a bound on the pages a
+sequence of q_len new tokens touches, ceil((q_len - 1) / 64) + 1, that needs no prefix sum); a
+decode step (max_query_len == 1: one page per sequence) uses one program per sequence.
+reference_int4.py is the specification; the kernels do its arithmetic (IEEE division, round half
+even) so the bytes match bit for bit.
 """
 
 from __future__ import annotations
@@ -11,12 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .cache_write import FP16_MAX, _rint, _store_key_major
+from .attention_plan import find_seq
 from .catalogue import get_dtype
-from .e4m3 import check_v_format
-from .hadamard import rotate
 from .launch import DirectLauncher
-from .page_layout import Int4PageLayout
+from .page_layout import Int4PageLayout, cached_int4_layout
+from .quantize import FP16_MAX, rint
 
 # Codes 0..15; reference_int4.py (the kernels' specification) imports this and FP16_MAX.
 INT4_LEVELS = get_dtype("int4").qmax
@@ -26,188 +45,347 @@ _FP16_MAX = tl.constexpr(FP16_MAX)
 
 
 @triton.jit
-def _codes(x, mn, mx):
-    """Codes (int32, 0..15), fp16 scale and fp16 zero of x [H, NGH, GH] for group min/max [H, NGH]
-    (fp32, finite): the reference_int4 arithmetic step for step."""
+def _codes(x, mn, mx, AXIS: tl.constexpr):
+    """Codes (int32 0..15) of x [B, C] and the fp16 (scale, zero) of its groups, the rows
+    (AXIS = 1) or the columns (AXIS = 0), from their fp32 min / max: reference_int4's steps."""
     lo = tl.minimum(tl.maximum(mn, -_FP16_MAX), _FP16_MAX)
     hi = tl.minimum(tl.maximum(mx, -_FP16_MAX), _FP16_MAX)
     scale = tl.div_rn(hi - lo, _LEVELS).to(tl.float16)
     zero = lo.to(tl.float16)
-    s = scale.to(tl.float32)[:, :, None]
+    if AXIS == 0:
+        s = scale.to(tl.float32)[None, :]
+        z = zero.to(tl.float32)[None, :]
+    else:
+        s = scale.to(tl.float32)[:, None]
+        z = zero.to(tl.float32)[:, None]
     pos = s > 0.0
-    y = tl.div_rn(x - zero.to(tl.float32)[:, :, None], tl.where(pos, s, 1.0))
-    y = tl.where(pos, y, 0.0)
+    y = tl.where(pos, tl.div_rn(x - z, tl.where(pos, s, 1.0)), 0.0)
     # y is never NaN here (finite x, positive divisor), so minimum/maximum agree on every target.
-    q = _rint(tl.minimum(tl.maximum(y, 0.0), _LEVELS)).to(tl.int32)
+    q = rint(tl.minimum(tl.maximum(y, 0.0), _LEVELS)).to(tl.int32)
     return q, scale, zero
 
 
 @triton.jit
-def _quantize_store_int4(
-    x_row,  # [TILE_T] pointers to this kv-head's rotated fp32 row (HEAD_SIZE contiguous) per token
-    cache_ptr,  # uint8 view of the cache
-    cache16_ptr,  # fp16 view of the same storage
-    page_off,  # [TILE_T] byte offset of each token's page (int64)
-    slot_in_block,  # [TILE_T]
-    valid,  # [TILE_T] token inside the batch and not padding
-    head,
-    DATA_OFF: tl.constexpr,
-    SZ_OFF: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    GH: tl.constexpr,  # elements of one group inside one nibble half: min(GROUP, HEAD_SIZE // 2)
-    NGH: tl.constexpr,  # group pieces per nibble half: (HEAD_SIZE // 2) // GH
-    BLOCK_SIZE: tl.constexpr,
-    TILE_T: tl.constexpr,
-    KEY_MAJOR: tl.constexpr,  # V: byte i of slot t at (h*D/2 + i)*B + t (page_layout.py)
-):
+def _finite(x, AXIS: tl.constexpr):
+    # Comparisons, not tl.max: NaN propagation differs between the GPU and the interpreter.
+    return tl.min((tl.abs(x) < float("inf")).to(tl.int32), axis=AXIS) == 1
+
+
+@triton.jit
+def _page_rows(new_row, tail_row, new, cols):
+    """fp32 [B, len(cols)]: row r from ``new_row[r]`` (this step's K or V) where ``new[r]``, else
+    from ``tail_row[r]`` (the slot's row of an earlier step)."""
+    a = tl.load(new_row[:, None] + cols[None, :], mask=new[:, None], other=0.0)
+    b = tl.load(tail_row[:, None] + cols[None, :], mask=~new[:, None], other=0.0)
+    return tl.where(new[:, None], a.to(tl.float32), b.to(tl.float32))
+
+
+@triton.jit
+def _flush_k(
+    new_row, tail_row, new, page, page16, head,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
+):  # fmt: skip
+    """Quantize a page's K per channel over its tokens and store codes and (scale, zero)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
-    NG: tl.constexpr = HEAD_SIZE // GROUP
-    offs_j = tl.arange(0, NGH)
-    d = offs_j[None, :, None] * GH + tl.arange(0, GH)[None, None, :]  # [1, NGH, GH], low half
-    ptr = x_row[:, None, None] + d
-    x_lo = tl.load(ptr, mask=valid[:, None, None], other=0.0)  # dims [0, D/2): low nibbles
-    x_hi = tl.load(ptr + HALF, mask=valid[:, None, None], other=0.0)  # [D/2, D): high nibbles
-    # A row with any NaN/Inf is flagged (scale = zero = NaN, codes 0), see reference_int4.py.
-    # Comparisons, not tl.max, because NaN propagation differs between the GPU and the interpreter.
-    fin_lo = tl.min(tl.min((tl.abs(x_lo) < float("inf")).to(tl.int32), axis=2), axis=1)
-    fin_hi = tl.min(tl.min((tl.abs(x_hi) < float("inf")).to(tl.int32), axis=2), axis=1)
-    row_ok = (fin_lo + fin_hi) == 2  # [TILE_T]
-    x_lo = tl.where(row_ok[:, None, None], x_lo, 0.0)
-    x_hi = tl.where(row_ok[:, None, None], x_hi, 0.0)
-    mn_lo = tl.min(x_lo, axis=2)
-    mx_lo = tl.max(x_lo, axis=2)
-    mn_hi = tl.min(x_hi, axis=2)
-    mx_hi = tl.max(x_hi, axis=2)
-    if GROUP > HALF:  # one group spans both halves (GROUP == HEAD_SIZE, NGH == 1)
+    c = tl.arange(0, HALF)
+    r = tl.arange(0, BLOCK_SIZE)
+    x_lo = _page_rows(new_row, tail_row, new, c)  # channels [0, D/2): low nibbles
+    x_hi = _page_rows(new_row, tail_row, new, HALF + c)  # [D/2, D): high nibbles
+    # A channel with any NaN/Inf in the page is flagged: scale = zero = NaN, codes 0.
+    f_lo = _finite(x_lo, 0)
+    f_hi = _finite(x_hi, 0)
+    x_lo = tl.where(f_lo[None, :], x_lo, 0.0)
+    x_hi = tl.where(f_hi[None, :], x_hi, 0.0)
+    q_lo, s_lo, z_lo = _codes(x_lo, tl.min(x_lo, axis=0), tl.max(x_lo, axis=0), 0)
+    q_hi, s_hi, z_hi = _codes(x_hi, tl.min(x_hi, axis=0), tl.max(x_hi, axis=0), 0)
+    packed = (q_lo | (q_hi << 4)).to(tl.uint8)
+    tl.store(page + K_DATA + (head * BLOCK_SIZE + r)[:, None] * HALF + c[None, :], packed)
+    sz = page16 + K_SZ // 2 + head * 2 * HEAD_SIZE
+    nan = float("nan")
+    tl.store(sz + c, tl.where(f_lo, s_lo, nan))
+    tl.store(sz + HALF + c, tl.where(f_hi, s_hi, nan))
+    tl.store(sz + HEAD_SIZE + c, tl.where(f_lo, z_lo, nan))
+    tl.store(sz + HEAD_SIZE + HALF + c, tl.where(f_hi, z_hi, nan))
+
+
+@triton.jit
+def _flush_v(
+    new_row, tail_row, new, page, page16, head,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_DATA: tl.constexpr,
+    V_SZ: tl.constexpr,
+):  # fmt: skip
+    """Quantize a page's V per (token, group) and store codes (key-major) and (scale, zero)."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    c = tl.arange(0, HALF)
+    r = tl.arange(0, BLOCK_SIZE)
+    x_lo = _page_rows(new_row, tail_row, new, c)
+    x_hi = _page_rows(new_row, tail_row, new, HALF + c)
+    # A token whose V has any NaN/Inf is flagged in every group.
+    ok = _finite(x_lo, 1) & _finite(x_hi, 1)
+    x_lo = tl.where(ok[:, None], x_lo, 0.0)
+    x_hi = tl.where(ok[:, None], x_hi, 0.0)
+    mn_lo = tl.min(x_lo, axis=1)
+    mx_lo = tl.max(x_lo, axis=1)
+    mn_hi = tl.min(x_hi, axis=1)
+    mx_hi = tl.max(x_hi, axis=1)
+    if NGV == 1:  # one group over both nibble halves
         mn_lo = tl.minimum(mn_lo, mn_hi)
         mx_lo = tl.maximum(mx_lo, mx_hi)
         mn_hi = mn_lo
         mx_hi = mx_lo
-    q_lo, sc_lo, z_lo = _codes(x_lo, mn_lo, mx_lo)
-    q_hi, sc_hi, z_hi = _codes(x_hi, mn_hi, mx_hi)
-
-    row = head * BLOCK_SIZE + slot_in_block  # (head, slot) row inside the page region
+    q_lo, s_lo, z_lo = _codes(x_lo, mn_lo, mx_lo, 1)
+    q_hi, s_hi, z_hi = _codes(x_hi, mn_hi, mx_hi, 1)
     packed = (q_lo | (q_hi << 4)).to(tl.uint8)
-    page = cache_ptr + page_off + DATA_OFF
-    if KEY_MAJOR:  # a token's V is D/2 single bytes B apart
-        _store_key_major(page, head, slot_in_block, valid, tl.reshape(packed, [TILE_T, HALF]),
-                         HALF, BLOCK_SIZE, TILE_T)  # fmt: skip
-    else:
-        tl.store(page[:, None, None] + row[:, None, None] * HALF + d, packed,
-                 mask=valid[:, None, None])  # fmt: skip
-    # fp16 (scale, zero) of group g at fp16 index ((row * NG) + g) * 2 of the region.
-    sz = cache16_ptr + page_off[:, None] // 2 + SZ_OFF // 2 + row[:, None] * (NG * 2)
+    # key-major: byte column i of the head is one B-byte run, tokens contiguous
+    tl.store(page + V_DATA + (head * HALF + c)[None, :] * BLOCK_SIZE + r[:, None], packed)
+    sz = page16 + V_SZ // 2 + head * NGV * 2 * BLOCK_SIZE
     nan = float("nan")
-    ok = row_ok[:, None]
-    g_lo = (offs_j * GH) // GROUP
-    tl.store(sz + g_lo[None, :] * 2, tl.where(ok, sc_lo, nan), mask=valid[:, None])
-    tl.store(sz + g_lo[None, :] * 2 + 1, tl.where(ok, z_lo, nan), mask=valid[:, None])
-    if GROUP <= HALF:  # the high half has groups of its own
-        g_hi = (HALF + offs_j * GH) // GROUP
-        tl.store(sz + g_hi[None, :] * 2, tl.where(ok, sc_hi, nan), mask=valid[:, None])
-        tl.store(sz + g_hi[None, :] * 2 + 1, tl.where(ok, z_hi, nan), mask=valid[:, None])
+    tl.store(sz + r, tl.where(ok, s_lo, nan))
+    tl.store(sz + BLOCK_SIZE + r, tl.where(ok, z_lo, nan))
+    if NGV == 2:  # the high nibbles are group 1
+        tl.store(sz + 2 * BLOCK_SIZE + r, tl.where(ok, s_hi, nan))
+        tl.store(sz + 3 * BLOCK_SIZE + r, tl.where(ok, z_hi, nan))
 
 
-# Tokens of the batch per program (one kv-head each), as the int8 write: what lets the key-major
-# V store put consecutive slots on neighbouring threads.
-_TILE_T = 16
-
-
-@triton.jit(do_not_specialize=["num_tokens"])
-def _write_kv_int4_kernel(
-    k_rot_ptr,
-    v_rot_ptr,
-    cache_ptr,
-    cache16_ptr,
-    slot_ptr,
-    num_tokens,
+# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant for every batch.
+@triton.jit(do_not_specialize=["num_seqs"])
+def _flush_pages_kernel(
+    key_ptr,
+    value_ptr,
+    cache_ptr,  # uint8 view of the cache
+    cache16_ptr,  # fp16 view of the same storage
+    tail_ptr,
+    tail_page_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    slot_of_seq_ptr,
+    slot_is_new_ptr,
+    num_seqs,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
     stride_block,  # bytes between pages (>= page_bytes when vLLM pads pages)
-    NUM_KV_HEADS: tl.constexpr,
+    stride_bt,
+    stride_ts,  # tail strides: slot, K/V, head, position (elements)
+    stride_tkv,
+    stride_th,
+    stride_tp,
     HEAD_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    GH: tl.constexpr,
-    NGH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    TILE_T: tl.constexpr,
+    NGV: tl.constexpr,
     K_DATA: tl.constexpr,
     V_DATA: tl.constexpr,
     K_SZ: tl.constexpr,
     V_SZ: tl.constexpr,
+    PAGES_PER_SEQ: tl.constexpr,  # 0: one program per sequence (a decode step), else 2
 ):
-    # One program per (tile of TILE_T consecutive tokens of the batch, kv-head): the grid depends
-    # on the shapes only (CUDA-graph safe). The tile's tokens may sit on any pages, in any order.
+    pid = tl.program_id(0)
     head = tl.program_id(1)
-    t = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
-    in_batch = t < num_tokens
-    slot = tl.load(slot_ptr + t, mask=in_batch, other=-1).to(tl.int64)
-    valid = in_batch & (slot >= 0)  # negative slot: padding token
-    page_off = (slot // BLOCK_SIZE) * stride_block
-    off = slot % BLOCK_SIZE
-    x_off = (t * NUM_KV_HEADS + head) * HEAD_SIZE  # rows of the contiguous [n, H, D] rotations
-    _quantize_store_int4(
-        k_rot_ptr + x_off, cache_ptr, cache16_ptr, page_off, off, valid, head, K_DATA, K_SZ,
-        HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE, TILE_T, False,
-    )  # fmt: skip
-    _quantize_store_int4(
-        v_rot_ptr + x_off, cache_ptr, cache16_ptr, page_off, off, valid, head, V_DATA, V_SZ,
-        HEAD_SIZE, GROUP, GH, NGH, BLOCK_SIZE, TILE_T, True,
-    )  # fmt: skip
+    if PAGES_PER_SEQ == 0:
+        seq = pid
+        k = 0
+    else:
+        seq = find_seq(qsl_ptr, pid, num_seqs, BLOCK_SIZE, PAGES_PER_SEQ)
+        k = pid - (tl.load(qsl_ptr + seq) // BLOCK_SIZE + seq * PAGES_PER_SEQ)
+    q0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q0
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len
+    pg = ctx // BLOCK_SIZE + k
+    p0 = pg * BLOCK_SIZE
+    complete = (q_len > 0) & (p0 + BLOCK_SIZE <= seq_len)
+    block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg, mask=complete, other=0)
+    block = block.to(tl.int64)
+    slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
+    has_slot = slot >= 0
+    kept = tl.load(slot_is_new_ptr + seq) == 0  # the slot's rows are this sequence's
+    holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
+    tail_ok = has_slot & kept & (holder.to(tl.int64) == block)
+    # a page with positions before this step needs them from the tail (else: leave it)
+    if complete & ((p0 >= ctx) | tail_ok):
+        r = tl.arange(0, BLOCK_SIZE)
+        pos = p0 + r
+        new = pos >= ctx
+        tok = (q0 + pos - ctx).to(tl.int64)
+        tok = tl.where(new, tok, 0)
+        tail_row = tail_ptr + tl.maximum(slot, 0) * stride_ts + head * stride_th + r * stride_tp
+        page = cache_ptr + block * stride_block
+        page16 = cache16_ptr + block * (stride_block // 2)
+        _flush_k(key_ptr + tok * stride_kt + head * stride_kh, tail_row, new, page, page16, head,
+                 HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ)  # fmt: skip
+        _flush_v(value_ptr + tok * stride_vt + head * stride_vh, tail_row + stride_tkv, new, page,
+                 page16, head, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ)  # fmt: skip
 
 
-def int4_write_constexprs(layout: Int4PageLayout) -> dict:
-    """Compile-time arguments of ``_write_kv_int4_kernel`` for ``layout`` (also compile_sm80.py)."""
-    return dict(
-        NUM_KV_HEADS=layout.num_kv_heads,
-        GROUP=layout.group_size,
-        TILE_T=_TILE_T,
-        **layout.kernel_constexprs(),
-    )
+@triton.jit(do_not_specialize=["num_seqs"])
+def _store_tail_kernel(
+    key_ptr,
+    value_ptr,
+    tail_ptr,
+    tail_page_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    slot_of_seq_ptr,
+    num_seqs,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_ts,
+    stride_tkv,
+    stride_th,
+    stride_tp,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q0
+    seq_len = tl.load(seq_lens_ptr + seq)
+    slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
+    if (q_len > 0) & (slot >= 0):
+        ctx = seq_len - q_len
+        last = (seq_len - 1) // BLOCK_SIZE
+        p0 = last * BLOCK_SIZE
+        if seq_len - p0 == BLOCK_SIZE:  # the last page filled: flushed, the slot holds nothing
+            if head == 0:
+                tl.store(tail_page_ptr + slot, -1)
+        else:
+            r = tl.arange(0, BLOCK_SIZE)
+            pos = p0 + r
+            m = (pos >= ctx) & (pos < seq_len)
+            tok = tl.where(m, q0 + pos - ctx, 0).to(tl.int64)
+            d = tl.arange(0, HEAD_SIZE)
+            dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
+            k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
+                        mask=m[:, None])  # fmt: skip
+            v = tl.load(value_ptr + (tok * stride_vt + head * stride_vh)[:, None] + d[None, :],
+                        mask=m[:, None])  # fmt: skip
+            tl.store(dst[:, None] + d[None, :], k.to(tail_ptr.dtype.element_ty), mask=m[:, None])
+            tl.store(dst[:, None] + stride_tkv + d[None, :], v.to(tail_ptr.dtype.element_ty),
+                     mask=m[:, None])  # fmt: skip
+            if head == 0:
+                block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + last)
+                tl.store(tail_page_ptr + slot, block)
 
 
-launch_write_int4 = DirectLauncher(_write_kv_int4_kernel)
+def int4_flush_launch(layout: Int4PageLayout) -> int:
+    """Warps of the flush: a page's K (or V) is [64, D] fp32 in registers."""
+    return 8 if layout.head_size > 128 else 4
+
+
+launch_flush = DirectLauncher(_flush_pages_kernel)
+launch_tail = DirectLauncher(_store_tail_kernel)
+
+
+def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayout) -> None:
+    """The tail pool's shape contract: [slots, 2, H, 64, D] model dtype, int32 [slots]."""
+    h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
+    if tail.dim() != 5 or tuple(tail.shape[1:]) != (2, h, b, d) or tail.stride(4) != 1:
+        raise ValueError(
+            f"tail must be [num_slots, 2, {h}, {b}, {d}] with unit stride along head_size, "
+            f"got {tuple(tail.shape)}"
+        )
+    if tail.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"tail must be bf16 or fp16, got {tail.dtype}")
+    if tail_page is not None and (tail_page.dtype != torch.int32 or tail_page.shape[0] != tail.shape[0]):
+        raise ValueError("tail_page must be int32 [num_slots]")
 
 
 def write_kv_cache_int4(
     key: torch.Tensor,
     value: torch.Tensor,
     kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    tail: torch.Tensor,
+    tail_page: torch.Tensor,
     *,
-    kv_dtype: str = "int4",
     block_size: int,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    v_format: str = "int8",
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+    slot_is_new: torch.Tensor,
+    num_seqs: int,
+    max_query_len: int,
+    kv_dtype: str = "int4",
 ) -> None:
-    """``write_kv_cache`` for ``int4`` (same arguments; the scales must be None: none are static).
+    """Write this step's K/V of ``int4`` sequences: complete pages into ``kv_cache``, partial last
+    pages into ``tail`` (module docstring; reference_int4.write_kv_cache_int4_ref is the spec).
 
-    key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16, any strides. Only the first
-    min(len(key), len(value), len(slot_mapping)) tokens are written; negative slots are skipped.
-    No host sync and no data-dependent allocation: safe inside CUDA-graph capture (the rotation
-    allocates two fp32 [tokens, heads, head_size] temporaries of a shape-determined size).
+    key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16, unit stride along head_size;
+    sequence r's new tokens are rows [query_start_loc[r], query_start_loc[r + 1]) at positions
+    [seq_lens[r] - q_len, seq_lens[r]). kv_cache: int8 [num_blocks, >= page_bytes]; tail:
+    [num_slots, 2, num_kv_heads, 64, head_size] (tail[s, 0] K, tail[s, 1] V, position p in row
+    p % 64); tail_page: int32 [num_slots]; slot_of_seq, slot_is_new: int32 [>= num_seqs] (slot -1:
+    the sequence's partial-page tokens are dropped). Two launches, shapes from Python ints only:
+    no host sync, CUDA-graph safe.
     """
     _, num_kv_heads, head_size = key.shape
-    layout = Int4PageLayout(block_size, num_kv_heads, head_size, kv_dtype)
-    check_v_format(kv_dtype, v_format)
-    if k_scale is not None or v_scale is not None:
-        raise ValueError("int4 has no static scales: k_scale / v_scale must be None")
+    layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("key/value must be contiguous along head_size")
     if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
         raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
-    num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
-    if num_tokens == 0:
+    check_tail(tail, tail_page, layout)
+    if num_seqs == 0 or key.shape[0] == 0:
         return
-    k_rot = rotate(key[:num_tokens])  # fp32, contiguous [n, H, D]
-    v_rot = rotate(value[:num_tokens])
-    launch_write_int4(
-        (-(-num_tokens // _TILE_T), num_kv_heads),
-        k_rot,
-        v_rot,
+    per_seq = 0 if max_query_len <= 1 else 2
+    programs = num_seqs if per_seq == 0 else key.shape[0] // block_size + per_seq * num_seqs
+    ts = tail.stride()
+    launch_flush(
+        (programs, num_kv_heads),
+        key,
+        value,
         kv_cache.view(torch.uint8),
         kv_cache.view(torch.float16),
-        slot_mapping,
-        num_tokens,
+        tail,
+        tail_page,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        slot_of_seq,
+        slot_is_new,
+        num_seqs,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
         kv_cache.stride(0),
-        **int4_write_constexprs(layout),
+        block_table.stride(0),
+        ts[0],
+        ts[1],
+        ts[2],
+        ts[3],
+        PAGES_PER_SEQ=per_seq,
+        **layout.kernel_constexprs(),
+        num_warps=int4_flush_launch(layout),
+    )
+    launch_tail(
+        (num_seqs, num_kv_heads),
+        key,
+        value,
+        tail,
+        tail_page,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        slot_of_seq,
+        num_seqs,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        block_table.stride(0),
+        ts[0],
+        ts[1],
+        ts[2],
+        ts[3],
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
         num_warps=4,
     )

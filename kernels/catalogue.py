@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-ScaleKind = Literal["per_token_head", "static_per_head", "per_group"]
+# per_channel_page: K has one (scale, zero) per (page, kv-head, channel), shared by the page's
+# ``page_tokens`` tokens; V one per (token, kv-head, group of ``group_size`` channels).
+ScaleKind = Literal["per_token_head", "static_per_head", "per_group", "per_channel_page"]
 
 # fp16 scales (and zero points) are 2 bytes; an fp16 scale is exact enough for absmax/127 of
 # bf16/fp16 activations (relative error 2^-11, far below the int8 step of 1/127).
@@ -73,8 +75,11 @@ class KVCacheDtype:
     has_kernels: bool = True
     # Served with a warning at start-up: slower than BF16 and far less accurate than int8.
     experimental: bool = False
-    # K/V are stored Hadamard-rotated (kernels/hadamard.py): attention rotates q and the output.
-    rotated: bool = False
+    # Tokens of a page (vLLM block), fixed by the format; None: any block size.
+    page_tokens: int | None = None
+    # The newest, not yet full page of every sequence lives in the model's dtype in a tail pool the
+    # vLLM glue owns; the write kernel quantizes a page into the cache when it fills.
+    tail: bool = False
     # gather_kv_context dequantizes these pages into BF16 K/V, so a chunked-prefill continuation
     # can attend on FlashAttention over its cached context (int8kv_shim/flash_prefill.py).
     context_gather: bool = False
@@ -86,19 +91,38 @@ class KVCacheDtype:
             raise ValueError(f"{self.name}: head_size {head_size} does not fill whole bytes")
         return bits // 8
 
+    def group_for(self, head_size: int) -> int:
+        """Channels sharing one (scale, zero) pair of a token's V (or K and V for per_group)."""
+        return head_size if self.group_size is None else min(self.group_size, head_size)
+
     def scale_bytes(self, head_size: int) -> int:
-        """Bytes of per-token scale metadata for one (token, kv-head), K (or V) alone."""
+        """Bytes of per-token scale metadata for one (token, kv-head), V alone (K too, but for
+        per_channel_page: ``k_scale_bytes``)."""
         if self.scale_kind == "static_per_head":
             return 0
-        groups = 1 if self.group_size is None else head_size // self.group_size
+        groups = head_size // self.group_for(head_size)
         return groups * SCALE_BYTES * (2 if self.has_zero_point else 1)
+
+    def k_scale_bytes(self, head_size: int) -> int:
+        """Bytes of K scale metadata per (token, kv-head): per_channel_page amortizes a page's
+        per-channel (scale, zero) pairs over its ``page_tokens`` tokens."""
+        if self.scale_kind != "per_channel_page":
+            return self.scale_bytes(head_size)
+        assert self.page_tokens is not None
+        per_page = head_size * SCALE_BYTES * (2 if self.has_zero_point else 1)
+        if per_page % self.page_tokens:
+            raise ValueError(f"{self.name}: head_size {head_size} gives no whole bytes per token")
+        return per_page // self.page_tokens
 
     def bytes_per_token_head(self, head_size: int) -> int:
         """Bytes one (token, kv-head) costs in the page, K and V together."""
-        return 2 * (self.data_bytes(head_size) + self.scale_bytes(head_size))
+        data = 2 * self.data_bytes(head_size)
+        return data + self.k_scale_bytes(head_size) + self.scale_bytes(head_size)
 
     def page_bytes(self, block_size: int, num_kv_heads: int, head_size: int) -> int:
-        """Bytes of one page (block) of one layer: every token's whole state."""
+        """Bytes of one page (block) of one layer: every token's whole state. A dtype with
+        ``page_tokens`` has a layout only at that block size (kernels/page_layout.py refuses the
+        others); the product is still defined for the vLLM glue's size arithmetic."""
         return block_size * num_kv_heads * self.bytes_per_token_head(head_size)
 
     def capacity_vs_bf16(self, head_size: int) -> float:
@@ -124,16 +148,22 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             v_formats=("int8", "e4m3"),
             context_gather=True,
         ),
+        # K per channel over a page of 64 tokens (KIVI's orientation): +1.72% perplexity on
+        # SmolLM2 against +6.0% per token (benchmarks/results/kv_quant_sim.json, 64-token pages,
+        # no rotation, which measured better than with it). The page's unfinished tokens stay in
+        # the model's dtype (the tail) until it fills.
         KVCacheDtype(
             name="int4",
             bits=4,
-            scale_kind="per_group",
-            group_size=64,
+            scale_kind="per_channel_page",
+            group_size=128,
             has_zero_point=True,
-            description="4-bit, Hadamard-rotated, asymmetric fp16 scale/zero per group",
+            description="4-bit, asymmetric fp16 scale/zero: K per channel of a 64-token page, "
+            "V per token and group of 128 channels; the unfinished page in BF16/FP16",
             qmax=15.0,
             experimental=True,
-            rotated=True,
+            page_tokens=64,
+            tail=True,
         ),
     )
 }
@@ -153,6 +183,8 @@ INT8_DTYPES = _names(lambda d: d.bits == 8)
 INT4_DTYPES = _names(lambda d: d.bits == 4)
 # Dequantized into BF16 for FlashAttention continuations (``context_gather``).
 FLASH_CONTEXT_DTYPES = _names(lambda d: d.context_gather)
+# Need the vLLM glue's tail pool (``tail``) and a fixed block size (``page_tokens``).
+TAIL_DTYPES = _names(lambda d: d.tail)
 # The one dtype whose scales come from a calibration file (the unpacking fails unless exactly one).
 (STATIC_DTYPE,) = _names(lambda d: d.scale_kind == "static_per_head")
 

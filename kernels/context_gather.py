@@ -16,7 +16,7 @@ dtype, bit for bit: int8 (or the exact E4M3 value) times the fp32 scale in fp32 
 fp16 scale, whose product with an int8 is exact in fp32 -- then round to nearest even. The bf16
 rounding is done with integer ops, not a cast: the Triton interpreter truncates fp32 -> bf16 casts
 (GPUs round to nearest even), and one code path for both keeps the CPU tests meaningful.
-``int4`` (Hadamard-rotated K/V) is not handled here.
+``int4`` (pages plus a tail pool) is not handled here.
 """
 
 from __future__ import annotations

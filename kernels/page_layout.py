@@ -40,37 +40,45 @@ Why this shape:
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
   same storage (byte offsets / 2), so they cost one small coalesced load per tile.
 
-``int4`` (``Int4PageLayout``: Hadamard-rotated K/V, 4-bit codes, fp16 scale and zero per group of
-G elements, NG = D / G groups per (token, head); G = 64 from the catalogue)::
+``int4`` (``Int4PageLayout``): 4-bit codes, asymmetric fp16 (scale, zero). B = 64 tokens (the
+catalogue's ``page_tokens``), G = min(D, 128) channels per V group, NG = D / G (1 or 2)::
 
-    byte 0                                                                           page_bytes
-    | K data            | V data            | K scale/zero          | V scale/zero          |
-    | u8 [H][B][D/2]    | u8 [H][D/2][B]    | fp16 [H][B][NG][2]    | fp16 [H][B][NG][2]    |
-    ^ k_data = 0        ^ v_data = H*B*D/2  ^ k_sz = H*B*D          ^ v_sz = H*B*D + 4*H*B*NG
+    byte 0                                                                          page_bytes
+    | K codes          | V codes          | K scale/zero           | V scale/zero             |
+    | u8 [H][B][D/2]   | u8 [H][D/2][B]   | fp16 [H][2][D]         | fp16 [H][NG][2][B]       |
+    ^ k_data = 0       ^ v_data = H*B*D/2 ^ k_sz = H*B*D           ^ v_sz = H*B*D + 4*H*D
 
-    one K data row (token t, head h) = D/2 bytes at k_data + (h*B + t)*D/2 -> 16-byte aligned
-    (D >= 32); byte i of the row holds element i in its low nibble and element i + D/2 in its high
-    nibble (codes 0..15), so (b & 15) is the tile of dims [0, D/2) and (b >> 4) the tile of
-    [D/2, D), no shuffle needed:
+    byte i of a (token, head) holds channel i in its low nibble and channel i + D/2 in its high
+    nibble (codes 0..15), so (b & 15) is the tile of channels [0, D/2) and (b >> 4) the tile of
+    [D/2, D), each a whole tl.dot operand, no shuffle.
+    K: one D/2-byte row per (head, token) at k_data + (h*B + t)*D/2 (16-byte aligned, D >= 32);
+       the page's K of one head is one contiguous B*D/2 run (4 KiB at D = 128).
+    V: key-major as int8's: byte i of token t at v_data + (h*D/2 + i)*B + t, a 64-byte run per
+       (head, byte column).
+    K scale/zero, per (page, head, channel) -- the page's 64 tokens share them: scale of channel
+       c at fp16 index k_sz/2 + (h*2 + 0)*D + c, zero at (h*2 + 1)*D + c; element = code * scale
+       + zero.
+    V scale/zero, per (token, head, group): scale of token t, group g at fp16 index
+       v_sz/2 + ((h*NG + g)*2 + 0)*B + t, zero at ((h*NG + g)*2 + 1)*B + t.
 
-        D = 128, G = 64:  low nibbles = group 0,      high nibbles = group 1
-        D = 256, G = 64:  low nibbles = groups 0, 1,  high nibbles = groups 2, 3
-        D =  64, G = 64:  low and high nibbles together = group 0
+        D =  64, G =  64:  one V group (both nibbles of every byte)
+        D = 128, G = 128:  one V group
+        D = 256, G = 128:  V group 0 = the low nibbles, group 1 = the high nibbles
 
-    V packs the same byte (elements i and i + D/2 of one token) but is key-major, as int8's V:
-    byte i of (token t, head h) at v_data + (h*D/2 + i)*B + t, i.e. for each (head, i) the B
-    tokens of the page are one contiguous (16-byte aligned for B >= 16) run.
+Why this shape, for decode (a memory-bound pass over every page of every sequence):
 
-    scale/zero of group g = fp16 pair at k_sz + 4*((h*B + t)*NG + g) (v_sz for V): (scale, zero),
-    the element dequantizes to code * scale + zero (in the rotated basis).
-
-``int4`` V is key-major for the reason int8's is: the PV product's operand then sits in shared
-memory with keys contiguous and is read in 32-bit words; stored like K it compiled to byte-wide
-shared-memory loads (64 per thread per decode tile, ``benchmarks/compile_sm80.py`` checks they
-stay gone). Its bytes keep K's pairing along D, not two keys per byte, so P's columns stay in key
-order: a byte of two keys would split every tile's keys into two sets, one per nibble, and P (or
-the key order of the scores, masks and scales) would have to be rearranged to match, and a page's
-run per (head, element) would be B/2 bytes, 8-byte copies at B = 16.
+* a tile is one page: the K (scale, zero) of its D channels are one contiguous 4*D-byte run per
+  head (512 B at D = 128), loaded once per tile and folded into q (score = (q * s_K) . codes +
+  q . z_K), so no K element is ever multiplied by a scale;
+* every packed byte is loaded once (16-byte rows for K, 64-byte runs for V) and split into two
+  nibble tiles in registers;
+* V is key-major for int8's reason: the PV product's operand reaches shared memory with keys
+  contiguous and is read in 32-bit words; stored like K it compiled to byte-wide shared-memory
+  loads (``benchmarks/compile_sm80.py`` checks they stay gone);
+* V's per-token (scale, zero) of one group are 64 contiguous fp16 each, one small coalesced load
+  per tile (``scale * p`` scales the P column, ``sum p * zero`` is one row sum per group);
+* a page's bytes are written once, when it fills (the write kernel quantizes it from the tail
+  pool, see cache_write_int4.py): the per-channel K scales need all 64 tokens.
 
 ``page_bytes`` equals ``catalogue.get_dtype(name).page_bytes(B, H, D)`` (checked at construction).
 """
@@ -182,24 +190,28 @@ class Int4PageLayout:
     def __post_init__(self) -> None:
         if self.dtype_name not in INT4_DTYPES:
             raise ValueError(f"no int4 page layout for kv dtype {self.dtype_name!r}")
-        d, g = self.head_size, self.group_size
+        d, pt = self.head_size, get_dtype(self.dtype_name).page_tokens
+        if self.block_size != pt:
+            raise ValueError(
+                f"{self.dtype_name}: block size {self.block_size}, but its pages hold {pt} tokens"
+            )
         if d < 32 or d & (d - 1):
             raise ValueError(f"int4: head_size {d} must be a power of two >= 32")
-        # Groups are whole nibble halves or split them evenly (powers of two: g <= d/2 or g == d).
-        if g & (g - 1) or d % g:
-            raise ValueError(f"int4: group size {g} must be a power of two dividing head_size {d}")
+        # A V group is both nibble halves of a byte (G = D) or one of them (G = D / 2).
+        if self.group_size not in (d, d // 2):
+            raise ValueError(f"int4: V group size {self.group_size} must be head_size {d} or half")
         assert self._end() == get_dtype(self.dtype_name).page_bytes(
             self.block_size, self.num_kv_heads, self.head_size
         )
 
     @property
     def group_size(self) -> int:
-        g = get_dtype(self.dtype_name).group_size
-        return self.head_size if g is None else g
+        """Channels of one V (scale, zero) group."""
+        return get_dtype(self.dtype_name).group_for(self.head_size)
 
     @property
     def num_groups(self) -> int:
-        """(scale, zero) pairs per (token, head), K or V."""
+        """V (scale, zero) pairs per (token, head)."""
         return self.head_size // self.group_size
 
     @property
@@ -210,31 +222,8 @@ class Int4PageLayout:
 
     @property
     def data_bytes(self) -> int:
-        """Bytes of the K (or V) data region."""
+        """Bytes of the K (or V) code region."""
         return self.num_kv_heads * self.block_size * self.row_bytes
-
-    @property
-    def piece_bytes(self) -> int:
-        """Byte columns the kernels handle as one piece: one group's low (and high) nibbles."""
-        return min(self.group_size, self.row_bytes)
-
-    def kernel_constexprs(self) -> dict[str, int]:
-        """The layout's compile-time arguments shared by the int4 write and attention kernels."""
-        return dict(
-            HEAD_SIZE=self.head_size,
-            GH=self.piece_bytes,
-            NGH=self.row_bytes // self.piece_bytes,
-            BLOCK_SIZE=self.block_size,
-            K_DATA=self.k_data,
-            V_DATA=self.v_data,
-            K_SZ=self.k_sz,
-            V_SZ=self.v_sz,
-        )
-
-    @property
-    def sz_bytes(self) -> int:
-        """Bytes of the K (or V) scale/zero region: fp16 (scale, zero) per group."""
-        return self.num_kv_heads * self.block_size * self.num_groups * 4
 
     @property
     def k_data(self) -> int:
@@ -246,22 +235,49 @@ class Int4PageLayout:
 
     @property
     def k_sz(self) -> int:
+        """K's per-channel (scale, zero) region: fp16 [H][2][D]."""
         return 2 * self.data_bytes
 
     @property
     def v_sz(self) -> int:
-        return self.k_sz + self.sz_bytes
+        """V's per-token (scale, zero) region: fp16 [H][NG][2][B]."""
+        return self.k_sz + 4 * self.num_kv_heads * self.head_size
 
     def _end(self) -> int:
-        return self.v_sz + self.sz_bytes
+        return self.v_sz + 4 * self.num_kv_heads * self.block_size * self.num_groups
 
     @property
     def page_bytes(self) -> int:
         return self._end()
 
+    def kernel_constexprs(self) -> dict[str, int]:
+        """The layout's compile-time arguments shared by the int4 write and attention kernels.
+        One dict per layout, built once: callers unpack it and must not change it."""
+        return self._constexprs
+
+    @functools.cached_property
+    def _constexprs(self) -> dict[str, int]:
+        return dict(
+            HEAD_SIZE=self.head_size,
+            BLOCK_SIZE=self.block_size,
+            NGV=self.num_groups,
+            K_DATA=self.k_data,
+            V_DATA=self.v_data,
+            K_SZ=self.k_sz,
+            V_SZ=self.v_sz,
+        )
+
+
+@functools.cache
+def cached_int4_layout(
+    kv_dtype: str, block_size: int, num_kv_heads: int, head_size: int
+) -> Int4PageLayout:
+    """``Int4PageLayout(...)``, built and checked once per layer shape."""
+    return Int4PageLayout(block_size, num_kv_heads, head_size, kv_dtype)
+
 
 def get_page_bytes(dtype_name: str, block_size: int, num_kv_heads: int, head_size: int) -> int:
     """Bytes of one page of one layer (== catalogue page_bytes)."""
     if dtype_name in INT4_DTYPES:
-        return Int4PageLayout(block_size, num_kv_heads, head_size, dtype_name).page_bytes
+        return cached_int4_layout(dtype_name, block_size, num_kv_heads, head_size).page_bytes
     return PageLayout(dtype_name, block_size, num_kv_heads, head_size).page_bytes

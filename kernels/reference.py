@@ -136,6 +136,7 @@ def attention_ref(
     softmax_scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    readable: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen paged attention in fp64 over explicit K/V slots (any dtype).
 
@@ -143,7 +144,9 @@ def attention_ref(
     ``dequantize_cache``). Query token i of a sequence with q_len new tokens and seq_len in total
     sits at position p = seq_len - q_len + i and sees key j iff j <= p and (no window or
     p - j < sliding_window). Scores s = softmax_scale * q.k, then s = soft_cap * tanh(s / soft_cap).
-    Returns fp32 [num_tokens, num_q_heads, head_size].
+    ``readable`` [num_seqs]: keys at positions >= readable[s] are not read (int4's slot-less
+    tails); a query that sees no key at all gets 0. Returns fp32 [num_tokens, num_q_heads,
+    head_size].
     """
     num_tokens, nq, d = query.shape
     block_size, nkv = k_slots.shape[1], k_slots.shape[2]
@@ -170,8 +173,12 @@ def attention_ref(
         visible = j <= pos
         if sliding_window is not None:
             visible &= (pos - j) < sliding_window
+        if readable is not None:
+            visible &= j < int(readable[s])
         scores = scores.masked_fill(~visible[None], float("-inf"))
         p = torch.softmax(scores, dim=-1)
+        if readable is not None:
+            p = torch.where(visible.any(-1)[None, :, None], p, 0.0)
         out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).float()
     return out
 

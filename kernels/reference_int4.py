@@ -1,26 +1,26 @@
 """Plain-torch reference for ``int4``: the specification the int4 kernels are tested against.
 
-Write, per (token, kv-head) vector x of K (or V), D = head_size, G = group size (catalogue):
+Quantization (fp32 arithmetic, IEEE, in this order) of a group of values x, 4-bit asymmetric:
 
-1. rotate: r = x @ H (hadamard.py; fp32).
-2. flag: a vector whose r has any NaN/Inf (an input NaN/Inf, or |x| so large the rotation
-   overflows fp32) stores every group as scale = zero = NaN and codes 0, so attention over that
-   token is NaN rather than plausible numbers (the same "garbage in, flagged out" as ``int8``).
-3. per group of G consecutive elements of r (fp32 arithmetic, IEEE, in this order):
-   lo = clamp(min, -65504, 65504), hi = clamp(max, -65504, 65504)
-   scale16 = fp16((hi - lo) / 15), zero16 = fp16(lo)
-   code = round_half_even(clamp((r - zero16) / scale16, 0, 15)) if scale16 > 0 else 0
-   so the dequantized element is exactly code * scale16 + zero16, the value both the kernels and
-   this reference use. A constant group (hi == lo) has scale 0, codes 0 and dequantizes to zero16;
-   ranges so small that scale16 underflows to 0 do the same. Values beyond fp16 range saturate
-   (zero16 = -65504, codes clamp to 0..15): never NaN/Inf for finite inputs.
-4. pack: byte i of the token's D/2 bytes = code[i] | code[i + D/2] << 4. K stores them as one
-   row per (head, slot); V is key-major: byte i of slot t of head h at v_data + (h*D/2 + i)*B + t.
-   The fp16 (scale, zero) pairs follow per (head, slot, group) (page_layout.py, ``Int4PageLayout``).
+    lo = clamp(min x, -65504, 65504), hi = clamp(max x, -65504, 65504)
+    scale16 = fp16((hi - lo) / 15), zero16 = fp16(lo)
+    code = round_half_even(clamp((x - zero16) / scale16, 0, 15)) if scale16 > 0 else 0
 
-Attention dequantizes K and V in the rotated basis and rotates them back (K = K_rot @ H), then is
-plain attention (``reference.attention_ref``); the kernels instead rotate q and un-rotate the
-output, which is the same math.
+so an element dequantizes to exactly code * scale16 + zero16. A constant group has scale 0 and
+dequantizes to zero16; values beyond fp16 range saturate. A group with any NaN/Inf is flagged:
+scale = zero = NaN, codes 0, so attention over it is NaN rather than plausible numbers.
+
+* K: the groups are the channels of a page: the 64 values of channel c of one kv-head over the
+  page's 64 tokens share one (scale, zero).
+* V: the groups are G = min(head_size, 128) consecutive channels of one (token, kv-head); a token
+  whose V has any NaN/Inf flags all its groups.
+* Packing: byte i of a (token, head) = code[i] | code[i + D/2] << 4 (page_layout.py).
+
+The tail (``write_kv_cache_int4_ref``): a page is quantized when it is complete, from its tokens'
+K/V in the model's dtype -- the new ones from key/value, the older ones from the sequence's tail
+slot, valid only when the slot is not new this step and ``tail_page[slot]`` is that page's block.
+The partial last page of a sequence stays in the tail. Attention reads complete pages from the
+cache and the rest of the sequence from the tail (``int4_kv_slots``).
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from __future__ import annotations
 import torch
 
 from .cache_write_int4 import FP16_MAX, INT4_LEVELS  # the write kernel's constants
-from .hadamard import rotate
 from .page_layout import Int4PageLayout
 
 
-def quantize_int4(r: torch.Tensor, group_size: int):
-    """Quantize an already rotated fp32 tensor over its last dim in groups of ``group_size``.
+def quantize_int4(x: torch.Tensor, group_size: int):
+    """Quantize over the last dim in groups of ``group_size`` (the spec above); a row (the whole
+    last dim) with any NaN/Inf flags all its groups.
 
     Returns (codes uint8 [..., D] in 0..15, scale fp16 [..., D/G], zero fp16 [..., D/G]).
     """
-    r = r.float()
+    r = x.float()
     finite = r.isfinite().all(dim=-1)
     r = torch.where(finite[..., None], r, 0.0)
     g = r.unflatten(-1, (r.shape[-1] // group_size, group_size))
@@ -56,7 +56,7 @@ def quantize_int4(r: torch.Tensor, group_size: int):
 
 
 def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """fp32 code * scale + zero per group (still in the rotated basis)."""
+    """fp32 code * scale + zero per group of the last dim."""
     g = codes.shape[-1] // scale.shape[-1]
     c = codes.float().unflatten(-1, (scale.shape[-1], g))
     return (c * scale.float()[..., None] + zero.float()[..., None]).flatten(-2)
@@ -73,63 +73,133 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([packed & 15, packed >> 4], dim=-1)
 
 
-def _views(kv_cache: torch.Tensor, layout: Int4PageLayout):
-    """Views of every page's regions: data uint8 [nb, H, B, D/2], scale/zero fp16 [nb, H, B, NG, 2].
-
-    K and V data are indexed alike, (page, head, slot, byte); V's view is the transpose of its
-    key-major storage [nb, H, D/2, B], so writes through it land where page_layout.py says."""
+def page_views(kv_cache: torch.Tensor, layout: Int4PageLayout):
+    """Views of every page's regions: K / V codes uint8 [nb, H, B, D/2] (V's is the transpose of
+    its key-major storage), K (scale, zero) fp16 [nb, H, 2, D], V (scale, zero) fp16
+    [nb, H, NG, 2, B]; writes through them land where page_layout.py says."""
     nb = kv_cache.shape[0]
-    h, b = layout.num_kv_heads, layout.block_size
+    h, b, d, ng = layout.num_kv_heads, layout.block_size, layout.head_size, layout.num_groups
     u8 = kv_cache.view(torch.uint8)
     kd = u8[:, layout.k_data : layout.v_data].view(nb, h, b, layout.row_bytes)
     vd = u8[:, layout.v_data : layout.k_sz].view(nb, h, layout.row_bytes, b).transpose(2, 3)
-    ng = layout.num_groups
-    ksz = kv_cache[:, layout.k_sz : layout.v_sz].view(torch.float16).view(nb, h, b, ng, 2)
-    vsz = kv_cache[:, layout.v_sz : layout.page_bytes].view(torch.float16).view(nb, h, b, ng, 2)
+    ksz = kv_cache[:, layout.k_sz : layout.v_sz].view(torch.float16).view(nb, h, 2, d)
+    vsz = kv_cache[:, layout.v_sz : layout.page_bytes].view(torch.float16).view(nb, h, ng, 2, b)
     return kd, vd, ksz, vsz
+
+
+def quantize_page(layout: Int4PageLayout, k: torch.Tensor, v: torch.Tensor):
+    """One complete page's K and V [B, H, D] (any float dtype) -> the regions of its page:
+    (K codes [H, B, D/2], V codes [H, B, D/2], K sz [H, 2, D], V sz [H, NG, 2, B])."""
+    kc, ks, kz = quantize_int4(k.float().permute(1, 2, 0), layout.block_size)  # [H, D, B], [H, D, 1]
+    vc, vs, vz = quantize_int4(v.float().transpose(0, 1), layout.group_size)  # [H, B, D], [H, B, NG]
+    k_codes = pack_int4(kc.transpose(1, 2))
+    v_codes = pack_int4(vc)
+    k_sz = torch.stack([ks[..., 0], kz[..., 0]], dim=1)
+    v_sz = torch.stack([vs, vz], dim=-1).permute(0, 2, 3, 1)  # [H, NG, 2, B]
+    return k_codes, v_codes, k_sz, v_sz
 
 
 def write_kv_cache_int4_ref(
     key: torch.Tensor,
     value: torch.Tensor,
     kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    tail: torch.Tensor,
+    tail_page: torch.Tensor,
     *,
     block_size: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+    slot_is_new: torch.Tensor,
+    num_seqs: int,
+    max_query_len: int | None = None,
     kv_dtype: str = "int4",
 ) -> None:
-    """Reference for ``write_kv_cache(kv_dtype="int4")``: rotate, quantize, pack, scatter."""
+    """Reference for ``write_kv_cache_int4``: in place on kv_cache, tail and tail_page."""
+    del max_query_len  # only sizes the kernel's launch
     layout = Int4PageLayout(block_size, key.shape[1], key.shape[2], kv_dtype)
-    n = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
-    key, value, slot_mapping = key[:n], value[:n], slot_mapping[:n]
-    kd, vd, ksz, vsz = _views(kv_cache, layout)
-    keep = slot_mapping >= 0  # negative slots are padding tokens
-    slots = slot_mapping[keep].long()
-    blk, off = slots // block_size, slots % block_size
-    for x, data, sz in ((key, kd, ksz), (value, vd, vsz)):
-        # Rotate all n tokens, as the kernel's wrapper does, and drop padding after: cuBLAS picks
-        # its fp32 GEMM algorithm (reduction order) by shape, so rotating only the kept rows can
-        # differ in the last bit on a GPU and flip a code at a rounding boundary.
-        codes, scale, zero = quantize_int4(rotate(x)[keep], layout.group_size)
-        # Advanced indices on dims 0 and 2 around a slice: the indexed view is [tokens, H, ...].
-        data[blk, :, off] = pack_int4(codes)
-        sz[blk, :, off] = torch.stack([scale, zero], dim=-1)
+    kd, vd, ksz, vsz = page_views(kv_cache, layout)
+    b = block_size
+    qsl = query_start_loc.tolist()
+    lens, slots, new = seq_lens.tolist(), slot_of_seq.tolist(), slot_is_new.tolist()
+    # every complete page first (reading the tail as it was), then the tails
+    for r in range(num_seqs):
+        q0, q1, seq_len, slot = qsl[r], qsl[r + 1], lens[r], slots[r]
+        ctx = seq_len - (q1 - q0)
+        if q1 <= q0:
+            continue
+        for pg in range(ctx // b, (seq_len - 1) // b + 1):
+            p0 = pg * b
+            if p0 + b > seq_len:
+                continue
+            block = int(block_table[r, pg])
+            old = max(0, ctx - p0)  # rows of the page written by earlier steps
+            if old:
+                if slot < 0 or new[r] or int(tail_page[slot]) != block:
+                    continue  # a full page from the prefix cache: leave it as it is
+                k = torch.cat([tail[slot, 0, :, :old].transpose(0, 1), key[q0 : q0 + b - old]])
+                v = torch.cat([tail[slot, 1, :, :old].transpose(0, 1), value[q0 : q0 + b - old]])
+            else:
+                t0 = q0 + p0 - ctx
+                k, v = key[t0 : t0 + b], value[t0 : t0 + b]
+            kd[block], vd[block], ksz[block], vsz[block] = quantize_page(layout, k, v)
+    for r in range(num_seqs):
+        q0, q1, seq_len, slot = qsl[r], qsl[r + 1], lens[r], slots[r]
+        if q1 <= q0 or slot < 0:
+            continue
+        ctx = seq_len - (q1 - q0)
+        last = (seq_len - 1) // b
+        if seq_len % b == 0:
+            tail_page[slot] = -1
+            continue
+        p0 = last * b
+        lo = max(ctx, p0)
+        t0 = q0 + lo - ctx
+        n = seq_len - lo
+        tail[slot, 0, :, lo - p0 : lo - p0 + n] = key[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
+        tail[slot, 1, :, lo - p0 : lo - p0 + n] = value[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
+        tail_page[slot] = int(block_table[r, last])
 
 
 def dequantize_cache_int4(
+    kv_cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 K, V of every slot of every page: [num_blocks, block_size, num_kv_heads, head_size]."""
+    layout = Int4PageLayout(block_size, num_kv_heads, head_size)
+    kd, vd, ksz, vsz = page_views(kv_cache, layout)
+    kc = unpack_int4(kd).float()  # [nb, H, B, D]
+    k = kc * ksz[:, :, None, 0].float() + ksz[:, :, None, 1].float()
+    scale = vsz[:, :, :, 0].float().permute(0, 1, 3, 2)  # [nb, H, B, NG]
+    zero = vsz[:, :, :, 1].float().permute(0, 1, 3, 2)
+    v = dequantize_int4(unpack_int4(vd), scale, zero)
+    return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def int4_kv_slots(
     kv_cache: torch.Tensor,
+    tail: torch.Tensor,
     *,
     block_size: int,
-    num_kv_heads: int,
-    head_size: int,
-    rotated: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 K, V of every slot, [num_blocks, block_size, num_kv_heads, head_size] each, in the
-    model's basis (rotated back with H), or in the stored rotated basis with ``rotated=True``."""
-    layout = Int4PageLayout(block_size, num_kv_heads, head_size)
-    kd, vd, ksz, vsz = _views(kv_cache, layout)
-    out = []
-    for data, sz in ((kd, ksz), (vd, vsz)):
-        x = dequantize_int4(unpack_int4(data), sz[..., 0], sz[..., 1])
-        out.append((x if rotated else rotate(x)).transpose(1, 2))
-    return out[0], out[1]
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What attention reads, as fp32 K/V slots [num_blocks, B, H, D] for ``reference.attention_ref``
+    plus the readable key count of each sequence: its complete pages dequantized, its partial last
+    page's rows from ``tail[slot_of_seq[r]]`` (exact), none of them when the slot is -1.
+
+    Each sequence's partial last page must be a block of its own (as vLLM allocates them)."""
+    nkv, d = tail.shape[2], tail.shape[4]
+    k, v = dequantize_cache_int4(kv_cache, block_size=block_size, num_kv_heads=nkv, head_size=d)
+    readable = []
+    slots = slot_of_seq.tolist()  # may be longer than the batch (padding rows)
+    for r, seq_len in enumerate(seq_lens.tolist()):
+        slot = slots[r]
+        full, n = (seq_len // block_size) * block_size, seq_len % block_size
+        readable.append(seq_len if slot >= 0 else full)
+        if n and slot >= 0:
+            block = int(block_table[r, full // block_size])
+            k[block, :n] = tail[slot, 0, :, :n].transpose(0, 1).float()
+            v[block, :n] = tail[slot, 1, :, :n].transpose(0, 1).float()
+    return k, v, torch.tensor(readable, dtype=torch.int32)

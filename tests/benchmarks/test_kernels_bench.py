@@ -208,3 +208,36 @@ def test_append_refuses_a_file_measured_on_another_gpu(bench, tmp_path):
     }
     with pytest.raises(SystemExit, match="was measured on NVIDIA A10"):
         bench.merge_previous(args, result)
+
+
+def test_int4_rows_build_a_tail_and_read_it(bench):
+    """The int4 decode row reads ctx + TAIL_TOKENS keys per sequence, the last ones from the
+    tail pool its Cache builds (one slot per sequence); the write row restores every slot's page
+    before each write, so each timed write flushes the pages its tokens complete."""
+    nq, nkv, d, batch, ctx = 4, 2, 64, 2, 128
+    bs = bench.block_size("int4")
+    assert bs == 64 and bench.block_size("int8") == bench.BLOCK
+    seq_len = ctx + bench.TAIL_TOKENS
+    cache = bench.Cache("int4", batch * 3 + 1, nkv, d, batch)
+    assert cache.tail.shape == (batch, 2, nkv, 64, d)
+    bt = torch.randperm(batch * 3).int().view(batch, 3)
+    q = torch.randn(batch, nq, d, dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    sl = torch.full((batch,), seq_len, dtype=torch.int32)
+    bench.attention_fn("int4", cache, q, out, qsl, sl, bt, 1, seq_len)()
+    assert out.isfinite().all()
+    cache.tail[:, :, :, : bench.TAIL_TOKENS] = float("nan")  # the tail is read: NaN comes out
+    bench.attention_fn("int4", cache, q, out, qsl, sl, bt, 1, seq_len)()
+    assert out.isnan().all()
+
+    wc = bench.Cache("int4", 64, nkv, d, 8)
+    key = torch.randn(8, nkv, d, dtype=torch.bfloat16)
+    seq_lens = [64, 5, 128, 70, 1, 63, 200, 192]  # 64, 128, 192 complete a page
+    write = bench.int4_write_fn(wc, key, torch.randn_like(key), False, seq_lens)
+    for _ in range(2):  # the same pages are flushed both times: the slots' pages are restored
+        wc.raw.zero_()
+        write()
+        flushed = (wc.raw != 0).any(dim=1).sum()
+        assert int(flushed) == 3
+        assert [int(wc.tail_page[i]) == -1 for i in range(8)] == [s % 64 == 0 for s in seq_lens]

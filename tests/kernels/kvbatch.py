@@ -1,4 +1,5 @@
-"""Shared builders for the kernel tests: random INT8 / INT4 caches, varlen batches, tolerances."""
+"""Shared builders for the kernel tests: random INT8 caches, varlen batches, tolerances (int4's
+pages and tails: test_int4_attention.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ from dataclasses import dataclass
 import torch
 
 from int8kv_kernels import (
-    Int4PageLayout,
     PageLayout,
     get_page_bytes,
     paged_attention,
     write_kv_cache,
 )
 from int8kv_kernels.reference import attention_ref, dequantize_cache
-from int8kv_kernels.reference_int4 import dequantize_cache_int4
 
 
 def make_cache(
@@ -33,8 +32,6 @@ def make_cache(
     ``v_format="e4m3"``: V bytes are random E4M3 codes (every code but the NaNs 0x7f/0xff, which
     no writer produces) and v_scale ~ 2/448.
     """
-    if kv_dtype == "int4":
-        return make_cache_int4(block_size, nkv, head_size, num_blocks, device), None, None
     layout = PageLayout(kv_dtype, block_size, nkv, head_size)
     cache = torch.randint(
         -127, 128, (num_blocks, layout.page_bytes), dtype=torch.int8, device=device
@@ -51,20 +48,6 @@ def make_cache(
         v[v == -1] = -2  # 0xff -> 0xfe (-448)
         v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 448)
     return cache, k_scale, v_scale
-
-
-def make_cache_int4(
-    block_size: int, nkv: int, head_size: int, num_blocks: int, device: str
-) -> torch.Tensor:
-    """An int4 cache of random codes with random fp16 (scale, zero) pairs: every group
-    dequantizes to about [-2.5, 2.5] (scale ~ 5/15), like unit-variance activations."""
-    lay = Int4PageLayout(block_size, nkv, head_size)
-    cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
-    sz = cache[:, lay.k_sz :].view(torch.float16).unflatten(-1, (-1, 2))
-    sz[..., 0] = (torch.rand(sz.shape[:-1], device=device) + 0.5) * (5.0 / 15)
-    # zero ~ -7.5 scale: centred groups, so no output channel is dominated by a common offset.
-    sz[..., 1] = sz[..., 0] * (-7.5 + (torch.rand(sz.shape[:-1], device=device) - 0.5))
-    return cache
 
 
 def random_slots(n: int, num_blocks: int, block_size: int, device: str, pad_every: int = 0):
@@ -145,7 +128,7 @@ def write_random_kv(b: Batch, seq_lens: list[int], kv_dtype: str, nkv: int, d: i
     return cache, k_slots, v_slots
 
 
-# The GPU variants of the attention tests (int8, int8_static / E4M3, int4) at real sizes:
+# The GPU variants of the attention tests (int8, int8_static / E4M3) at real sizes:
 # (name, q_lens, seq_lens, q_heads, kv_heads, head_size, block_size, extra kwargs)
 GPU_CASES = [
     ("decode_b8_4k", [1] * 8, [4096, 4000, 3000, 4096, 17, 1, 2048, 4095], 32, 8, 128, 16, {}),
@@ -198,15 +181,6 @@ def reference(
     b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, v_format="int8", **kw
 ) -> torch.Tensor:
     head_size = b.query.shape[-1]
-    if kv_dtype == "int4":
-        k, v = dequantize_cache_int4(
-            cache, block_size=block_size, num_kv_heads=nkv, head_size=head_size
-        )
-        ref = attention_ref(
-            b.query, k, v, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
-            block_table=b.block_table, softmax_scale=head_size**-0.5, **kw,
-        )  # fmt: skip
-        return ref[: int(b.query_start_loc[-1])]
     k, v = dequantize_cache(
         cache, kv_dtype=kv_dtype, block_size=block_size, num_kv_heads=nkv, head_size=head_size,
         k_scale=k_scale, v_scale=v_scale, v_format=v_format,

@@ -225,7 +225,8 @@ def test_decode_splits_stop_at_short_splits_and_the_cap():
 def test_sliding_window_decode_is_split_for_its_window_not_the_sequence() -> None:
     """Gemma 3's sliding layers read 512 keys of a 32K sequence: splits sized for 32K would leave
     most programs without a key."""
-    from int8kv_kernels.attention import _device_sms, _plan_launch, choose_num_splits
+    from int8kv_kernels.attention import _plan_launch, choose_num_splits
+    from int8kv_kernels.attention_plan import device_sms as _device_sms
 
     q = torch.zeros(1, 4, 256)  # one decoding sequence, 4 q heads on 1 kv head (Gemma 3)
     full = _plan_launch(q, 1, 4, 1, 32768, 1, None, None)

@@ -14,9 +14,10 @@ def test_derived_lists() -> None:
     assert catalogue.EXPERIMENTAL_DTYPES == ("int4",)
     assert catalogue.INT8_DTYPES == ("int8", "int8_static")
     assert catalogue.INT4_DTYPES == ("int4",)
-    # int4 pages hold Hadamard-rotated K/V, which gather_kv_context does not dequantize
+    # int4's context is pages and a tail, which gather_kv_context does not dequantize
     assert catalogue.FLASH_CONTEXT_DTYPES == ("int8", "int8_static")
-    assert [n for n, d in catalogue.CATALOGUE.items() if d.rotated] == ["int4"]
+    assert catalogue.TAIL_DTYPES == ("int4",)
+    assert [n for n, d in catalogue.CATALOGUE.items() if d.page_tokens] == ["int4"]
     assert catalogue.STATIC_DTYPE == "int8_static"
     assert catalogue.V_FORMATS == ("int8", "e4m3")
     assert catalogue.dtypes_storing_v_as("e4m3") == ("int8_static",)

@@ -1,316 +1,281 @@
-"""int4: Hadamard rotation, page layout, and the cache write == torch reference bit for bit."""
+"""int4: catalogue bytes, page layout, and the tail-aware cache write == torch reference bit for bit.
+
+Every write test starts from a cache and a tail pool full of random bytes, so a byte the kernel
+writes where the reference does not (or the other way round) fails the comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from kvbatch import random_slots
 
 from int8kv_kernels import Int4PageLayout, get_page_bytes, write_kv_cache
-from int8kv_kernels.catalogue import get_dtype
-from int8kv_kernels.hadamard import hadamard, rotate
+from int8kv_kernels.catalogue import TAIL_DTYPES, get_dtype
 from int8kv_kernels.reference_int4 import (
-    _views,
     dequantize_cache_int4,
-    dequantize_int4,
-    pack_int4,
-    quantize_int4,
-    unpack_int4,
+    page_views,
+    quantize_page,
     write_kv_cache_int4_ref,
 )
 
-# ---- Hadamard ----------------------------------------------------------------------------------
+B = 64  # tokens per int4 page
 
 
-@pytest.mark.parametrize("d", [32, 64, 128, 256])
-def test_hadamard_is_symmetric_orthogonal(d):
-    h = hadamard(d)
-    assert torch.equal(h, h.T)
-    assert (h.abs() == h[0, 0]).all() and abs(h[0, 0].item() - d**-0.5) < 1e-8
-    assert (h.double() @ h.double() - torch.eye(d, dtype=torch.float64)).abs().max() < 1e-6
-    assert hadamard(d) is h  # cached
-
-
-def test_rotation_round_trip_and_dot_products():
-    x = torch.randn(5, 3, 128, dtype=torch.bfloat16)
-    y = torch.randn(5, 3, 128)
-    back = rotate(rotate(x))
-    assert (back - x.float()).abs().max() < 1e-5
-    dots = (rotate(x) * rotate(y)).sum(-1)
-    assert torch.allclose(dots, (x.float() * y).sum(-1), atol=1e-4)
-    # An outlier channel is spread over all channels: its energy per channel drops by D.
-    e = torch.zeros(128)
-    e[7] = 10.0
-    assert torch.allclose(rotate(e).abs(), torch.full((128,), 10 / 128**0.5))
-
-
-def test_hadamard_rejects_non_power_of_two():
-    with pytest.raises(ValueError):
-        hadamard(96)
-
-
-# ---- page layout -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("block_size", [16, 32, 64])
-@pytest.mark.parametrize("nkv", [1, 3, 8])
-@pytest.mark.parametrize("head_size", [64, 128, 256])
-def test_int4_layout_matches_catalogue_and_aligns(block_size, nkv, head_size):
-    lay = Int4PageLayout(block_size, nkv, head_size)
+@pytest.mark.parametrize(("d", "per_token", "ratio"), [(64, 72, 3.56), (128, 140, 3.66),
+                                                       (256, 280, 3.66)])  # fmt: skip
+def test_int4_bytes_per_token_and_capacity(d, per_token, ratio):
     cat = get_dtype("int4")
-    assert lay.page_bytes == cat.page_bytes(block_size, nkv, head_size)
-    assert lay.page_bytes == get_page_bytes("int4", block_size, nkv, head_size)
-    assert lay.group_size == cat.group_size and lay.num_groups == head_size // cat.group_size
-    data = nkv * block_size * head_size // 2
-    assert (lay.k_data, lay.v_data, lay.k_sz) == (0, data, 2 * data)
-    assert lay.v_sz == lay.k_sz + 4 * nkv * block_size * lay.num_groups
-    assert lay.page_bytes == lay.v_sz + 4 * nkv * block_size * lay.num_groups
-    # Data rows of D/2 bytes start 16-byte aligned; (scale, zero) pairs 4-byte aligned.
-    assert lay.row_bytes % 16 == 0 and lay.v_data % 16 == 0 and lay.page_bytes % 16 == 0
-    assert lay.k_sz % 4 == 0 and lay.v_sz % 4 == 0
+    # K and V codes D/2 each, K's per-channel (scale, zero) over 64 tokens, V's per group of 128
+    assert per_token == d + 4 * d // 64 + 4 * (d // min(d, 128))
+    assert cat.bytes_per_token_head(d) == per_token
+    assert round(cat.capacity_vs_bf16(d), 2) == ratio
+    assert cat.page_tokens == 64 and cat.tail and TAIL_DTYPES == ("int4",)
 
 
-def test_int4_layout_rejects_bad_head_size():
-    with pytest.raises(ValueError):
-        Int4PageLayout(16, 2, 96)
-    with pytest.raises(ValueError):
-        Int4PageLayout(16, 2, 16)
+@pytest.mark.parametrize("nkv", [1, 3, 8])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_int4_layout_matches_catalogue_and_aligns(nkv, d):
+    lay = Int4PageLayout(B, nkv, d)
+    assert lay.page_bytes == get_dtype("int4").page_bytes(B, nkv, d) == get_page_bytes("int4", B, nkv, d)
+    assert (lay.k_data, lay.v_data, lay.k_sz) == (0, nkv * B * d // 2, nkv * B * d)
+    assert lay.v_sz == lay.k_sz + 4 * nkv * d
+    assert lay.page_bytes == lay.v_sz + 4 * nkv * B * lay.num_groups
+    assert lay.num_groups == (2 if d == 256 else 1)
+    # 16-byte rows and regions, in this page and the next
+    for off in (lay.row_bytes, lay.v_data, lay.k_sz, lay.v_sz, lay.page_bytes, 4 * d):
+        assert off % 16 == 0
 
 
-# ---- reference quantizer -----------------------------------------------------------------------
+def test_int4_layout_refuses_other_block_sizes_and_head_sizes():
+    with pytest.raises(ValueError, match="pages hold 64 tokens"):
+        Int4PageLayout(16, 2, 128)
+    with pytest.raises(ValueError, match="power of two"):
+        Int4PageLayout(B, 2, 96)
+    with pytest.raises(ValueError, match="V group size"):
+        Int4PageLayout(B, 2, 512)
 
 
-def test_reference_quantizer_properties():
-    # One group [0, 15]: scale 1, zero 0, round half to even, clamp of values outside.
-    x = torch.arange(64, dtype=torch.float32) % 16
-    x[16:20] = torch.tensor([0.5, 1.5, 2.5, 14.5])
-    q, s, z = quantize_int4(x[None], 64)
-    assert (s.item(), z.item()) == (1.0, 0.0)
-    assert q[0, 16:20].tolist() == [0, 2, 2, 14]
-    assert torch.equal(q[0, :16], torch.arange(16, dtype=torch.uint8))
-    # Error <= scale/2 (+ the fp16 rounding of the zero, which shifts the grid a little).
-    x = torch.randn(200, 256) * 3
-    q, s, z = quantize_int4(x, 64)
-    assert q.max() <= 15
-    err = (dequantize_int4(q, s, z) - x).abs().unflatten(-1, (4, 64))
-    bound = s.float()[..., None] / 2 + z.float().abs()[..., None] * 2.0**-11 + 1e-6
-    assert (err <= bound).all()
-    # A constant group: scale 0, codes 0, dequantizes to the fp16 zero exactly; no NaN.
-    x = torch.full((1, 64), 0.3)
-    q, s, z = quantize_int4(x, 64)
-    assert s.item() == 0 and (q == 0).all() and z.item() == torch.tensor(0.3).half().item()
-    # Packing: element i low nibble, i + D/2 high nibble.
-    c = torch.randint(0, 16, (3, 128), dtype=torch.uint8)
-    p = pack_int4(c)
-    assert p.shape == (3, 64) and torch.equal(p & 15, c[:, :64]) and torch.equal(p >> 4, c[:, 64:])
-    assert torch.equal(unpack_int4(p), c)
+@dataclass
+class Pool:
+    """A cache and a tail pool of random bytes, the sequences' block tables, and every token's K/V
+    so far (the ground truth the pages are checked against)."""
+
+    nkv: int
+    d: int
+    num_blocks: int = 16
+    num_slots: int = 4
+    dtype: torch.dtype = torch.bfloat16
+    cache: torch.Tensor = field(init=False)
+    tail: torch.Tensor = field(init=False)
+    tail_page: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        pages = get_page_bytes("int4", B, self.nkv, self.d)
+        self.cache = torch.randint(-128, 128, (self.num_blocks, pages), dtype=torch.int8)
+        shape = (self.num_slots, 2, self.nkv, B, self.d)
+        self.tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16).view(self.dtype)
+        self.tail_page = torch.full((self.num_slots,), -1, dtype=torch.int32)
 
 
-def test_int4_v_is_key_major_in_the_page(device):
-    # Spelled out with page_layout.py's byte offsets, not _views: the write and the reference
-    # must both put byte i of slot t of head h of V at v_data + (h*D/2 + i)*B + t.
-    nkv, d, bs = 3, 64, 32
-    lay = Int4PageLayout(bs, nkv, d)
-    value = torch.randn(bs, nkv, d, device=device, dtype=torch.bfloat16)
-    key = torch.randn(bs, nkv, d, device=device, dtype=torch.bfloat16)
-    slots = torch.randperm(bs, device=device)  # slot of token n; a full page in shuffled order
-    cache, ref = _write_both(key, value, 1, bs, slots, device)
-    assert torch.equal(cache, ref)
-    codes, _, _ = quantize_int4(rotate(value), lay.group_size)  # [token, head, d]
-    page = cache[0].view(torch.uint8)
-    for t, h, i in ((0, 0, 0), (5, 1, 3), (31, 2, 31), (17, 2, 0)):
-        n = int((slots == t).nonzero())
-        want = int(codes[n, h, i]) | int(codes[n, h, i + d // 2]) << 4
-        assert int(page[lay.v_data + (h * d // 2 + i) * bs + t]) == want
-        k_want = pack_int4(quantize_int4(rotate(key[n, h]), lay.group_size)[0])[i]
-        assert int(page[lay.k_data + (h * bs + t) * d // 2 + i]) == int(k_want)
+def _write(pool: Pool, key, value, q_lens, seq_lens, table, slots, new, pad_rows: int = 0):
+    """One step through the kernel and through the reference (on copies); asserts they agree bit
+    for bit on the cache, the tail and tail_page, and leaves the kernel's result in ``pool``."""
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    kw = dict(
+        block_size=B, query_start_loc=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=torch.tensor(table, dtype=torch.int32),
+        # rows past the batch (CUDA-graph padding) hold garbage the kernels must not read
+        slot_of_seq=torch.tensor(slots + [3] * pad_rows, dtype=torch.int32),
+        slot_is_new=torch.tensor(new + [1] * pad_rows, dtype=torch.int32),
+        num_seqs=len(q_lens), max_query_len=max(q_lens),
+    )  # fmt: skip
+    want = (pool.cache.clone(), pool.tail.clone(), pool.tail_page.clone())
+    write_kv_cache_int4_ref(key, value, *want, **kw)
+    write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                   tail_page=pool.tail_page, **kw)  # fmt: skip
+    assert torch.equal(pool.cache, want[0]), "int4 pages differ from the reference"
+    assert torch.equal(pool.tail.view(torch.int16), want[1].view(torch.int16)), "tails differ"
+    assert torch.equal(pool.tail_page, want[2]), (pool.tail_page, want[2])
 
 
-# ---- write kernel == reference -----------------------------------------------------------------
+def _page_bytes_of(pool: Pool, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+    """The regions a page holding these 64 tokens' K/V must have."""
+    return list(quantize_page(Int4PageLayout(B, pool.nkv, pool.d), k, v))
 
 
-def _write_both(key, value, num_blocks, block_size, slots, device):
-    nkv, d = key.shape[1], key.shape[2]
-    lay = Int4PageLayout(block_size, nkv, d)
-    # Random bytes everywhere: slots the kernel must not touch have to keep them.
-    cache = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8, device=device)
-    ref = cache.clone()
-    write_kv_cache(key, value, cache, slots, kv_dtype="int4", block_size=block_size)
-    write_kv_cache_int4_ref(key, value, ref, slots, block_size=block_size)
-    return cache, ref
+def _assert_page(pool: Pool, block: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    views = page_views(pool.cache, Int4PageLayout(B, pool.nkv, pool.d))
+    for got, want in zip((x[block] for x in views), _page_bytes_of(pool, k, v), strict=True):
+        assert torch.equal(_bits(got), _bits(want))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32), (1, 256, 16), (4, 256, 32)]
-)
-def test_write_int4_matches_reference_bitwise(dtype, nkv, head_size, block_size, device):
-    n, nb = 10, 3
-    key = (torch.randn(n, nkv, head_size, device=device) * 3).to(dtype)
-    value = torch.randn(n, nkv, head_size, device=device).to(dtype)
-    key[0] = 0  # an all-zero token: every group constant 0
-    value[1, 0] = 0  # an all-zero head
-    value[2, -1] = 0
-    value[2, -1, 0] = 2.5  # a * e_0 rotates to the constant a / sqrt(D): constant groups
-    key[3, 0, :4] = 1e4  # large values in one head
-    slots = random_slots(n, nb, block_size, device, pad_every=4)
-    cache, ref = _write_both(key, value, nb, block_size, slots, device)
-    assert torch.equal(cache, ref)
-    _, _, ksz, vsz = _views(cache, Int4PageLayout(block_size, nkv, head_size))
-    s2 = int(slots[2])
-    assert s2 >= 0
-    sz = vsz[s2 // block_size, -1, s2 % block_size]  # the constant head: scale 0, zero a/sqrt(D)
-    assert (sz[:, 0] == 0).all()
-    assert (sz[:, 1] == torch.tensor(2.5 / head_size**0.5).half()).all()
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.uint8)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_int4_zero_and_huge_values_stay_finite(dtype, device):
-    nkv, d, bs = 2, 128, 16
-    big = torch.finfo(dtype).max if dtype == torch.float16 else 1e30
-    key = torch.randn(4, nkv, d, device=device).to(dtype)
-    value = torch.randn(4, nkv, d, device=device).to(dtype)
-    key[0] = 0
-    value[0] = 0
-    key[1, 0, :] = big  # rotated values far beyond fp16: zero clamps to -65504, codes saturate
-    key[1, 1, 3] = -big
-    value[2, 1, :5] = torch.tensor([big, -big, 1.0, 0.0, 2.0])
-    key[3] = 1e-30 if dtype == torch.bfloat16 else 1e-7  # scales underflow fp16
-    slots = torch.arange(4, device=device)
-    cache, ref = _write_both(key, value, 1, bs, slots, device)
-    assert torch.equal(cache, ref)
-    k, v = dequantize_cache_int4(cache, block_size=bs, num_kv_heads=nkv, head_size=d)
-    k, v = k[0, :4], v[0, :4]  # [slot, head, d] of the written slots (the rest is random bytes)
-    assert torch.isfinite(k).all() and torch.isfinite(v).all()
-    assert (k[0] == 0).all() and (v[0] == 0).all()  # zero vectors round-trip exactly
-    # The (clamped) scales and zeros are finite fp16.
-    _, _, ksz, vsz = _views(cache, Int4PageLayout(bs, nkv, d))
-    assert torch.isfinite(ksz[0, :, :4]).all() and torch.isfinite(vsz[0, :, :4]).all()
+def _kv(n: int, pool: Pool, scale: float = 1.0):
+    k = (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
+    return k, (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
 
 
-def test_int4_nan_inf_rows_are_flagged(device):
-    nkv, d, bs = 2, 64, 16
-    key = torch.randn(3, nkv, d, device=device, dtype=torch.bfloat16)
-    value = torch.randn(3, nkv, d, device=device, dtype=torch.bfloat16)
-    key[0, 1, 5] = float("nan")
-    value[1, 0, 0] = float("inf")
-    key[2, 0, 63] = float("-inf")
-    slots = torch.arange(3, device=device)
-    cache, ref = _write_both(key, value, 1, bs, slots, device)
-    assert torch.equal(cache, ref)
-    kd, vd, ksz, vsz = _views(cache, Int4PageLayout(bs, nkv, d))
-    flagged = [(kd, ksz, 0, 1), (vd, vsz, 1, 0), (kd, ksz, 2, 0)]
-    for data, sz, t, h in flagged:
-        assert sz[0, h, t].isnan().all() and (data[0, h, t] == 0).all()
-    # Other (token, head) rows are quantized normally.
-    assert torch.isfinite(ksz[0, 0, 0]).all() and torch.isfinite(vsz[0, 1, 1]).all()
-    assert torch.isfinite(ksz[0, 1, 2]).all()
+def test_decode_fills_a_page_token_by_token_until_it_flushes():
+    pool = Pool(nkv=2, d=64)
+    k_all, v_all = _kv(66, pool)
+    table = [[5, 9, 2]]
+    for t in range(66):  # token t at position t; slot 1, new at the first step only
+        _write(pool, k_all[t : t + 1], v_all[t : t + 1], [1], [t + 1], table, [1], [int(t == 0)])
+        if t < 63:  # still partial: every token so far in the tail, the page's block recorded
+            assert int(pool.tail_page[1]) == 5
+            assert torch.equal(pool.tail[1, 0, :, : t + 1], k_all[: t + 1].transpose(0, 1))
+            assert torch.equal(pool.tail[1, 1, :, : t + 1], v_all[: t + 1].transpose(0, 1))
+        elif t == 63:  # the 64th token: the page is quantized, the slot holds nothing
+            assert int(pool.tail_page[1]) == -1
+            _assert_page(pool, 5, k_all[:64], v_all[:64])
+        else:
+            assert int(pool.tail_page[1]) == 9
+    assert torch.equal(pool.tail[1, 0, :, :2], k_all[64:66].transpose(0, 1))
 
 
-def test_int4_padding_slots_and_rows_past_the_mapping(device):
-    nkv, d, bs, nb = 2, 64, 16, 2
-    lay = Int4PageLayout(bs, nkv, d)
-    key = torch.randn(9, nkv, d, device=device, dtype=torch.bfloat16)
-    cache = torch.randint(-128, 128, (nb, lay.page_bytes), dtype=torch.int8, device=device)
-    before = cache.clone()
-    write_kv_cache(key, key, cache, torch.full((9,), -1, device=device), kv_dtype="int4",
-                   block_size=bs)  # fmt: skip
-    assert torch.equal(cache, before)
-    # More key rows than slots (CUDA-graph padding): only mapped rows are written.
-    slots = torch.tensor([3, 17], dtype=torch.int64, device=device)
-    write_kv_cache(key, key, cache, slots, kv_dtype="int4", block_size=bs)
-    write_kv_cache_int4_ref(key[:2], key[:2], before, slots, block_size=bs)
-    assert torch.equal(cache, before)
+@pytest.mark.parametrize(("nkv", "d", "dtype"), [(2, 64, torch.bfloat16), (1, 128, torch.float16),
+                                                 (2, 256, torch.bfloat16)])  # fmt: skip
+def test_prefill_spanning_pages_ends_mid_page(nkv, d, dtype):
+    pool = Pool(nkv=nkv, d=d, dtype=dtype)
+    k, v = _kv(150 + 3, pool, scale=3.0)
+    # a second sequence in the batch, decoding, and two padding rows past it
+    _write(pool, k, v, [150, 3], [150, 3], [[7, 3, 11, 0], [4, 0, 0, 0]], [2, 0], [1, 1],
+           pad_rows=2)  # fmt: skip
+    _assert_page(pool, 7, k[:64], v[:64])
+    _assert_page(pool, 3, k[64:128], v[64:128])
+    assert torch.equal(pool.tail[2, 0, :, :22], k[128:150].transpose(0, 1))
+    assert torch.equal(pool.tail[2, 1, :, :22], v[128:150].transpose(0, 1))
+    assert pool.tail_page.tolist()[:3] == [4, -1, 11]
 
 
-def test_int4_non_contiguous_inputs_and_int32_slots(device):
-    nkv, d, bs, n = 2, 128, 16, 7
-    qkv = torch.randn(n, 3 * nkv, d, device=device, dtype=torch.bfloat16)
-    key, value = qkv[:, nkv : 2 * nkv], qkv[:, 2 * nkv :]
-    assert not key.is_contiguous()
-    slots = random_slots(n, 2, bs, device).int()
-    cache, ref = _write_both(key, value, 2, bs, slots, device)
-    assert torch.equal(cache, ref)
+def test_chunked_prefill_continuation_starts_mid_page_and_completes_it():
+    pool = Pool(nkv=2, d=64)
+    k, v = _kv(200, pool)
+    table = [[1, 6, 8, 10]]
+    _write(pool, k[:100], v[:100], [100], [100], table, [3], [1])  # page 1 partial: 36 tokens
+    assert int(pool.tail_page[3]) == 6
+    # the next chunk completes page 1 from the tail's 36 rows and 28 new tokens, writes page 2
+    # straight from key/value, and leaves 8 tokens of page 3 in the tail (over page 1's rows)
+    _write(pool, k[100:], v[100:], [100], [200], table, [3], [0])
+    _assert_page(pool, 1, k[:64], v[:64])
+    _assert_page(pool, 6, k[64:128], v[64:128])
+    _assert_page(pool, 8, k[128:192], v[128:192])
+    assert int(pool.tail_page[3]) == 10
+    assert torch.equal(pool.tail[3, 0, :, :8], k[192:200].transpose(0, 1))
 
 
-def test_int4_rejects_static_scales_and_e4m3(device):
-    nkv, d, bs = 1, 64, 16
-    key = torch.randn(1, nkv, d, device=device, dtype=torch.bfloat16)
-    cache = torch.zeros(1, Int4PageLayout(bs, nkv, d).page_bytes, dtype=torch.int8, device=device)
-    slots = torch.zeros(1, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError):
-        write_kv_cache(key, key, cache, slots, kv_dtype="int4", block_size=bs,
-                       k_scale=torch.ones(1), v_scale=torch.ones(1))  # fmt: skip
-    with pytest.raises(ValueError):
-        write_kv_cache(key, key, cache, slots, kv_dtype="int4", block_size=bs, v_format="e4m3")
+@pytest.mark.parametrize("case", ["slot_is_new", "tail_of_another_page", "no_slot"])
+def test_a_full_page_whose_tail_rows_are_not_its_own_is_left_untouched(case):
+    # A prefix-cache hit on a full page: vLLM recomputes its last token (ctx 63, one new token,
+    # seq_len 64); the slot's rows are not that page's, so the page keeps the bytes it holds.
+    pool = Pool(nkv=2, d=64)
+    k, v = _kv(64, pool)
+    _write(pool, k, v, [64], [64], [[4, 0]], [0], [1])  # the page, written whole
+    before = pool.cache.clone()
+    slot, new = {"slot_is_new": (2, 1), "tail_of_another_page": (2, 0), "no_slot": (-1, 0)}[case]
+    pool.tail_page[2] = 4 if case == "slot_is_new" else 9
+    k2, v2 = _kv(1, pool, scale=5.0)
+    _write(pool, k2, v2, [1], [64], [[4, 0]], [slot], [new])
+    assert torch.equal(pool.cache, before)
+    if slot >= 0:
+        assert int(pool.tail_page[slot]) == -1  # the last page is full: the slot holds nothing
 
 
-@settings(max_examples=8, deadline=None)
-@given(
-    n=st.integers(1, 6),
-    nkv=st.sampled_from([1, 2, 4]),
-    d=st.sampled_from([64, 128, 256]),
-    scale_exp=st.integers(-20, 20),
-    pad=st.integers(0, 3),
-    fp16=st.booleans(),
-)
-def test_write_int4_random_magnitudes(n, nkv, d, scale_exp, pad, fp16):
-    dtype = torch.float16 if fp16 else torch.bfloat16
-    mag = 2.0**scale_exp
-    if fp16:
-        mag = min(mag, 1000.0)
-    key = (torch.randn(n, nkv, d) * mag).to(dtype)
-    value = (torch.randn(n, nkv, d) * mag).to(dtype)
-    slots = random_slots(n, 2, 16, "cpu", pad_every=pad + 1 if pad else 0)
-    cache, ref = _write_both(key, value, 2, 16, slots, "cpu")
-    assert torch.equal(cache, ref)
+def test_slot_minus_one_rows_write_no_tail():
+    pool = Pool(nkv=2, d=64)
+    tail, tail_page = pool.tail.clone(), pool.tail_page.clone()
+    k, v = _kv(70 + 5 + 1, pool)
+    # a slot-less prefill (a dummy run): its full page is still written from key/value, its
+    # partial page's tokens are dropped; likewise for a slot-less decode row
+    _write(pool, k, v, [70, 5, 1], [70, 5, 30], [[2, 3], [5, 6], [7, 8]], [-1, -1, -1],
+           [0, 1, 0])  # fmt: skip
+    assert torch.equal(pool.tail.view(torch.int16), tail.view(torch.int16))
+    assert torch.equal(pool.tail_page, tail_page)
+    _assert_page(pool, 2, k[:64], v[:64])
+
+
+def test_sequences_without_new_tokens_and_mixed_batches():
+    pool = Pool(nkv=3, d=64, num_slots=6)
+    k, v = _kv(64 + 1 + 130, pool)
+    pool.tail_page[5] = 12  # seq 1 decodes at position 40 of its page 12: rows 0..39 are its own
+    _write(pool, k, v, [64, 0, 1, 130], [64, 41, 41, 130], [[1, 0, 0], [12, 0, 0], [12, 0, 0], [3, 4, 5]],
+           [0, 4, 5, 1], [1, 0, 0, 1])  # fmt: skip
+    _assert_page(pool, 1, k[:64], v[:64])
+    assert pool.tail_page.tolist() == [-1, 5, -1, -1, -1, 12]
+
+
+def test_nan_flags_only_its_k_channel_and_v_token():
+    pool = Pool(nkv=1, d=64)
+    k, v = _kv(64, pool)
+    k[10, 0, 3] = float("nan")
+    v[20, 0, 40] = float("inf")
+    _write(pool, k, v, [64], [64], [[0]], [0], [1])
+    kk, vv = dequantize_cache_int4(pool.cache, block_size=B, num_kv_heads=1, head_size=64)
+    assert kk[0, :, 0, 3].isnan().all() and not kk[0, :, 0, :3].isnan().any()
+    assert vv[0, 20, 0].isnan().all() and not vv[0, 19, 0].isnan().any()
+
+
+def test_constant_and_huge_values_stay_finite():
+    pool = Pool(nkv=1, d=64)
+    k = torch.full((64, 1, 64), 2.5, dtype=torch.bfloat16)
+    v = (torch.randn(64, 1, 64) * 1e6).to(torch.bfloat16)  # beyond fp16's range: saturates
+    _write(pool, k, v, [64], [64], [[0]], [0], [1])
+    kk, vv = dequantize_cache_int4(pool.cache, block_size=B, num_kv_heads=1, head_size=64)
+    assert torch.equal(kk[0], k.float())  # a constant channel: scale 0, dequantizes to its zero exactly
+    assert vv[0].isfinite().all()  # (the other pages hold random bytes)
+
+
+def test_int4_write_rejects_bad_tails_and_static_scales():
+    pool = Pool(nkv=2, d=64)
+    k, v = _kv(1, pool)
+    kw = dict(block_size=B, query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+              seq_lens=torch.tensor([1], dtype=torch.int32),
+              block_table=torch.zeros(1, 1, dtype=torch.int32),
+              slot_of_seq=torch.zeros(1, dtype=torch.int32),
+              slot_is_new=torch.zeros(1, dtype=torch.int32), num_seqs=1, max_query_len=1)  # fmt: skip
+    with pytest.raises(ValueError, match="tail must be"):
+        write_kv_cache(k, v, pool.cache, None, kv_dtype="int4", tail=pool.tail[:, :, :1],
+                       tail_page=pool.tail_page, **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="static scales"):
+        write_kv_cache(k, v, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                       tail_page=pool.tail_page, k_scale=torch.ones(2), **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="pages hold 64 tokens"):
+        write_kv_cache(k, v, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                       tail_page=pool.tail_page, **{**kw, "block_size": 16})  # fmt: skip
 
 
 @pytest.mark.gpu
-def test_write_int4_real_size_gpu():
-    nkv, d, bs, n, nb = 8, 128, 16, 256, 64
-    key = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16) * 4
-    value = torch.randn(n, nkv, d, device="cuda", dtype=torch.bfloat16)
-    key[:3] = 0
-    slots = random_slots(n, nb, bs, "cuda", pad_every=7)
-    cache, ref = _write_both(key, value, nb, bs, slots, "cuda")
-    _assert_equal_up_to_rotation_rounding(cache, ref, slots, nkv, d, bs)
+def test_int4_write_real_size_gpu():
+    pool = Pool(nkv=8, d=128, num_blocks=300, num_slots=40)
+    for name in ("cache", "tail", "tail_page"):
+        setattr(pool, name, getattr(pool, name).cuda())
+    q_lens = [1] * 30 + [1000, 333]
+    seq_lens = [64 * (i + 1) - (i % 3) for i in range(30)] + [1000, 800]
+    table = torch.randperm(300)[: 32 * 9].view(32, 9)
+    n = sum(q_lens)
+    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    pool.tail_page[:30] = table[:30, 0].int().cuda()  # decode rows' own (garbage) tails
+    _write_gpu(pool, k, v, q_lens, seq_lens, table, list(range(32)), [0] * 30 + [1, 0])
 
 
-def _assert_equal_up_to_rotation_rounding(cache, ref, slots, nkv, d, bs):
-    """Bit-equal, or as close as two fp32 GEMMs allow: on a GPU the kernel's rotation and the
-    reference's are separate cuBLAS calls whose algorithm (and last bit) cuBLAS may choose
-    differently, and a last-bit change at a rounding boundary moves a 4-bit code by one, or a
-    group's scale/zero by an fp16 ulp. So: few differing bytes, and every written value within one
-    quantization step (a group's range / 15 <= its vector's range / 15) of the reference."""
-    if torch.equal(cache, ref):
-        return
-    assert (cache != ref).float().mean() < 1e-3, "more bytes differ than rounding can explain"
-    written = slots[slots >= 0].long()
-    blk, off = written // bs, written % bs
-    got = dequantize_cache_int4(cache, block_size=bs, num_kv_heads=nkv, head_size=d, rotated=True)
-    want = dequantize_cache_int4(ref, block_size=bs, num_kv_heads=nkv, head_size=d, rotated=True)
-    for a, b in zip(got, want, strict=True):
-        a, b = a[blk, off], b[blk, off]  # [tokens, heads, D]
-        step = (b.amax(-1, keepdim=True) - b.amin(-1, keepdim=True)) / 15
-        assert ((a - b).abs() <= step * 1.01 + 1e-6).all()
-
-
-def test_rounding_tolerance_of_the_gpu_comparison_accepts_one_code_and_rejects_real_errors():
-    nkv, d, bs, n, nb = 2, 64, 16, 40, 4
-    key = torch.randn(n, nkv, d, dtype=torch.bfloat16)
-    value = torch.randn(n, nkv, d, dtype=torch.bfloat16)
-    slots = torch.randperm(nb * bs)[:n]
-    cache, ref = _write_both(key, value, nb, bs, slots, "cpu")
-    kd = _views(cache, Int4PageLayout(bs, nkv, d))[0]
-    blk, off = int(slots[0]) // bs, int(slots[0]) % bs
-    byte = int(kd[blk, 0, off, 0])
-    kd[blk, 0, off, 0] = byte - 1 if byte & 15 else byte + 1  # low nibble: one code step
-    _assert_equal_up_to_rotation_rounding(cache, ref, slots, nkv, d, bs)
-    kd[blk, 0, off, 0] = byte ^ 8  # eight code steps: a wrong value, not rounding
-    with pytest.raises(AssertionError):
-        _assert_equal_up_to_rotation_rounding(cache, ref, slots, nkv, d, bs)
-    kd[blk, 0, off, 0] = byte
-    kd[blk] ^= 1  # a whole page's K codes off by one: far more bytes than rounding touches
-    with pytest.raises(AssertionError, match="more bytes differ"):
-        _assert_equal_up_to_rotation_rounding(cache, ref, slots, nkv, d, bs)
+def _write_gpu(pool, key, value, q_lens, seq_lens, table, slots, new):
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    kw = dict(block_size=B, query_start_loc=qsl.cuda(),
+              seq_lens=torch.tensor(seq_lens, dtype=torch.int32).cuda(),
+              block_table=table.int().cuda(), slot_of_seq=torch.tensor(slots).int().cuda(),
+              slot_is_new=torch.tensor(new).int().cuda(), num_seqs=len(q_lens),
+              max_query_len=max(q_lens))  # fmt: skip
+    want = (pool.cache.clone(), pool.tail.clone(), pool.tail_page.clone())
+    write_kv_cache_int4_ref(key, value, *want, **kw)
+    write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                   tail_page=pool.tail_page, **kw)  # fmt: skip
+    assert torch.equal(pool.cache, want[0])
+    assert torch.equal(pool.tail, want[1]) and torch.equal(pool.tail_page, want[2])

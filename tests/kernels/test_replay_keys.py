@@ -57,7 +57,7 @@ def _attention_args():
         query_start_loc=_int32(5, fill=torch.arange(5)), seq_lens=_int32(4, fill=torch.tensor(20)),
         block_table=_int32(4, 2, fill=torch.arange(8).view(4, 2)), max_query_len=1,
         max_seq_len=20, softmax_scale=0.125, sliding_window=None, soft_cap=None, k_scale=None,
-        v_scale=None, workspace=None, num_splits=None, v_format="int8",
+        v_scale=None, workspace=None, num_splits=None, v_format="int8", tail=None, slot_of_seq=None,
     )  # fmt: skip
 
 
@@ -78,6 +78,9 @@ def _attention_changes(a):
         "sliding_window": [8], "soft_cap": [30.0], "k_scale": [torch.ones(NKV)],
         "v_scale": [torch.ones(NKV)], "workspace": [make_workspace(4, NQ, D, device="cpu")],
         "num_splits": [2], "v_format": ["e4m3"],
+        # int4's (ignored by int8 pages, but part of the call)
+        "tail": [torch.zeros(1, 2, NKV, 64, D, dtype=torch.bfloat16)],
+        "slot_of_seq": [_int32(4)],
     }  # fmt: skip
 
 
@@ -87,8 +90,13 @@ def _write_args():
     return dict(
         key=k, value=torch.randn_like(k), kv_cache=torch.zeros(8, pages, dtype=torch.int8),
         slot_mapping=_int32(4, fill=torch.arange(4)), kv_dtype="int8", block_size=BS, k_scale=None,
-        v_scale=None, v_format="int8",
+        v_scale=None, v_format="int8", **dict.fromkeys(INT4_WRITE_ARGS),
     )  # fmt: skip
+
+
+# write_kv_cache's int4 keywords: ignored by int8 pages, but part of the call
+INT4_WRITE_ARGS = ("tail", "tail_page", "query_start_loc", "seq_lens", "block_table", "slot_of_seq",
+                   "slot_is_new", "num_seqs", "max_query_len")  # fmt: skip
 
 
 def _write_changes(a):
@@ -101,6 +109,7 @@ def _write_changes(a):
                          _as_int64(a["slot_mapping"])],
         "kv_dtype": ["int8_static"], "block_size": [32], "k_scale": [torch.ones(NKV)],
         "v_scale": [torch.ones(NKV)], "v_format": ["e4m3"],
+        **{name: [1] for name in INT4_WRITE_ARGS},
     }  # fmt: skip
 
 
