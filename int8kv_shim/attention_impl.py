@@ -40,12 +40,10 @@ from int8kv_kernels.catalogue import (
 )
 from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
-from int8kv_shim import flash_prefill
+from int8kv_shim import flash_prefill, tail_slots
 from int8kv_shim._logging import get_logger
-from int8kv_shim.environment_variables import (
-    INT8KV_DIRECT_LAUNCH,
-    direct_launch_enabled,
-)
+from int8kv_shim.catalogue_loader import needs_tail_pool, page_tokens
+from int8kv_shim.environment_variables import INT8KV_DIRECT_LAUNCH, direct_launch_enabled
 from int8kv_shim.flash_prefill import (
     CONTEXT_BUFFER_BYTES,
     MIN_CONTINUATION_TOKENS,
@@ -103,6 +101,10 @@ class Int8KVAttentionMetadata:
     prefill_query_start_loc: torch.Tensor | None = None
     # Prefills (first chunks and long enough continuations) on FlashAttention (flash_prefill.py).
     split: PrefillSplit | None = None
+    # Dtypes with a tail pool (int4): row r's tail slot (-1: none) and whether it is new this step,
+    # views of the process's persistent buffers (tail_slots.py), in the rows of block_table.
+    slot_of_seq: torch.Tensor | None = None
+    slot_is_new: torch.Tensor | None = None
 
 
 class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMetadata]):
@@ -132,10 +134,14 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             _WORKSPACE_TOKENS, num_q_heads, model_config.get_head_size(), MAX_SPLITS, device
         )
         our_dtype = getattr(kv_cache_spec, "int8kv_dtype", None)
+        # The impls (built with the model, before any builder) made the process's slot manager.
+        self.slots = _slot_manager() if needs_tail_pool(our_dtype) else None
+        if self.slots is not None:
+            self.slots.log_pool_once()
         # Decided once per builder, like the impl's own choice (same cached function).
         self.flash_prefill = flash_attention(model_config.get_head_size()) is not None
-        # Continuations need their context dequantized into BF16 (int8 / int8_static only: int4
-        # pages hold Hadamard-rotated K/V), within CONTEXT_BUFFER_BYTES per layer call.
+        # Continuations need their context dequantized into BF16 (int8 / int8_static only: part
+        # of an int4 context lives in the tail), within CONTEXT_BUFFER_BYTES per layer call.
         self.max_context_tokens = (
             CONTEXT_BUFFER_BYTES
             // context_bytes_per_token(self.num_kv_heads, model_config.get_head_size())
@@ -178,9 +184,20 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         # Host-side counts only (query_start_loc_cpu): no device sync.
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m)
         mixed = num_decodes > 0 and num_prefills > 0
+        slot_of_seq = slot_is_new = None
+        if self.slots is not None:
+            if m.num_reqs > self.slots.num_slots:
+                raise tail_slots.TailSlotsExhaustedError(
+                    f"int8kv-shim: a batch of {m.num_reqs} rows, but int4's tail pool has "
+                    f"{self.slots.num_slots} slots (max_num_seqs)"
+                )
+            slot_of_seq = self.slots.slot_of_seq[: m.num_reqs]
+            slot_is_new = self.slots.slot_is_new[: m.num_reqs]
         split = None
         if m.max_query_len > 1:
-            split, reason = self._prefill_route(m, first_seq=num_decodes if mixed else 0)
+            split, reason = self._prefill_route(
+                m, first_seq=num_decodes if mixed else 0, slot_of_seq=slot_of_seq
+            )
             self._log_route(split, reason)
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
@@ -202,10 +219,15 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
                 else None
             ),
             split=split,
+            slot_of_seq=slot_of_seq,
+            slot_is_new=slot_is_new,
         )
 
     def _prefill_route(
-        self, m: CommonAttentionMetadata, first_seq: int
+        self,
+        m: CommonAttentionMetadata,
+        first_seq: int,
+        slot_of_seq: torch.Tensor | None = None,
     ) -> tuple[PrefillSplit | None, str | None]:
         """The FlashAttention-2 split of a batch with prefills, or None and why, in words (for
         the log)."""
@@ -230,6 +252,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             self.max_context_tokens if exact or not self.speculative else 0,
             self.min_continuation_tokens,
             first_seq=first_seq,
+            slot_of_seq=slot_of_seq,
         )
         if split is None:
             return None, "our kernels (no sequence qualifies for FlashAttention-2)"
@@ -331,6 +354,15 @@ class Int8KVAttentionImpl(AttentionImpl):
         self._flash_attention = (
             flash_attention(head_size) if kv_sharing_target_layer_name is None else None
         )
+        # int4: this layer's tail pool (tail_slots.py), allocated here, while vLLM loads the
+        # model, so its memory profiling counts it as non-KV memory and the KV capacity it
+        # reports is what is left. A layer reading another layer's cache reads that layer's tail
+        # (looked up at its first forward) and has none of its own.
+        self.uses_tail = needs_tail_pool(kv_cache_dtype)
+        self.tail: torch.Tensor | None = None
+        self.tail_page: torch.Tensor | None = None
+        if self.uses_tail and kv_sharing_target_layer_name is None:
+            self.tail, self.tail_page = _allocate_tail(kv_cache_dtype, num_kv_heads, head_size)
 
     @property
     def flash_prefill(self) -> bool:
@@ -386,14 +418,20 @@ class Int8KVAttentionImpl(AttentionImpl):
             return output.fill_(0)
         md = attn_metadata
         n = md.num_actual_tokens
+        if self.uses_tail and key is not None and self.kv_sharing_target_layer_name is None:
+            # Before any attention of this step, FlashAttention's first chunks included: the
+            # write needs the step's metadata (do_kv_cache_update gets only the slot mapping).
+            self._write_with_tail(key, value, kv_cache, md)
         lo = 0  # first token after the decodes that run as their own launch
         qsl, seq_lens, block_table = md.query_start_loc, md.seq_lens, md.block_table
+        slots = md.slot_of_seq
         if md.prefill_query_start_loc is not None:
             nd, lo = md.num_decodes, md.num_decode_tokens
             self._paged(query[:lo], kv_cache, output[:lo], md, qsl[: nd + 1], seq_lens[:nd],
-                        block_table[:nd], 1)  # fmt: skip
+                        block_table[:nd], 1, _rows(slots, 0, nd))  # fmt: skip
             qsl, seq_lens = md.prefill_query_start_loc, seq_lens[nd : md.num_reqs]
             block_table = block_table[nd : md.num_reqs]
+            slots = _rows(slots, nd, md.num_reqs)
         split = md.split if self._flash_attention is not None and key is not None else None
         if split is not None:
             try:
@@ -404,8 +442,36 @@ class Int8KVAttentionImpl(AttentionImpl):
                 flash_prefill.disable(e)
                 self._flash_attention = None
         self._paged(query[lo:n], kv_cache, output[lo:n], md, qsl, seq_lens, block_table,
-                    md.max_query_len)  # fmt: skip
+                    md.max_query_len, slots)  # fmt: skip
         return output
+
+    def _write_with_tail(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: Int8KVAttentionMetadata,
+    ) -> None:
+        """The step's new K/V into the int4 pages and this layer's tail (the kernels' contract:
+        a page that fills is quantized from its tail rows and the new tokens; the unfinished last
+        page goes to the tail in the model's dtype)."""
+        write_kv_cache(
+            key,
+            value,
+            kv_cache,
+            md.slot_mapping,  # not used by int4: rows are placed by block table and lengths
+            kv_dtype=self.kv_cache_dtype,
+            block_size=md.block_size,
+            tail=self.tail,
+            tail_page=self.tail_page,
+            query_start_loc=md.query_start_loc,
+            seq_lens=md.seq_lens,
+            block_table=md.block_table,
+            slot_of_seq=md.slot_of_seq,
+            slot_is_new=md.slot_is_new,
+            num_seqs=md.num_reqs,
+            max_query_len=md.max_query_len,
+        )
 
     def _forward_split(
         self,
@@ -429,7 +495,7 @@ class Int8KVAttentionImpl(AttentionImpl):
 
         def paged(q: torch.Tensor, out: torch.Tensor, s: Subset) -> None:
             self._paged(q, kv_cache, out, md, s.query_start_loc, s.seq_lens, s.block_table,
-                        s.max_query_len)  # fmt: skip
+                        s.max_query_len, s.slot_of_seq)  # fmt: skip
 
         return flash_prefill.forward_split(
             query, key, value, output, split, flash_attention=self._flash_attention,
@@ -447,8 +513,13 @@ class Int8KVAttentionImpl(AttentionImpl):
         seq_lens: torch.Tensor,
         block_table: torch.Tensor,
         max_query_len: int,
+        slot_of_seq: torch.Tensor | None = None,
     ) -> None:
-        """Our kernels over the quantized pages, for the sequences these tensors describe."""
+        """Our kernels over the quantized pages, for the sequences these tensors describe
+        (``slot_of_seq``: their tail slots, for dtypes with a tail pool)."""
+        tail = {}
+        if self.uses_tail:
+            tail = {"tail": self._attention_tail(), "slot_of_seq": slot_of_seq}
         paged_attention(
             query,
             kv_cache,
@@ -466,8 +537,19 @@ class Int8KVAttentionImpl(AttentionImpl):
             soft_cap=self.logits_soft_cap,
             workspace=md.workspace,
             num_splits=md.num_splits,
+            **tail,
             **self._kernel_scales(),
         )
+
+    def _attention_tail(self) -> torch.Tensor:
+        """This layer's tail pool, or, for a layer reading another layer's cache, that layer's."""
+        if self.tail is None:
+            from vllm.forward_context import get_forward_context
+
+            layers = get_forward_context().no_compile_layers
+            target = layers[self.kv_sharing_target_layer_name].impl
+            self.tail = target.tail
+        return self.tail
 
     def do_kv_cache_update(
         self,
@@ -477,6 +559,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        if self.uses_tail:
+            return  # written in forward(), which has the step's metadata (_write_with_tail)
         if self._recorder is not None and self._recorder.armed:
             self._recorder.record(layer.layer_name, key, value, slot_mapping)
         write_kv_cache(
@@ -496,6 +580,47 @@ class Int8KVAttentionImpl(AttentionImpl):
 
     def fused_rope_kvcache_supported(self) -> bool:
         return False
+
+
+def _rows(x: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    return None if x is None else x[start:end]
+
+
+def _slot_manager() -> tail_slots.TailSlots:
+    slots = tail_slots.manager()
+    if slots is None:
+        raise RuntimeError(
+            "int8kv-shim: an int4 metadata builder was built before any int4 attention layer "
+            "(the layers make the tail pool's slot manager)"
+        )
+    return slots
+
+
+def _allocate_tail(
+    kv_cache_dtype: str, num_kv_heads: int, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's (tail, tail_page), sized from the vLLM config being built."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None:
+        raise ValueError(
+            f"int8kv-shim: --kv-cache-dtype {kv_cache_dtype} sizes its tail pool from vLLM's "
+            "config (max_num_seqs, the model's dtype), and none is current: build the layer "
+            "inside vLLM's model loading (or under set_current_vllm_config)"
+        )
+    num_slots = config.scheduler_config.max_num_seqs
+    dtype = config.model_config.dtype
+    device = torch.device(config.device_config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    slots = tail_slots.install(num_slots, device)
+    tokens = page_tokens(kv_cache_dtype)
+    assert tokens is not None, kv_cache_dtype
+    tail = torch.zeros(num_slots, 2, num_kv_heads, tokens, head_size, dtype=dtype, device=device)
+    tail_page = torch.full((num_slots,), -1, dtype=torch.int32, device=device)
+    slots.count_pool(tail.numel() * tail.element_size() + tail_page.numel() * 4)
+    return tail, tail_page
 
 
 def _block_size(kv_cache: torch.Tensor, kv_dtype: str, num_kv_heads: int, head_size: int) -> int:

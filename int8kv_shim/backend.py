@@ -16,7 +16,7 @@ import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionType
 
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
-from int8kv_shim.catalogue_loader import load_catalogue
+from int8kv_shim.catalogue_loader import block_size_reason, load_catalogue, page_tokens
 
 if TYPE_CHECKING:
     from vllm.platforms.interface import DeviceCapability
@@ -67,6 +67,21 @@ class Int8KVAttentionBackend(AttentionBackend):
         return sorted({h for d in _catalogue.CATALOGUE.values() for h in d.head_sizes})
 
     @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """The block size vLLM uses when the user gave no ``--block-size``: the one our dtype's
+        pages fix (``int4``: 64), else vLLM's default.
+
+        vLLM calls it in each worker (``Platform.update_block_size_for_backend``) with the
+        engine's config current; the front end already set the same value (patch P10).
+        """
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        cache = getattr(config, "cache_config", None)
+        fixed = page_tokens(getattr(cache, "cache_dtype", None))
+        return fixed if fixed is not None else super().get_preferred_block_size(default_block_size)
+
+    @classmethod
     def is_mla(cls) -> bool:
         return False
 
@@ -99,7 +114,8 @@ class Int8KVAttentionBackend(AttentionBackend):
             and cls.supports_head_size(head_size)
         ):
             return _head_size_reason(kv_cache_dtype, head_size)
-        return None
+        # vLLM passes the block size here only when the user chose it (--block-size).
+        return block_size_reason(kv_cache_dtype, block_size)
 
     @classmethod
     def validate_configuration(

@@ -71,3 +71,36 @@ def _attach_to_package_when_imported(module: ModuleType) -> None:
 def dtype_names() -> tuple[str, ...]:
     """Our ``--kv-cache-dtype`` names, in catalogue order."""
     return tuple(load_catalogue().DTYPE_NAMES)
+
+
+# int4's page size until the catalogue entries carry ``page_tokens`` (the one place that falls
+# back: everything else asks page_tokens() / needs_tail_pool()).
+_INT4_PAGE_TOKENS = 64
+
+
+def page_tokens(name: str | None) -> int | None:
+    """The block size dtype ``name`` fixes (its page's tokens); None: any block size, or not ours."""
+    entry = load_catalogue().CATALOGUE.get(name or "")
+    if entry is None:
+        return None
+    fallback = _INT4_PAGE_TOKENS if entry.bits == 4 else None
+    return getattr(entry, "page_tokens", fallback)
+
+
+def needs_tail_pool(name: str | None) -> bool:
+    """Whether dtype ``name`` keeps each sequence's unfinished page in the shim's tail pool."""
+    entry = load_catalogue().CATALOGUE.get(name or "")
+    if entry is None:
+        return False
+    return bool(getattr(entry, "tail", entry.bits == 4))
+
+
+def block_size_reason(name: str | None, block_size: int | None) -> str | None:
+    """Why ``block_size`` cannot hold dtype ``name``'s pages, in one line; None when it can."""
+    fixed = page_tokens(name)
+    if fixed is None or block_size is None or block_size == fixed:
+        return None
+    return (
+        f"--kv-cache-dtype {name} stores pages of {fixed} tokens: use --block-size {fixed} "
+        f"(or leave --block-size out), not {block_size}"
+    )

@@ -71,15 +71,3 @@ def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether our kernels launch directly (``INT8KV_DIRECT_LAUNCH``; on unless switched off)."""
     env = os.environ if environ is None else environ
     return not is_falsy(env.get(INT8KV_DIRECT_LAUNCH))
-
-
-INT8KV_INT4_ROTATION = "INT8KV_INT4_ROTATION"
-"""``int4`` only, for accuracy ablations: ``0`` / ``off`` / ``false`` / ``no`` store K/V without the
-Hadamard rotation (worse accuracy; ``benchmarks/accuracy.py``'s ``int4_no_rotation`` row). Unset or
-anything else: rotation on."""
-
-
-def int4_rotation_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``int4`` rotates K/V (``INT8KV_INT4_ROTATION``; on unless explicitly switched off)."""
-    env = os.environ if environ is None else environ
-    return not is_falsy(env.get(INT8KV_INT4_ROTATION))

@@ -16,13 +16,14 @@ A sequence that brings more than one new token attends with FlashAttention-2 ("f
   position ctx + i sees keys <= ctx + i, exactly our kernels' rule; the sliding window likewise
   (``window_size=[w - 1, 0]``). vLLM's own TurboQuant backend attends continuations this way. The
   context reads the same quantized values our kernels would; the new tokens are unquantized, as
-  for a first chunk. ``int4`` continuations stay on our kernels (their pages hold Hadamard-rotated
-  K/V), and so does a continuation whose context would push the batch's buffers past
-  ``CONTEXT_BUFFER_BYTES``.
+  for a first chunk. ``int4`` continuations stay on our kernels (the newest part of their
+  context is in the tail pool, not the pages), and so does a continuation whose context would
+  push the batch's buffers past ``CONTEXT_BUFFER_BYTES``.
 
 Every other query token -- decodes, speculative-decode verifications, short continuations --
 attends over the quantized pages with our kernels. The new tokens' K/V are written into the cache
-either way (``do_kv_cache_update`` runs before attention), so later steps read them quantized.
+either way before attention (``do_kv_cache_update``; for ``int4`` at the start of the impl's
+``forward``), so later steps read them quantized.
 
 ``INT8KV_PREFILL=triton`` turns this off (every token through our kernels, e.g. to measure
 accuracy purely through the cache). It is also off where vLLM's FlashAttention-2 cannot run
@@ -89,6 +90,8 @@ class Subset:
     # (first, end) when token_index is the contiguous run first..end-1 (the usual case: decodes
     # first, then every prefill on FlashAttention): rows are then sliced, not gathered and scattered
     token_range: tuple[int, int] | None = None
+    # int32 [seqs]: their rows of the batch's tail slots (dtypes with a tail pool), else None
+    slot_of_seq: torch.Tensor | None = None
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """This subset's rows of a full-batch tensor: a view when they are contiguous."""
@@ -194,6 +197,7 @@ def make_subset(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     num_computed_cpu: torch.Tensor | None = None,
+    slot_of_seq: torch.Tensor | None = None,
 ) -> Subset:
     """The compact varlen description of ``seqs`` (host work, small copies, two gathers).
 
@@ -224,6 +228,7 @@ def make_subset(
         seq_lens=seq_lens.index_select(0, seq_index),
         block_table=block_table.index_select(0, seq_index),
         token_range=(int(offsets[0]), int(offsets[0] + ends[-1])) if contiguous else None,
+        slot_of_seq=None if slot_of_seq is None else slot_of_seq.index_select(0, seq_index),
     )
     if num_computed_cpu is not None:
         contexts = num_computed_cpu.to(torch.int64)[seqs_cpu]
@@ -248,10 +253,12 @@ def split_batch(
     max_context_tokens: int = 0,
     min_continuation_tokens: int = MIN_CONTINUATION_TOKENS,
     first_seq: int = 0,
+    slot_of_seq: torch.Tensor | None = None,
 ) -> PrefillSplit | None:
     """The split of a batch, or None (nothing for FlashAttention, or no CPU computed counts).
 
-    ``seq_lens`` / ``block_table``: the batch's device tensors (subsets are gathered from them).
+    ``seq_lens`` / ``block_table`` / ``slot_of_seq`` (tail slots, or None): the batch's device
+    tensors (subsets are gathered from them).
     ``max_context_tokens`` / ``min_continuation_tokens`` / ``first_seq``: as in :func:`plan_split`.
     """
     if num_computed_cpu is None:
@@ -269,10 +276,14 @@ def split_batch(
     one, longer = rest_cpu[single].tolist(), rest_cpu[~single].tolist()
 
     def subset(seqs: list[int]) -> Subset | None:
-        return make_subset(query_start_loc_cpu, seqs, seq_lens, block_table) if seqs else None
+        if not seqs:
+            return None
+        return make_subset(query_start_loc_cpu, seqs, seq_lens, block_table, None, slot_of_seq)
 
     return PrefillSplit(
-        flash=make_subset(query_start_loc_cpu, flash, seq_lens, block_table, num_computed_cpu),
+        flash=make_subset(
+            query_start_loc_cpu, flash, seq_lens, block_table, num_computed_cpu, slot_of_seq
+        ),
         rest=subset(longer),
         decodes=subset(one),
     )

@@ -3,7 +3,7 @@
 Each ``patch_*`` / ``guard_*`` function takes the freshly imported vLLM module it patches (they run
 as wrapt post-import hooks, or at once when the module is already imported), is idempotent, and
 records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. Each site, why it is
-patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P9
+patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P12
 below; it also lists the vLLM and Triton internals read outside this module).
 
 Two sets of sites:
@@ -401,6 +401,202 @@ def patch_refuse_unsupported_models(arg_utils: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P10  vllm.engine.arg_utils: EngineArgs.create_engine_config (what int4's tail cannot honour)
+
+
+def int4_config_refusal(vllm_config: Any) -> str | None:
+    """The one-line refusal of an engine config a tail dtype cannot serve, or None.
+
+    Also sets the block size the dtype needs when the user gave none. Reads ``cache_config``
+    (``cache_dtype``, ``block_size``, ``user_specified_block_size``), ``speculative_config``,
+    ``parallel_config`` and ``kv_transfer_config`` of vLLM's VllmConfig (a stand-in works in
+    tests).
+    """
+    from int8kv_shim.catalogue_loader import block_size_reason, needs_tail_pool, page_tokens
+
+    cache = vllm_config.cache_config
+    dtype = cache.cache_dtype
+    if not needs_tail_pool(dtype):
+        return None
+    prefix = f"int8kv-shim: --kv-cache-dtype {dtype}"
+    if getattr(cache, "user_specified_block_size", True):
+        reason = block_size_reason(dtype, cache.block_size)
+        if reason is not None:
+            return f"int8kv-shim: {reason}"
+    else:
+        cache.block_size = page_tokens(dtype) or cache.block_size
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return (
+            f"{prefix} does not support speculative decoding yet: unverified draft tokens would "
+            "be quantized into its pages; drop the speculative config or use --kv-cache-dtype int8"
+        )
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "enable_dbo", False) or getattr(parallel, "use_ubatching", False):
+        return (
+            f"{prefix} does not support dual-batch overlap (--enable-dbo): its tail slots follow "
+            "the whole batch's rows, not a micro-batch's"
+        )
+    for name, flag in (
+        ("decode_context_parallel_size", "--decode-context-parallel-size"),
+        ("prefill_context_parallel_size", "--prefill-context-parallel-size"),
+    ):
+        if getattr(parallel, name, 1) > 1:
+            return (
+                f"{prefix} does not support context parallelism ({flag} > 1): a rank would hold "
+                "only part of a page, and the tail holds whole pages"
+            )
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return (
+            f"{prefix} does not support KV connectors (--kv-transfer-config): a transferred or "
+            "offloaded page would lose its unfinished tokens, which live in the tail pool"
+        )
+    return None
+
+
+def patch_refuse_unsupported_int4_options(arg_utils: ModuleType) -> None:
+    """Refuse, at start-up and in one line each, options a tail dtype cannot honour yet, and set
+    its block size when the user gave none.
+
+    ``create_engine_config`` is where every entry point (``vllm serve``, ``LLM(...)``,
+    benchmarks) builds its config, in the front-end process before any worker starts.
+    """
+    if is_applied("refuse_unsupported_int4_options"):
+        return
+    engine_args = getattr(arg_utils, "EngineArgs", None)
+    if engine_args is None or "create_engine_config" not in vars(engine_args):
+        return
+    original = vars(engine_args)["create_engine_config"]
+
+    def refuse(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        vllm_config = wrapped(*args, **kwargs)
+        reason = int4_config_refusal(vllm_config)
+        if reason is not None:
+            raise ValueError(reason)
+        return vllm_config
+
+    engine_args.create_engine_config = wrapt.FunctionWrapper(original, refuse)
+
+    def undo() -> None:
+        engine_args.create_engine_config = original
+
+    _UNDO["refuse_unsupported_int4_options"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
+# P11, P12  the model runners: the tail slots of each step's rows (int8kv_shim/tail_slots.py)
+#
+# Not in ACTIVE_SITES: attach_runner_hooks() applies them when the first layer with a tail pool
+# is built, so the runners of every other dtype stay untouched. Each wrapper passes the call
+# straight through when the process has no slot manager.
+
+_V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+
+
+def _wrap_method(cls: type, name: str, wrapper: Callable[..., Any], undo_key: str) -> None:
+    original = vars(cls)[name]
+    setattr(cls, name, wrapt.FunctionWrapper(original, wrapper))
+    undo = _UNDO.get(undo_key)
+
+    def restore() -> None:
+        setattr(cls, name, original)
+        if undo is not None:
+            undo()
+
+    _UNDO[undo_key] = restore
+
+
+def _before_dummy_run(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    from int8kv_shim import tail_slots
+
+    tail_slots.dummy_run_starts()
+    return wrapped(*args, **kwargs)
+
+
+def _runner_call(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(runner, scheduler_output) of a runner method's call, also when called through the class."""
+    if instance is None:
+        instance, args = args[0], args[1:]
+    return instance, kwargs["scheduler_output"] if "scheduler_output" in kwargs else args[0]
+
+
+def patch_v1_runner_tail_slots(runner: ModuleType) -> None:
+    """V1 ``GPUModelRunner``: slots from ``_update_states``, -1 rows for ``_dummy_run``.
+
+    ``_update_states`` frees finished requests, removes unscheduled ones from the persistent
+    batch, adds new and resumed ones, condenses it and reorders it decodes-first
+    (``_may_reorder_batch``): when it returns, ``input_batch.req_ids[:num_reqs]`` is the row order
+    of every block table ``_build_attention_metadata`` builds this step (nothing between them
+    moves a row). ``_dummy_run`` (profiling, CUDA-graph capture, idle data-parallel steps) builds
+    its metadata from the same persistent block table without calling ``_update_states``.
+    """
+    if is_applied("v1_runner_tail_slots"):
+        return
+    cls = runner.GPUModelRunner
+
+    def after_update_states(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        result = wrapped(*args, **kwargs)
+        from int8kv_shim import tail_slots
+
+        tail_slots.v1_states_updated(*_runner_call(instance, args, kwargs))
+        return result
+
+    _wrap_method(cls, "_update_states", after_update_states, "v1_runner_tail_slots")
+    _wrap_method(cls, "_dummy_run", _before_dummy_run, "v1_runner_tail_slots")
+
+
+def patch_v2_runner_tail_slots(runner: ModuleType) -> None:
+    """V2 ``GPUModelRunner``: frees in ``finish_requests``, rows from ``prepare_inputs``, -1 rows
+    for ``_dummy_run`` and ``capture_model``.
+
+    ``prepare_inputs`` sorts the scheduled requests by their token count (decodes first) into
+    ``InputBatch.req_ids``; ``prepare_attn`` gathers the block tables in that order (through
+    ``idx_mapping``), so it is the row order of the step's metadata. Dummy runs and capture build
+    their batch with ``InputBatch.make_dummy`` instead, never through ``prepare_inputs``.
+    """
+    if is_applied("v2_runner_tail_slots"):
+        return
+    cls = runner.GPUModelRunner
+
+    def after_finish_requests(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        result = wrapped(*args, **kwargs)
+        from int8kv_shim import tail_slots
+
+        tail_slots.v2_requests_finished(_runner_call(instance, args, kwargs)[1])
+        return result
+
+    def after_prepare_inputs(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        input_batch = wrapped(*args, **kwargs)
+        from int8kv_shim import tail_slots
+
+        tail_slots.v2_inputs_prepared(input_batch, _runner_call(instance, args, kwargs)[1])
+        return input_batch
+
+    _wrap_method(cls, "finish_requests", after_finish_requests, "v2_runner_tail_slots")
+    _wrap_method(cls, "prepare_inputs", after_prepare_inputs, "v2_runner_tail_slots")
+    _wrap_method(cls, "_dummy_run", _before_dummy_run, "v2_runner_tail_slots")
+    _wrap_method(cls, "capture_model", _before_dummy_run, "v2_runner_tail_slots")
+
+
+RUNNER_SITES: dict[str, Callable[[ModuleType], None]] = {
+    _V1_RUNNER: patch_v1_runner_tail_slots,
+    _V2_RUNNER: patch_v2_runner_tail_slots,
+}
+
+
+def attach_runner_hooks() -> None:
+    """Hook both model runners (now if imported, else when they are). Idempotent."""
+    for name, apply in RUNNER_SITES.items():
+        wrapt.register_post_import_hook(apply, name)
+
+
+# --------------------------------------------------------------------------------------------------
 # Guards: the inert mode, for any vLLM but the supported one
 
 
@@ -473,7 +669,11 @@ def guard_cli_choices(arg_utils: ModuleType) -> None:
 ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "vllm.utils.torch_utils": (patch_str_dtype_to_torch_dtype,),
     "vllm.config.cache": (patch_cache_dtype_literal,),
-    "vllm.engine.arg_utils": (patch_cli_choices_cache, patch_refuse_unsupported_models),
+    "vllm.engine.arg_utils": (
+        patch_cli_choices_cache,
+        patch_refuse_unsupported_models,
+        patch_refuse_unsupported_int4_options,
+    ),
     "vllm.v1.attention.backends.registry": (patch_register_backend,),
     "vllm.v1.attention.selector": (patch_selector_cache_dtype,),
     "vllm.platforms.cuda": (patch_backend_priorities,),

@@ -1,4 +1,5 @@
-"""Runs our backend's metadata builder + impl the way vLLM's model runner does, on CPU tensors.
+"""Runs our backend's metadata builder + impl the way vLLM's model runner does, on CPU tensors
+(``int8`` / ``int8_static``; ``int4``, with its tail pool, in int4_wiring_check.py).
 
 Run as a script in its own process (the test sets TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES=""):
 the kernels execute in Triton's interpreter, vLLM's classes are the real ones, and the result is
@@ -15,7 +16,6 @@ import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from int8kv_kernels.reference import attention_ref, dequantize_cache
-from int8kv_kernels.reference_int4 import dequantize_cache_int4
 from int8kv_shim import attention_impl, flash_prefill
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
@@ -139,12 +139,8 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     # a FlashAttention that raises: logged, this process falls back to our kernels for every row
     assert flash_prefill.enabled() == (mode != "broken")
 
-    if kv_dtype == "int4":
-        k_slots, v_slots = dequantize_cache_int4(kv_cache, block_size=bs, num_kv_heads=nkv,
-                                                 head_size=d)  # fmt: skip
-    else:
-        k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=bs,
-                                            num_kv_heads=nkv, head_size=d, **static)  # fmt: skip
+    k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=bs,
+                                        num_kv_heads=nkv, head_size=d, **static)  # fmt: skip
     ref = attention_ref(query[:num_tokens], k_slots, v_slots, query_start_loc=qsl,
                         seq_lens=common.seq_lens, block_table=block_table,
                         softmax_scale=d**-0.5)  # fmt: skip

@@ -181,6 +181,16 @@ def refusals() -> dict[str, Any]:
         device_capability=DeviceCapability(8, 6), **config._asdict()
     )
     result["mla"] = {"chosen": None if reasons else "CUSTOM", "reasons": {"CUSTOM": reasons}}
+    # A --block-size the user chose (vLLM's candidate walk would need a config for the others'
+    # block-size checks): our validation of it.
+    for block in (16, 64):
+        config = _selector_config(kv_cache_dtype="int4", block_size=block)
+        reasons = backend.validate_configuration(
+            device_capability=DeviceCapability(8, 6), **config._asdict()
+        )
+        result[f"int4 block_size={block}"] = {
+            "chosen": None if reasons else "CUSTOM", "reasons": {"CUSTOM": reasons},
+        }  # fmt: skip
     return result
 
 
@@ -189,13 +199,39 @@ def backend_facts(names: list[str]) -> dict[str, Any]:
 
     backend = AttentionBackendEnum.CUSTOM.get_class()
     impl_errors: dict[str, str | None] = {}
-    for name in names:
-        try:
-            backend.get_impl_cls()(32, 128, 0.1, 8, None, None, name, None, "decoder", None)
-            impl_errors[name] = None
-        except ValueError as exc:
-            impl_errors[name] = str(exc)
+    impls = {}
+    # vLLM builds layers with its config current (int4 sizes its tail pool from it)
+    with _current_config(max_num_seqs=3):
+        for name in names:
+            try:
+                impls[name] = backend.get_impl_cls()(
+                    32, 128, 0.1, 8, None, None, name, None, "decoder", None
+                )
+                impl_errors[name] = None
+            except ValueError as exc:
+                impl_errors[name] = str(exc)
+        shared = backend.get_impl_cls()(32, 128, 0.1, 8, None, None, "int4", None, "decoder", "x")
+    try:
+        backend.get_impl_cls()(32, 128, 0.1, 8, None, None, "int4", None, "decoder", None)
+        int4_without_config = None
+    except ValueError as exc:
+        int4_without_config = str(exc)
+    from int8kv_shim import tail_slots
+
+    slots = tail_slots.manager()
     return {
+        "tail_pools": {
+            name: None
+            if impl.tail is None
+            else [str(impl.tail.dtype), list(impl.tail.shape), impl.tail_page.tolist()]
+            for name, impl in impls.items()
+        },  # fmt: skip
+        "shared_layer_pool": shared.tail is None,
+        "int4_without_config": int4_without_config,
+        "pool_accounting": None
+        if slots is None
+        else [slots.num_slots, slots.pool_layers, slots.pool_bytes],  # fmt: skip
+        "preferred_block_size": _preferred_block_sizes(backend, names),
         "class": f"{backend.__module__}.{backend.__qualname__}",
         "name": backend.get_name(),
         "enum_roundtrip": AttentionBackendEnum[backend.get_name()].name,
@@ -208,6 +244,32 @@ def backend_facts(names: list[str]) -> dict[str, Any]:
         "spec_vs_shape_bytes": _spec_vs_shape_bytes(backend, names),
         "layer_specs": _layer_specs(names),
     }
+
+
+def _current_config(max_num_seqs: int, cache_dtype: str = "auto") -> Any:
+    """vLLM's set_current_vllm_config with a stand-in holding what our backend reads (a real
+    VllmConfig needs a model and a device)."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        model_config=SimpleNamespace(dtype=torch.bfloat16),
+        device_config=SimpleNamespace(device="cpu"),
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+    )
+    return set_current_vllm_config(config)
+
+
+def _preferred_block_sizes(backend: Any, names: list[str]) -> dict[str, int]:
+    """The block size vLLM takes from our backend when the user gave none (its default is 16)."""
+    out = {}
+    for name in [*names, "auto"]:
+        with _current_config(1, cache_dtype=name):
+            out[name] = backend.get_preferred_block_size(16)
+    return out
 
 
 def _layer_specs(names: list[str]) -> dict[str, str]:

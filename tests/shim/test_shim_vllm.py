@@ -124,6 +124,13 @@ def test_active_priorities_put_ours_first_and_leave_the_rest_alone(
     ("case", "expected"),
     [
         ("cap=7.5", ["compute capability >= 8.0", "this GPU is 7.5"]),
+        (
+            "int4 block_size=16",
+            [
+                "--kv-cache-dtype int4 stores pages of 64 tokens: use --block-size 64 (or leave "
+                "--block-size out), not 16"
+            ],
+        ),  # fmt: skip
         ("head_size=80", ["head sizes 64, 128, 256", "not 80"]),
         ("mla", ["does not support MLA"]),
         ("encoder_only", ["decoder self-attention only", "encoder_only"]),
@@ -153,6 +160,30 @@ def test_active_backend_declarations(active: dict, dtype_names: list[str]) -> No
         assert facts["kv_cache_shape"][name] == [10, get_dtype(name).page_bytes(16, 8, 128)]
     # every registered dtype has kernels: none is refused by the impl at head size 128
     assert facts["impl_errors"] == {name: None for name in dtype_names}
+
+
+def test_int4_layers_allocate_their_tail_pool_when_built(active: dict) -> None:
+    facts = active["backend"]
+    # max_num_seqs slots x (K, V) x kv heads x a 64-token page x head size, the model's dtype;
+    # built with the model, so vLLM's memory profiling counts it before sizing the KV cache
+    assert facts["tail_pools"] == {
+        "int8": None,
+        "int8_static": None,
+        "int4": ["torch.bfloat16", [3, 2, 8, 64, 128], [-1, -1, -1]],
+    }
+    # a layer reading another layer's cache reads that layer's tail and allocates none
+    assert facts["shared_layer_pool"] is True
+    assert facts["pool_accounting"] == [3, 1, 3 * 2 * 8 * 64 * 128 * 2 + 3 * 4]
+    assert facts["int4_without_config"].startswith(
+        "int8kv-shim: --kv-cache-dtype int4 sizes its tail pool from vLLM's config"
+    )
+
+
+def test_int4_sets_its_block_size_when_the_user_gave_none(active: dict) -> None:
+    assert active["backend"]["preferred_block_size"] == {
+        "int8": 16, "int8_static": 16, "int4": 64, "auto": 16,
+    }  # fmt: skip
+    assert active["refusals"]["int4 block_size=64"]["chosen"] == "CUSTOM"
 
 
 def test_spec_page_bytes_match_kv_cache_shape(active: dict, dtype_names: list[str]) -> None:
@@ -203,8 +234,11 @@ def test_instrument_is_idempotent_and_uninstrument_restores_vllm(
     assert active["mode_after_uninstrument"] == "off"
     assert active["state_after_uninstrument"] == pristine["state"]
     assert active["state_after_reinstrument"] == active["state"]
-    assert len(active["applied"]) == len(set(active["applied"])) == 9
+    assert len(active["applied"]) == len(set(active["applied"])) == 10
     assert "static_scales_loader" in active["applied"]
+    # P10; the runner hooks (P11/P12) only once an int4 layer meets an imported runner module
+    assert "refuse_unsupported_int4_options" in active["applied"]
+    assert not {"v1_runner_tail_slots", "v2_runner_tail_slots"} & set(active["applied"])
 
 
 def test_active_wraps_process_weights_after_loading(active: dict, pristine: dict) -> None:

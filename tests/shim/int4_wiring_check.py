@@ -1,0 +1,235 @@
+"""Runs in its own process: our int4 builder + impl driven like vLLM's model runner drives them.
+
+``main()``: recording stand-ins for the two kernels, so what is checked is the wiring: the slot
+buffers the builder puts in the metadata, the write inside forward() before any attention
+(FlashAttention's first chunks included), the tail and the slots each attention launch gets
+(sliced like the decode-first split), do_kv_cache_update doing nothing, a KV-sharing layer
+reading its target's tail, int8 beside it unchanged. Prints "wiring ok".
+
+``main("kernels")``: the real int4 kernels (the tail-pool format) through the same glue over two
+steps (a history step, then a decode + first chunk + continuation), against attention over the
+unquantized K/V: exact within rounding for the sequences whose keys all sit in the tail, within
+4-bit error for the one with a full page. Prints "kernels ok".
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm.config import set_current_vllm_config
+from vllm.forward_context import ForwardContext, override_forward_context
+from vllm.v1.attention.backend import CommonAttentionMetadata
+
+from int8kv_shim import attention_impl, tail_slots
+from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
+from int8kv_shim.backend import Int8KVAttentionBackend
+
+NQ, NKV, D, BS, SLOTS = 4, 2, 64, 64, 4
+
+
+def main() -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    config = _config()
+
+    def write(key, value, kv_cache, slot_mapping, **kw):  # noqa: ANN001, ANN202
+        calls.append(("write", {"tokens": key.shape[0], **kw}))
+
+    def attend(query, kv_cache, output, **kw):  # noqa: ANN001, ANN202
+        calls.append(("paged", {"tokens": query.shape[0], **kw}))
+        output.fill_(1)
+
+    def flash(q, k, v, out, *args):  # noqa: ANN001, ANN202
+        calls.append(("flash", {"tokens": q.shape[0]}))
+        out.fill_(2)
+
+    attention_impl.write_kv_cache = write
+    attention_impl.paged_attention = attend
+    with set_current_vllm_config(config):
+        impl = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder", None)
+        shared = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder",
+                                     "layer.0")  # fmt: skip
+    slots = tail_slots.manager()
+    assert impl.tail.shape == (SLOTS, 2, NKV, BS, D) and shared.tail is None
+    spec = SimpleNamespace(block_size=BS, int8kv_dtype="int4")
+    builder = Int8KVAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    assert builder.slots is slots and builder.max_context_tokens == 0  # no int4 context gather
+
+    # rows: a decode, a first chunk, a continuation (decodes first, as vLLM orders them); the
+    # requests of earlier steps keep their slots: c had slot 0, d slot 1, p is new
+    slots.assign(["c", "d"])
+    slots.assign(["d", "p", "c"])
+    assert slots.slot_of_seq.tolist() == [1, 2, 0, -1] and slots.slot_is_new.tolist()[:3] == [
+        0,
+        1,
+        0,
+    ]
+    q_lens, seq_lens = [1, 9, 5], [70, 9, 100]
+    qsl = torch.tensor([0, 1, 10, 15], dtype=torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=3, num_actual_tokens=15,
+        max_query_len=9, max_seq_len=100,
+        block_table_tensor=torch.arange(6, dtype=torch.int32).view(3, 2),
+        slot_mapping=torch.zeros(15, dtype=torch.int64),
+        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
+    )  # fmt: skip
+    for mode in ("ours", "flash"):
+        calls.clear()
+        builder.flash_prefill = mode == "flash"
+        builder.min_continuation_tokens = 2
+        impl._flash_attention = flash if mode == "flash" else None
+        md = builder.build(0, common)
+        # views of the persistent buffers (what a FULL CUDA graph replays)
+        assert md.slot_of_seq.data_ptr() == slots.slot_of_seq.data_ptr()
+        assert md.slot_is_new.data_ptr() == slots.slot_is_new.data_ptr()
+        assert md.slot_of_seq.tolist() == [1, 2, 0]
+        q = torch.zeros(17, NQ, D, dtype=torch.bfloat16)  # 2 padded rows
+        k = torch.zeros(17, NKV, D, dtype=torch.bfloat16)
+        out = torch.zeros_like(q)
+        impl.do_kv_cache_update(SimpleNamespace(layer_name="layer.0"), k, k, None, md.slot_mapping)
+        assert calls == [], "int4 writes in forward(), with the step's metadata"
+        impl.forward(None, q, k, k, torch.zeros(8, 1, dtype=torch.int8), md, out)
+        kinds = [c[0] for c in calls]
+        # the write first, over the whole batch; then the decode launch; then the prefills
+        w = calls[0][1]
+        assert kinds[0] == "write" and w["kv_dtype"] == "int4" and w["tail"] is impl.tail
+        assert w["tail_page"] is impl.tail_page and w["slot_of_seq"] is md.slot_of_seq
+        assert w["slot_is_new"] is md.slot_is_new and w["num_seqs"] == 3
+        assert w["max_query_len"] == 9 and w["block_size"] == BS
+        assert w["block_table"] is md.block_table and w["seq_lens"] is md.seq_lens
+        paged = [c[1] for c in calls if c[0] == "paged"]
+        assert all(p["tail"] is impl.tail for p in paged)
+        assert paged[0]["tokens"] == 1 and paged[0]["slot_of_seq"].tolist() == [1]
+        if mode == "ours":
+            assert kinds == ["write", "paged", "paged"], kinds
+            assert paged[1]["tokens"] == 14 and paged[1]["slot_of_seq"].tolist() == [2, 0]
+        else:
+            # the first chunk (p) on FlashAttention over its fresh K/V, the continuation (c)
+            # on ours: int4 continuations never gather their context
+            assert kinds == ["write", "paged", "flash", "paged"], kinds
+            assert calls[2][1]["tokens"] == 9
+            assert paged[1]["tokens"] == 5 and paged[1]["slot_of_seq"].tolist() == [0]
+        # graph capture: the same buffers, every sequence on our kernels
+        cap = builder.build_for_cudagraph_capture(common)
+        assert cap.slot_of_seq.data_ptr() == slots.slot_of_seq.data_ptr() and cap.split is None
+
+    # a layer reading layer.0's cache writes nothing and reads layer.0's tail
+    calls.clear()
+    builder.flash_prefill = False
+    md = builder.build(0, common)
+    context = ForwardContext(
+        no_compile_layers={"layer.0": SimpleNamespace(impl=impl)}, attn_metadata={},
+        slot_mapping={},
+    )  # fmt: skip
+    with override_forward_context(context):
+        shared.forward(None, q, k, k, torch.zeros(8, 1, dtype=torch.int8), md, out)
+    assert [c[0] for c in calls] == ["paged", "paged"]
+    assert all(c[1]["tail"] is impl.tail for c in calls)
+
+    # int8 beside it: no slots in its metadata, no tail keywords to its kernels
+    calls.clear()
+    int8 = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int8", None, "decoder", None)
+    int8._flash_attention = None
+    spec8 = SimpleNamespace(block_size=16, int8kv_dtype="int8")
+    builder8 = Int8KVAttentionMetadataBuilder(spec8, ["layer.1"], config, torch.device("cpu"))
+    md8 = builder8.build(0, common)
+    assert md8.slot_of_seq is None and md8.slot_is_new is None and builder8.slots is None
+    cache8 = torch.zeros(Int8KVAttentionBackend.get_kv_cache_shape(8, 16, NKV, D, "int8"),
+                         dtype=torch.int8)  # fmt: skip
+    int8.do_kv_cache_update(SimpleNamespace(layer_name="layer.1"), k, k, cache8, md8.slot_mapping)
+    int8.forward(None, q, k, k, cache8, md8, out)
+    assert [c[0] for c in calls] == ["write", "paged", "paged"]
+    assert all("tail" not in c[1] and "slot_of_seq" not in c[1] for c in calls)
+    assert "num_seqs" not in calls[0][1]  # int8's write: the slot mapping only
+    print("wiring ok")
+
+
+def _config() -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=SLOTS),
+        model_config=SimpleNamespace(
+            dtype=torch.bfloat16,
+            get_num_kv_heads=lambda parallel: NKV,
+            get_num_attention_heads=lambda parallel: NQ,
+            get_head_size=lambda: D,
+            max_model_len=512,
+        ),
+        device_config=SimpleNamespace(device="cpu"),
+        parallel_config=None,
+    )
+
+
+def _common(q_lens: list[int], seq_lens: list[int], block_table: torch.Tensor) -> Any:
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    n = int(qsl[-1])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(q_lens),
+        num_actual_tokens=n, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=block_table, slot_mapping=torch.zeros(n, dtype=torch.int64),
+        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
+    )  # fmt: skip
+
+
+def kernels() -> None:
+    from int8kv_kernels.reference import attention_ref
+
+    torch.manual_seed(0)
+    config = _config()
+    with set_current_vllm_config(config):
+        impl = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder", None)
+    impl._flash_attention = None
+    slots = tail_slots.manager()
+    spec = SimpleNamespace(block_size=BS, int8kv_dtype="int4")
+    builder = Int8KVAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    builder.flash_prefill = False
+    # s0: 39 cached + 1 decode (all in the tail); s1: a 9-token first chunk (tail); s2: 65 cached
+    # + 5 new (page 0 full and quantized, 6 tokens in the tail)
+    q_lens, seq_lens = [1, 9, 5], [40, 9, 70]
+    num_blocks = 8
+    block_table = torch.tensor([[1, 0], [2, 0], [3, 4]], dtype=torch.int32)
+    kv_cache = torch.zeros(Int8KVAttentionBackend.get_kv_cache_shape(num_blocks, BS, NKV, D, "int4"),
+                           dtype=torch.int8)  # fmt: skip
+    k = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
+    v = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
+    # step 1: the history of s0 and s2 (new slots), through the impl like any step
+    slots.assign(["s0", "s2"])
+    hist = [seq_lens[0] - q_lens[0], seq_lens[2] - q_lens[2]]
+    md = builder.build(0, _common(hist, hist, block_table[[0, 2]].contiguous()))
+    hk = torch.cat([k[0][: hist[0]], k[2][: hist[1]]])
+    hv = torch.cat([v[0][: hist[0]], v[2][: hist[1]]])
+    scratch = torch.zeros(hk.shape[0], NQ, D, dtype=torch.bfloat16)
+    impl.forward(None, scratch.clone(), hk, hv, kv_cache, md, scratch)
+    # step 2: s0 and s2 continue on their slots, s1 is new; decodes first
+    slots.assign(["s0", "s1", "s2"])
+    common = _common(q_lens, seq_lens, block_table)
+    md = builder.build(0, common)
+    new_k = torch.cat([k[s][-q_lens[s] :] for s in range(3)])
+    new_v = torch.cat([v[s][-q_lens[s] :] for s in range(3)])
+    query = torch.randn(new_k.shape[0], NQ, D, dtype=torch.bfloat16)
+    output = torch.full_like(query, float("nan"))
+    impl.forward(None, query, new_k, new_v, kv_cache, md, output)
+
+    exact_k = torch.zeros(num_blocks, BS, NKV, D)
+    exact_v = torch.zeros_like(exact_k)
+    for s, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        rows = block_table[s, pos // BS].long() * BS + pos % BS
+        exact_k.view(-1, NKV, D)[rows], exact_v.view(-1, NKV, D)[rows] = k[s].float(), v[s].float()
+    ref = attention_ref(query, exact_k, exact_v, query_start_loc=common.query_start_loc,
+                        seq_lens=common.seq_lens, block_table=block_table,
+                        softmax_scale=D**-0.5)  # fmt: skip
+    diff = (output.float() - ref).abs()
+    tail_only = diff[:10]  # s0 and s1: every key in the tail, in the model's dtype
+    assert (tail_only <= 4e-3 + 2.0**-7 * ref[:10].abs()).all(), tail_only.max()
+    assert diff[10:].max() < 0.15, diff[10:].max()  # s2 reads one 4-bit page
+    assert diff[10:].max() > 1e-4, "page 0 of s2 was read unquantized?"
+    print(f"kernels ok (max abs error {diff.max().item():.2e})")
+
+
+if __name__ == "__main__":
+    import sys
+
+    kernels() if sys.argv[1:] == ["kernels"] else main()

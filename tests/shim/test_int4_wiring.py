@@ -1,0 +1,42 @@
+"""Our int4 builder + impl driven like vLLM's model runner drives them (int4_wiring_check.py, in
+its own process): the wiring with stand-in kernels always; with the real tail-pool kernels once
+the catalogue's int4 entry has its tail (the kernels land on their own branch)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from int8kv_kernels.catalogue import get_dtype
+
+CHECK = Path(__file__).with_name("int4_wiring_check.py")
+HAS_TAIL_KERNELS = hasattr(get_dtype("int4"), "tail")
+
+
+def _run(*args: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed
+    run = subprocess.run(
+        [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return run.stdout + run.stderr
+
+
+def test_int4_builder_and_impl_wiring() -> None:
+    log = _run()
+    assert "wiring ok" in log
+    # the pool's size, once, through the shim's logger; the experimental warning, once
+    pool = "int8kv-shim: int4 tail pool: 4 slots (max_num_seqs) x 1 layers, 0.1 MiB in all"
+    assert log.count(pool) == 1, log[-4000:]
+    experimental = "--kv-cache-dtype int4 is experimental: its kernels match their torch reference"
+    assert log.count(experimental) == 1 and "(README, Limitations)" in log, log[-4000:]
+
+
+@pytest.mark.skipif(
+    not HAS_TAIL_KERNELS, reason="needs the int4 tail-pool kernels (catalogue tail)"
+)
+def test_int4_through_the_glue_with_the_real_kernels() -> None:
+    assert "kernels ok" in _run("kernels")
