@@ -27,6 +27,19 @@ Sink rows (``..._sinks<N>``) keep the first N tokens of every window in BF16, K 
 "sink" tokens; with N = the page size, the first page). Like the residual they are a fixed count
 per sequence and are not counted in the bytes.
 
+Tail rows (``int4_tail_v_g<G>...``) simulate the rebuilt ``int4`` (the format of the int4
+contract): K per (64-token page, kv-head, channel), V per (token, kv-head, group of G channels),
+both asymmetric 4-bit without rotation (``g<G>`` = 32, 64, 128 or ``gD``: one group of the whole
+head), and each sequence's newest, unfinished page in BF16. A query at position i reads the keys
+and values of its own page (i // 64) unquantized, except at the page's last position
+(i % 64 == 63: in decode the page is full by then, and the write quantizes it before attention
+reads it), and those of every earlier page quantized, which is what decode does; a prefill chunk
+reading the pages back (``INT8KV_PREFILL=triton``) does the same for keys before the chunk. Their
+sink rows keep the first page in BF16 (``_sinks64``) or per-token int8 (``_sinks64_int8``) for
+every query. The tail (at most 64 BF16 tokens per sequence and kv-head) and the sink page are a
+fixed count per sequence and are not counted in the bytes; ``int4_no_tail_v_g<G>`` is the same
+format with every token read back quantized.
+
 Every window starts with the model's BOS when its tokenizer adds one (Gemma 3: ``<bos>``; without
 it a chunk cut from the corpus scores about twice the perplexity), as in ``benchmarks/accuracy.py``;
 SmolLM2's tokenizer adds none. Sliding-window layers (Gemma 3) get their sliding mask: the
@@ -59,6 +72,8 @@ from int8kv_kernels.reference import quantize_int8
 from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 
 SINK_TOKENS = 4
+# the rebuilt int4's page: the catalogue's page_tokens, and the BF16 tail's length
+TAIL_PAGE = 64
 
 
 def hadamard(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -84,10 +99,12 @@ class Variant:
     k_mode: str = ""
     k_page: int = 0
     k_rotate: bool | None = None  # K's rotation when it differs from V's (``rotate``)
-    group: int = 64
+    group: int = 64  # 0: one group of the whole head
     rotate: bool = True
     var_norm: bool = False
     sinks: int = 0
+    sink_bits: int = 16  # the sinks' storage: 16 (BF16, unquantized) or 8 (per-token int8)
+    tail: bool = False  # the query's own, unfinished page of TAIL_PAGE tokens read unquantized
 
     def for_k(self) -> Variant:
         """The variant K is stored with."""
@@ -108,12 +125,38 @@ class Variant:
         return k + _bytes(self.bits, self.group, d)
 
 
+def _group(group: int, d: int) -> int:
+    return d if group == 0 else min(group, d)
+
+
 def _bytes(bits: int, group: int, d: int) -> float:
     if bits == 16:
         return 2.0 * d
     if bits == 8:
         return d + 2.0  # int8 data + fp16 scale
-    return d / 2 + 4.0 * (d // min(group, d))  # nibbles + fp16 (scale, zero) per group
+    return d / 2 + 4.0 * (d // _group(group, d))  # nibbles + fp16 (scale, zero) per group
+
+
+def _tail_variant(group: int, sinks: int = 0, sink_bits: int = 16) -> Variant:
+    """The rebuilt int4: K per (64-token page, channel), V per (token, ``group``), no rotation,
+    BF16 tail; ``sinks`` first tokens kept in ``sink_bits``."""
+    name = f"int4_tail_v_g{group or 'D'}"
+    if sinks:
+        name += f"_sinks{sinks}" + ("" if sink_bits == 16 else f"_int{sink_bits}")
+    return Variant(
+        name,
+        4,
+        k_mode="channel",
+        k_page=TAIL_PAGE,
+        group=group,
+        rotate=False,
+        sinks=sinks,
+        sink_bits=sink_bits,
+        tail=True,
+    )
+
+
+TAIL_GROUPS = (32, 64, 128, 0)
 
 
 VARIANTS = [
@@ -143,6 +186,11 @@ VARIANTS = [
         k_rotate=False,
         sinks=64,
     ),
+    # the rebuilt int4 (K per 64-token page and channel, V per token and G channels, no
+    # rotation) with every token quantized, then with the BF16 tail, its sink pages on top
+    *(replace(_tail_variant(g), name=f"int4_no_tail_v_g{g or 'D'}", tail=False) for g in (128, 0)),
+    *(_tail_variant(g) for g in TAIL_GROUPS),
+    *(_tail_variant(g, TAIL_PAGE, bits) for g in TAIL_GROUPS for bits in (16, 8)),
 ]
 CLIP = 0.85
 
@@ -165,7 +213,7 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
         if v.var_norm:  # oracle: per (kv-head, channel) RMS over this window's tokens
             norm = r.pow(2).mean(dim=-2, keepdim=True).sqrt().clamp_min(1e-6)
             r = r / norm
-        group = min(v.group, d)
+        group = _group(v.group, d)
         if k_mode == "sym":
             r = _symmetric_int4(r, group // 2)
         elif k_mode == "channel":
@@ -179,8 +227,58 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
             r = r * norm
         out = r @ h.T
     if v.sinks:
-        out[..., : v.sinks, :] = x.float()[..., : v.sinks, :]
+        sink = x.float()[..., : v.sinks, :]
+        if v.sink_bits == 8:
+            q, scale = quantize_int8(sink)
+            sink = q.float() * scale.float()[..., None]
+        out[..., : v.sinks, :] = sink
     return out.to(x.dtype)
+
+
+def reads_tail(tokens: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[query, key] True where the query reads the key from the BF16 tail: keys of the query's
+    own page, unless the query is that page's last token (the page is full and quantized)."""
+    pos = torch.arange(tokens, device=device)
+    i, j = pos[:, None], pos[None, :]
+    return (i // TAIL_PAGE == j // TAIL_PAGE) & (i % TAIL_PAGE != TAIL_PAGE - 1)
+
+
+def tail_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_q: torch.Tensor,
+    value_q: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Attention of a prefill of [batch, heads, tokens, D] in which each (query, key) pair reads
+    the key and value unquantized (``key``, ``value``) where ``reads_tail`` says so and quantized
+    (``key_q``, ``value_q``) elsewhere; ``attention_mask`` is transformers' boolean SDPA mask
+    (True: attend) or None for plain causal. Returns [batch, tokens, heads, D].
+
+    Both versions of every key go into one SDPA call, each masked where the pair reads the other:
+    one softmax over exactly the keys the query reads, with SDPA's arithmetic as the other rows."""
+    t = key.shape[-2]
+    if query.shape[-2] != t:
+        raise ValueError("the tail simulation scores a whole window at once (no KV cache)")
+    if attention_mask is None:
+        allowed = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
+    elif attention_mask.dtype == torch.bool:
+        allowed = attention_mask
+    else:
+        raise ValueError(f"expected a boolean SDPA mask, got {attention_mask.dtype}")
+    tail = reads_tail(t, query.device)
+    mask = torch.cat([allowed & ~tail, allowed & tail], dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        torch.cat([key_q, key], dim=-2),
+        torch.cat([value_q, value], dim=-2),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous()
 
 
 def _clip_groups(r: torch.Tensor, group: int) -> torch.Tensor:
@@ -225,14 +323,15 @@ def install(variant_ref: list[Variant]) -> str:
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         v = variant_ref[0]
-        return sdpa_attention_forward(
-            module,
-            query,
-            fake_quant(key, v.for_k(), v.k_mode),
-            fake_quant(value, v),
-            attention_mask,
-            **kwargs,
+        key_q, value_q = fake_quant(key, v.for_k(), v.k_mode), fake_quant(value, v)
+        if not v.tail:
+            return sdpa_attention_forward(module, query, key_q, value_q, attention_mask, **kwargs)
+        if kwargs.get("softcap") is not None or kwargs.get("dropout", 0.0):
+            raise ValueError("the tail simulation has no soft cap or dropout")
+        out = tail_attention(
+            query, key, value, key_q, value_q, attention_mask, kwargs.get("scaling")
         )
+        return out, None
 
     AttentionInterface.register("int8kv_sim", attention)
     # transformers builds no mask at all for an attention name it has no mask function for, and

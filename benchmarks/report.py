@@ -956,6 +956,10 @@ TABLES = {
     "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(
         RESULTS / "kv_quant_sim_gemma3.json"
     ),
+    "int4_tail_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_tail_gemma3.json"
+    ),
+    "int4_tail_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_tail.json"),
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),

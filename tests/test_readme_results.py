@@ -38,6 +38,8 @@ WHERE = {
     "reliability": RESULTS,
     "int4_format_simulation": RESULTS,
     "int4_format_simulation_gemma3": RESULTS,
+    "int4_tail_simulation_gemma3": RESULTS,
+    "int4_tail_simulation": RESULTS,
     "gpu_test_runs": RESULTS,
     "kernel_speed_int4": HISTORY,
     "throughput_1k_repeats": HISTORY,

@@ -5,6 +5,7 @@ import torch
 
 from benchmarks import kv_quant_sim
 from int8kv_kernels.reference import quantize_int8
+from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_k_per_channel_bytes(sim) -> None:
             assert by_name[f"int4_k_per_channel_b{b}{suffix}"].bytes_per_token_head(64) == k + 36
 
 
-def _tiny_gemma3_config(sliding_window: int):
+def _tiny_gemma3_config(sliding_window: int, positions: int = 64):
     """Gemma 3's attention shape in miniature: head size 256 on one KV head, a sliding-window
     layer before a full-attention one."""
     from transformers import Gemma3TextConfig
@@ -128,7 +129,7 @@ def _tiny_gemma3_config(sliding_window: int):
         head_dim=256,
         sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=64,
+        max_position_embeddings=positions,
         pad_token_id=0,
         bos_token_id=2,
         eos_token_id=1,
@@ -255,3 +256,106 @@ def test_sink_rows_keep_the_first_page_exact_and_quantize_the_rest_as_without(si
         assert not torch.equal(without[..., :64, :], x[..., :64, :])
         assert torch.equal(with_sinks[..., 64:, :], without[..., 64:, :])
     assert sinks.bytes_per_token_head(256) == plain.bytes_per_token_head(256)
+
+
+def _decode_reads(q, k, v, k_q, v_q, scale: float) -> torch.Tensor:
+    """Attention as decode computes it, one query at a time: with i + 1 tokens in the sequence,
+    positions below (i + 1) // 64 * 64 come from the full, quantized pages and the rest from
+    the BF16 tail (the int4 contract's split). [b, heads, t, D] in, [b, t, heads, D] out."""
+    groups = q.shape[1] // k.shape[1]
+    out = torch.empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+    for i in range(q.shape[2]):
+        done = (i + 1) // 64 * 64
+        keys = torch.cat([k_q[..., :done, :], k[..., done : i + 1, :]], -2).float()
+        vals = torch.cat([v_q[..., :done, :], v[..., done : i + 1, :]], -2).float()
+        keys, vals = keys.repeat_interleave(groups, 1), vals.repeat_interleave(groups, 1)
+        p = torch.softmax(q[..., i : i + 1, :].float() @ keys.transpose(-1, -2) * scale, -1)
+        out[:, i] = (p @ vals)[:, :, 0]
+    return out
+
+
+def test_tail_attention_reads_full_pages_quantized_and_the_unfinished_one_in_bf16(sim) -> None:
+    torch.manual_seed(3)
+    t, d = 150, 16  # two full pages and a partial one; two query heads on one KV head
+    q, k, v = torch.randn(1, 2, t, d), torch.randn(1, 1, t, d), torch.randn(1, 1, t, d)
+    k_q, v_q = k + 0.3 * torch.randn_like(k), v + 0.3 * torch.randn_like(v)
+    out = sim.tail_attention(q, k, v, k_q, v_q, None, 0.25)
+    torch.testing.assert_close(out, _decode_reads(q, k, v, k_q, v_q, 0.25))
+    # neither all-BF16 nor all-quantized attention: the select is per (query, key)
+    plain = sim.tail_attention(q, k, v, k, v, None, 0.25)
+    every = sim.tail_attention(q, k_q, v_q, k_q, v_q, None, 0.25)
+    assert torch.equal(out[:, :63], plain[:, :63])  # page 0 before its last token: all tail
+    for row in (63, 127):  # a page just filled: every key quantized
+        torch.testing.assert_close(out[:, row], every[:, row])
+    for row in (64, 100, 126, 149):
+        assert (out[:, row] - plain[:, row]).abs().max() > 1e-2
+        assert (out[:, row] - every[:, row]).abs().max() > 1e-2
+
+
+def test_reads_tail_is_the_own_page_except_its_last_token(sim) -> None:
+    tail = sim.reads_tail(200)
+    for i, j, expected in ((0, 0, True), (62, 0, True), (63, 0, False), (63, 63, False),
+                           (64, 63, False), (64, 64, True), (130, 128, True), (127, 64, False),
+                           (199, 192, True), (5, 70, False)):  # fmt: skip
+        assert bool(tail[i, j]) is expected, (i, j)
+
+
+def _variant(sim, name: str):
+    return {v.name: v for v in sim.VARIANTS}[name]
+
+
+def test_tail_variants_store_the_int4_contracts_format(sim) -> None:
+    x = _kv().repeat_interleave(4, dim=-1)  # D = 256, as Gemma 3
+    k = _k(sim, x, "int4_tail_v_g128")
+    # K: per (64-token page, channel), not rotated, the same K as the per-channel b64 row
+    assert torch.equal(k, _k(sim, x, "int4_k_per_channel_b64_no_rotation"))
+    # V: per (token, G channels), not rotated: the reference's groups of G, G = D for gD
+    for name, g in (("int4_tail_v_g32", 32), ("int4_tail_v_g128", 128), ("int4_tail_v_gD", 256)):
+        expected = dequantize_int4(*quantize_int4(x.float(), g)).to(x.dtype)
+        assert torch.equal(sim.fake_quant(x, _variant(sim, name)), expected), name
+    assert not torch.equal(
+        sim.fake_quant(x, _variant(sim, "int4_tail_v_g32")),
+        sim.fake_quant(x, _variant(sim, "int4_tail_v_g128")),
+    )
+    assert _variant(sim, "int4_tail_v_g128").tail
+    assert not _variant(sim, "int4_no_tail_v_g128").tail
+
+
+def test_tail_variants_bytes_are_the_contracts(sim) -> None:
+    # 2 (D / 2) codes + 4 D / 64 (K scale, zero per channel per page) + 4 D / G (V's)
+    for name, d, expected in (("int4_tail_v_g128", 128, 140), ("int4_tail_v_g128", 64, 72),
+                              ("int4_tail_v_g128", 256, 280), ("int4_tail_v_gD", 256, 276),
+                              ("int4_tail_v_g64", 256, 288), ("int4_tail_v_g32", 128, 152),
+                              ("int4_tail_v_gD_sinks64_int8", 128, 140)):  # fmt: skip
+        assert _variant(sim, name).bytes_per_token_head(d) == expected, (name, d)
+
+
+def test_int8_sinks_store_the_first_page_per_token_in_int8(sim) -> None:
+    torch.manual_seed(4)
+    x = torch.randn(1, 1, 160, 256).to(torch.bfloat16)
+    with_sinks = _variant(sim, "int4_tail_v_g128_sinks64_int8")
+    without = _variant(sim, "int4_tail_v_g128")
+    q, scale = quantize_int8(x[..., :64, :].float())
+    int8 = (q.float() * scale.float()[..., None]).to(x.dtype)
+    for v, k_mode in ((with_sinks.for_k(), "channel"), (with_sinks, "")):  # K, then V
+        plain = without.for_k() if k_mode else without
+        ours = sim.fake_quant(x, v, k_mode)
+        assert torch.equal(ours[..., :64, :], int8)
+        assert torch.equal(ours[..., 64:, :], sim.fake_quant(x, plain, k_mode)[..., 64:, :])
+
+
+def test_tail_rows_through_a_model_keep_its_masks_and_read_the_first_page_in_bf16(sim) -> None:
+    from dataclasses import replace
+
+    ids = torch.arange(3, 3 + 130)[None] % 29 + 3
+    ref, state = _logits(_tiny_gemma3_config(6, 160), "sdpa", None, ids)
+    # unquantized through the tail path: plain SDPA, sliding window and causal layers alike
+    sim.install([replace(_variant(sim, "bf16"), tail=True)])
+    ours, _ = _logits(_tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # int4 with the tail: every position of the first page but its last reads only BF16 keys
+    sim.install([_variant(sim, "int4_tail_v_g128")])
+    tail, _ = _logits(_tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
+    torch.testing.assert_close(tail[:, :63], ref[:, :63], rtol=1e-5, atol=1e-5)
+    assert (tail[:, 63] - ref[:, 63]).abs().max() > 1e-3
+    assert (tail[:, 64:] - ref[:, 64:]).abs().max() > 1e-3
