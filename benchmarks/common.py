@@ -78,12 +78,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
     "int4": {"kv_cache_dtype": "int4", "shim": True},
-    # the rotation ablation: the same 4-bit format without the Hadamard rotation
-    "int4_no_rotation": {
-        "kv_cache_dtype": "int4",
-        "shim": True,
-        "env": {"INT8KV_INT4_ROTATION": "0"},
-    },
 }
 
 

@@ -403,13 +403,11 @@ def dtype_choice_table(
         RESULTS / "accuracy_gemma3.json",
     ),
     kernels_path: Path = RESULTS / "kernels.json",
-    int4_kernels_path: Path = RESULTS / "kernels_quick_int4.json",
 ) -> str:
     """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model (one
     accuracy file each, cells in the files' order), decode speed vs FA2."""
     accs = [_load(p) for p in accuracy_paths if p.exists()]
     kernels = _load(kernels_path)
-    int4_kernels = _load(int4_kernels_path) if int4_kernels_path.exists() else {"rows": []}
     decode_points = _decode_over_fa2(kernels["rows"], "int8")
     notes: list[str] = []
     lines = [
@@ -425,7 +423,11 @@ def dtype_choice_table(
             head_size = MODEL_HEAD_SIZE.get(acc["model"])
             # the headline row of a cache: its label is its dtype, and it read the pages
             row = by_label.get(dtype) if by_label.get(dtype, {}).get("prefill") == "pages" else None
-            served = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype), None)
+            # rows of a format the dtype no longer stores are kept for the record, not shown here
+            served = next(
+                (r for r in acc["rows"] if r["kv_cache_dtype"] == dtype and "format" not in r),
+                None,
+            )
             if served and served.get("kv_cache_tokens"):
                 capacity.append(f"{served['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x")
             elif dtype in CATALOGUE and head_size:
@@ -441,8 +443,8 @@ def dtype_choice_table(
             else:
                 dppl.append("not measured")
                 greedy.append("not measured")
-                other = next((r for r in acc["rows"]
-                              if r["kv_cache_dtype"] == dtype and r["prefill"] == "bf16"), None)  # fmt: skip
+                other = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype
+                              and r["prefill"] == "bf16" and "format" not in r), None)  # fmt: skip
                 if other:
                     notes.append(
                         f"`{dtype}` through the pages is not measured yet on {acc['model']}; with "
@@ -455,12 +457,6 @@ def dtype_choice_table(
             speed = "1.00x"
         elif points := _decode_over_fa2(kernels["rows"], impl):
             speed = _spread(points)
-        elif points := _decode_over_fa2(int4_kernels["rows"], impl):
-            speed = _spread(points).replace("x)", f"x, {len(points)} points)")
-            notes.append(
-                f"`{dtype}`'s decode: {len(points)} points of `{int4_kernels_path.name}` "
-                f"({int4_kernels['gpu']}, {_provenance(int4_kernels)}), the matrix leaves it out."
-            )
         else:
             speed = "not measured"
         cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]

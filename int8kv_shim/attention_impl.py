@@ -326,8 +326,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference (CPU and H200) but are slower than BF16, and read back from its pages "
-                "it costs far more perplexity than int8 (README, Limitations)",
+                "reference on CPU and compile for sm80, but its speed and its accuracy through the "
+                "cache have not been measured on a GPU yet (README, Limitations)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads

@@ -58,6 +58,7 @@ __all__ = ["AttentionWorkspace", "LaunchConfig", "MAX_SPLITS", "choose_num_split
 
 _E4M3_UNSCALE = tl.constexpr(E4M3_F16_UNSCALE)
 
+
 @triton.jit
 def _i8_to_f16(x):
     # int8 -> fp16 without the conversion unit (cvt runs at 16/clk/SM, a quarter of what the
@@ -742,5 +743,3 @@ def paged_attention(
     # A workspace made by this call would be freed under a replay of it
     if attn is not None and (merge is not None or not use_split) and workspace is plan.workspace:
         _replays.add(key, [attn] if merge is None else [attn, merge], workspace)
-
-

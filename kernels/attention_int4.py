@@ -92,7 +92,10 @@ def _page_scores(
     z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
     z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
     kb = tl.load(
-        cache_ptr + page * stride_block + K_DATA + (kvh * BLOCK_SIZE + r)[None, :] * HALF
+        cache_ptr
+        + page * stride_block
+        + K_DATA
+        + (kvh * BLOCK_SIZE + r)[None, :] * HALF
         + c[:, None]
     )  # fmt: skip  [D/2, B]: each key's row is D/2 contiguous bytes
     k_lo, k_hi = _nibbles(kb, DOT_F32)
@@ -117,7 +120,10 @@ def _page_pv(
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
     vb = tl.load(
-        cache_ptr + page * stride_block + V_DATA + (kvh * HALF + c)[None, :] * BLOCK_SIZE
+        cache_ptr
+        + page * stride_block
+        + V_DATA
+        + (kvh * HALF + c)[None, :] * BLOCK_SIZE
         + r[:, None]
     )  # fmt: skip  [B, D/2], keys contiguous (key-major V)
     v_lo, v_hi = _nibbles(vb, DOT_F32)

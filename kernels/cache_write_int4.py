@@ -195,11 +195,13 @@ def _flush_pages_kernel(
     ctx = seq_len - q_len
     pg = ctx // BLOCK_SIZE + k
     p0 = pg * BLOCK_SIZE
-    complete = (q_len > 0) & (p0 + BLOCK_SIZE <= seq_len)
-    block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg, mask=complete, other=0)
-    block = block.to(tl.int64)
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
     has_slot = slot >= 0
+    # A row without a slot is no request (CUDA-graph padding, a dummy run over whatever the block
+    # table still holds): it writes nothing, not even a page it would complete.
+    complete = has_slot & (q_len > 0) & (p0 + BLOCK_SIZE <= seq_len)
+    block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg, mask=complete, other=0)
+    block = block.to(tl.int64)
     kept = tl.load(slot_is_new_ptr + seq) == 0  # the slot's rows are this sequence's
     holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
     tail_ok = has_slot & kept & (holder.to(tl.int64) == block)
@@ -293,7 +295,9 @@ def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayo
         )
     if tail.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"tail must be bf16 or fp16, got {tail.dtype}")
-    if tail_page is not None and (tail_page.dtype != torch.int32 or tail_page.shape[0] != tail.shape[0]):
+    if tail_page is not None and (
+        tail_page.dtype != torch.int32 or tail_page.shape[0] != tail.shape[0]
+    ):
         raise ValueError("tail_page must be int32 [num_slots]")
 
 
@@ -322,7 +326,8 @@ def write_kv_cache_int4(
     [seq_lens[r] - q_len, seq_lens[r]). kv_cache: int8 [num_blocks, >= page_bytes]; tail:
     [num_slots, 2, num_kv_heads, 64, head_size] (tail[s, 0] K, tail[s, 1] V, position p in row
     p % 64); tail_page: int32 [num_slots]; slot_of_seq, slot_is_new: int32 [>= num_seqs] (slot -1:
-    the sequence's partial-page tokens are dropped). Two launches, shapes from Python ints only:
+    no request, e.g. CUDA-graph padding or a dummy run: nothing of it is written, not even a page
+    it completes). Two launches, shapes from Python ints only:
     no host sync, CUDA-graph safe.
     """
     _, num_kv_heads, head_size = key.shape

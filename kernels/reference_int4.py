@@ -90,8 +90,12 @@ def page_views(kv_cache: torch.Tensor, layout: Int4PageLayout):
 def quantize_page(layout: Int4PageLayout, k: torch.Tensor, v: torch.Tensor):
     """One complete page's K and V [B, H, D] (any float dtype) -> the regions of its page:
     (K codes [H, B, D/2], V codes [H, B, D/2], K sz [H, 2, D], V sz [H, NG, 2, B])."""
-    kc, ks, kz = quantize_int4(k.float().permute(1, 2, 0), layout.block_size)  # [H, D, B], [H, D, 1]
-    vc, vs, vz = quantize_int4(v.float().transpose(0, 1), layout.group_size)  # [H, B, D], [H, B, NG]
+    kc, ks, kz = quantize_int4(
+        k.float().permute(1, 2, 0), layout.block_size
+    )  # [H, D, B], [H, D, 1]
+    vc, vs, vz = quantize_int4(
+        v.float().transpose(0, 1), layout.group_size
+    )  # [H, B, D], [H, B, NG]
     k_codes = pack_int4(kc.transpose(1, 2))
     v_codes = pack_int4(vc)
     k_sz = torch.stack([ks[..., 0], kz[..., 0]], dim=1)
@@ -127,7 +131,7 @@ def write_kv_cache_int4_ref(
     for r in range(num_seqs):
         q0, q1, seq_len, slot = qsl[r], qsl[r + 1], lens[r], slots[r]
         ctx = seq_len - (q1 - q0)
-        if q1 <= q0:
+        if q1 <= q0 or slot < 0:  # no request: nothing written
             continue
         for pg in range(ctx // b, (seq_len - 1) // b + 1):
             p0 = pg * b
@@ -136,7 +140,7 @@ def write_kv_cache_int4_ref(
             block = int(block_table[r, pg])
             old = max(0, ctx - p0)  # rows of the page written by earlier steps
             if old:
-                if slot < 0 or new[r] or int(tail_page[slot]) != block:
+                if new[r] or int(tail_page[slot]) != block:
                     continue  # a full page from the prefix cache: leave it as it is
                 k = torch.cat([tail[slot, 0, :, :old].transpose(0, 1), key[q0 : q0 + b - old]])
                 v = torch.cat([tail[slot, 1, :, :old].transpose(0, 1), value[q0 : q0 + b - old]])

@@ -190,6 +190,8 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
         # the default prefill's row may not stand in for the cache's
         _accuracy_row("int8", "int8", "bf16", 0.003, 1940),
         _accuracy_row("int8_static_bf16_prefill", "int8_static", "bf16", 0.06, 2000),
+        # a format the dtype no longer stores, kept for the record
+        _accuracy_row("int4_replaced_format", "int4", "pages", 6.4, 3560) | {"format": "old"},
     ]
     acc = tmp_path / "accuracy.json"
     acc.write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "corpus": "c.txt", "tokens": 5,
@@ -199,13 +201,13 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
     decode = [row("decode", impl, 8, 8192, ms) for impl, ms in
               (("bf16_fa2", 2.0), ("int8", 1.0), ("upstream_int8_pth", 4.0))]  # fmt: skip
     kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": decode}))
-    lines = _report().dtype_choice_table((acc,), kernels, tmp_path / "absent.json").splitlines()
+    lines = _report().dtype_choice_table((acc,), kernels).splitlines()
     cells = {line.split(" | ")[0][3:-1]: line.split(" | ")[2:] for line in lines
              if line.startswith("| `")}  # fmt: skip
     assert cells["int8"] == ["1.94x", "not measured", "not measured", "2.00x (2.00-2.00x) |"]
     assert cells["int8_per_token_head"][1:] == ["+0.080% ± 0.010", "0.500 ± 0.020",
                                                 "0.50x (0.50-0.50x) |"]  # fmt: skip
-    # no row served int4: capacity from the catalogue at the model's head size, no speed
+    # no row served today's int4: capacity from the catalogue at the model's head size, no speed
     assert cells["int4"] == ["3.56x (catalogue)", "not measured", "not measured", "not measured |"]
     assert lines[-1].startswith("`int8_static` through the pages is not measured yet on "
                                 "SmolLM2-135M-Instruct; with the default prefill "
@@ -229,7 +231,7 @@ def test_dtype_choice_puts_each_models_measure_side_by_side(tmp_path) -> None:
         acc("a.json", "SmolLM2-135M-Instruct", 0.08, 1940),
         acc("b.json", "gemma-3-270m", 0.5, 1980),
     )
-    table = _report().dtype_choice_table(paths, kernels, tmp_path / "absent.json")
+    table = _report().dtype_choice_table(paths, kernels)
     int8 = next(line for line in table.splitlines() if line.startswith("| `int8` |"))
     # capacity, ΔPPL, greedy: the first model's, then the second's; one value when they agree
     assert int8.split(" | ")[2:5] == ["1.94x / 1.98x", "+0.080% ± 0.010 / +0.500% ± 0.010",

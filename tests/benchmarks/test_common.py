@@ -366,8 +366,6 @@ def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> N
     assert common.llm_kwargs_for("int8_prefill_triton") == {"kv_cache_dtype": "int8"}
     assert common.child_env("int8_prefill_triton")["INT8KV_PREFILL"] == "triton"
     assert "INT8KV_PREFILL" not in common.child_env("int8")
-    assert common.child_env("int4_no_rotation")["INT8KV_INT4_ROTATION"] == "0"
-    assert common.llm_kwargs_for("int4_no_rotation") == {"kv_cache_dtype": "int4"}
     monkeypatch.delenv("INT8KV_DIRECT_LAUNCH", raising=False)
     assert common.child_env("int8_kernel_grid")["INT8KV_DIRECT_LAUNCH"] == "0"
     assert "INT8KV_DIRECT_LAUNCH" not in common.child_env("int8")

@@ -38,7 +38,11 @@ def test_int4_bytes_per_token_and_capacity(d, per_token, ratio):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_int4_layout_matches_catalogue_and_aligns(nkv, d):
     lay = Int4PageLayout(B, nkv, d)
-    assert lay.page_bytes == get_dtype("int4").page_bytes(B, nkv, d) == get_page_bytes("int4", B, nkv, d)
+    assert (
+        lay.page_bytes
+        == get_dtype("int4").page_bytes(B, nkv, d)
+        == get_page_bytes("int4", B, nkv, d)
+    )
     assert (lay.k_data, lay.v_data, lay.k_sz) == (0, nkv * B * d // 2, nkv * B * d)
     assert lay.v_sz == lay.k_sz + 4 * nkv * d
     assert lay.page_bytes == lay.v_sz + 4 * nkv * B * lay.num_groups
@@ -187,16 +191,19 @@ def test_a_full_page_whose_tail_rows_are_not_its_own_is_left_untouched(case):
         assert int(pool.tail_page[slot]) == -1  # the last page is full: the slot holds nothing
 
 
-def test_slot_minus_one_rows_write_no_tail():
+def test_slot_minus_one_rows_write_nothing():
     pool = Pool(nkv=2, d=64)
-    tail, tail_page = pool.tail.clone(), pool.tail_page.clone()
+    tail, tail_page, cache = pool.tail.clone(), pool.tail_page.clone(), pool.cache.clone()
     k, v = _kv(70 + 5 + 1, pool)
-    # a slot-less prefill (a dummy run): its full page is still written from key/value, its
-    # partial page's tokens are dropped; likewise for a slot-less decode row
+    # slot-less rows (a dummy run over a block table that still holds live requests' pages): not
+    # the full page a prefill completes, nor the partial pages' tokens, nor a decode row's
     _write(pool, k, v, [70, 5, 1], [70, 5, 30], [[2, 3], [5, 6], [7, 8]], [-1, -1, -1],
            [0, 1, 0])  # fmt: skip
     assert torch.equal(pool.tail.view(torch.int16), tail.view(torch.int16))
     assert torch.equal(pool.tail_page, tail_page)
+    assert torch.equal(pool.cache, cache)
+    # the same prefill with a slot writes its full page
+    _write(pool, k[:70], v[:70], [70], [70], [[2, 3]], [0], [1])
     _assert_page(pool, 2, k[:64], v[:64])
 
 
@@ -227,7 +234,9 @@ def test_constant_and_huge_values_stay_finite():
     v = (torch.randn(64, 1, 64) * 1e6).to(torch.bfloat16)  # beyond fp16's range: saturates
     _write(pool, k, v, [64], [64], [[0]], [0], [1])
     kk, vv = dequantize_cache_int4(pool.cache, block_size=B, num_kv_heads=1, head_size=64)
-    assert torch.equal(kk[0], k.float())  # a constant channel: scale 0, dequantizes to its zero exactly
+    assert torch.equal(
+        kk[0], k.float()
+    )  # a constant channel: scale 0, dequantizes to its zero exactly
     assert vv[0].isfinite().all()  # (the other pages hold random bytes)
 
 

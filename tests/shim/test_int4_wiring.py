@@ -31,7 +31,9 @@ def test_int4_builder_and_impl_wiring() -> None:
     # the pool's size, once, through the shim's logger; the experimental warning, once
     pool = "int8kv-shim: int4 tail pool: 4 slots (max_num_seqs) x 1 layers, 0.1 MiB in all"
     assert log.count(pool) == 1, log[-4000:]
-    experimental = "--kv-cache-dtype int4 is experimental: its kernels match their torch reference"
+    experimental = (
+        "--kv-cache-dtype int4 is experimental: its kernels match their torch reference on"
+    )
     assert log.count(experimental) == 1 and "(README, Limitations)" in log, log[-4000:]
 
 
