@@ -162,8 +162,8 @@ def main() -> None:
         for tn in (32, 64):
             for w in (4, 8):
                 for st in (2, 3) if (bm, tn, w) == (128, 64, 8) else (2,):
-                    A._choose_config = lambda g, *_a, bm=bm, tn=tn, w=w, st=st, **_k: A.LaunchConfig(
-                        bm, tn, w, st, False
+                    A._choose_config = lambda g, *_a, bm=bm, tn=tn, w=w, st=st, **_k: (
+                        A.LaunchConfig(bm, tn, w, st, False)
                     )
                     try:
                         ms = graph_time(lambda: paged_attention(
