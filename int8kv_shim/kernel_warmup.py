@@ -14,7 +14,7 @@ own shapes, dtype, window, soft cap and scales. The metadata builder calls it fo
 before vLLM captures CUDA graphs; a shape already warmed in this process is skipped. The
 launches' arguments that vary from step to step (sequence counts, the alignment of sliced
 metadata tensors) are not specialized on by the kernels (``do_not_specialize``), so these few
-launches cover them.
+launches cover them. ``int4``'s kernels are not warmed up yet: they compile when first met.
 """
 
 from __future__ import annotations
