@@ -73,26 +73,16 @@ def dtype_names() -> tuple[str, ...]:
     return tuple(load_catalogue().DTYPE_NAMES)
 
 
-# int4's page size until the catalogue entries carry ``page_tokens`` (the one place that falls
-# back: everything else asks page_tokens() / needs_tail_pool()).
-_INT4_PAGE_TOKENS = 64
-
-
 def page_tokens(name: str | None) -> int | None:
     """The block size dtype ``name`` fixes (its page's tokens); None: any block size, or not ours."""
     entry = load_catalogue().CATALOGUE.get(name or "")
-    if entry is None:
-        return None
-    fallback = _INT4_PAGE_TOKENS if entry.bits == 4 else None
-    return getattr(entry, "page_tokens", fallback)
+    return None if entry is None else entry.page_tokens
 
 
 def needs_tail_pool(name: str | None) -> bool:
     """Whether dtype ``name`` keeps each sequence's unfinished page in the shim's tail pool."""
     entry = load_catalogue().CATALOGUE.get(name or "")
-    if entry is None:
-        return False
-    return bool(getattr(entry, "tail", entry.bits == 4))
+    return entry is not None and entry.tail
 
 
 def block_size_reason(name: str | None, block_size: int | None) -> str | None:

@@ -1,18 +1,12 @@
 """Our int4 builder + impl driven like vLLM's model runner drives them (int4_wiring_check.py, in
-its own process): the wiring with stand-in kernels always; with the real tail-pool kernels once
-the catalogue's int4 entry has its tail (the kernels land on their own branch)."""
+its own process): the wiring with stand-in kernels, and with the real tail-pool kernels."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from int8kv_kernels.catalogue import get_dtype
-
 CHECK = Path(__file__).with_name("int4_wiring_check.py")
-HAS_TAIL_KERNELS = hasattr(get_dtype("int4"), "tail")
 
 
 def _run(*args: str) -> str:
@@ -37,8 +31,5 @@ def test_int4_builder_and_impl_wiring() -> None:
     assert log.count(experimental) == 1 and "(README, Limitations)" in log, log[-4000:]
 
 
-@pytest.mark.skipif(
-    not HAS_TAIL_KERNELS, reason="needs the int4 tail-pool kernels (catalogue tail)"
-)
 def test_int4_through_the_glue_with_the_real_kernels() -> None:
     assert "kernels ok" in _run("kernels")
