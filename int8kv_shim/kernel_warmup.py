@@ -34,10 +34,13 @@ from int8kv_shim._logging import get_logger
 
 logger = get_logger()
 
-# Query lengths of the attention launches: one decode token (unsplit and split-KV), two (the
-# decode configuration's multi-token case when the GQA group allows it) and a prefill chunk.
-_QUERY_LENS = (1, 2, 64)
+# The attention launches, as (query length, split counts): one decode token with every
+# power-of-two split count (the split merge is compiled per count), two tokens (the decode
+# configuration's multi-token case, or the prefill one for a large GQA group) split and not, and
+# a prefill chunk.
 _SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))
+_ATTENTION_LAUNCHES = ((1, _SPLIT_COUNTS), (2, (1, 2)), (64, (1,)))
+_PREFILL_LEN = _ATTENTION_LAUNCHES[-1][0]
 # Context before the new tokens of the prefill and gather launches: a partial page read back.
 _CONTEXT = 24
 
@@ -138,15 +141,11 @@ def _launch_all(
         write_kv_cache(kv, kv, kv_cache, slots, kv_dtype=key.kv_dtype, block_size=b, **scales)
         launches += 1
     block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]
-    workspace = make_workspace(max(_QUERY_LENS), h, d, device=device)
-    group = h // hk
-    for q_len in _QUERY_LENS:
-        if q_len == 2 and q_len * group > 16:
-            continue  # two tokens already take the prefill configuration
+    workspace = make_workspace(_PREFILL_LEN, h, d, device=device)
+    for q_len, split_counts in _ATTENTION_LAUNCHES:
         seq_len = _CONTEXT + q_len
         query = torch.zeros(q_len, h, d, dtype=key.model_dtype, device=device)
-        # the split merge is compiled per power-of-two split count
-        for splits in _SPLIT_COUNTS if q_len <= 2 else (1,):
+        for splits in split_counts:
             paged_attention(
                 query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype, block_size=b,
                 num_kv_heads=hk,
@@ -158,7 +157,7 @@ def _launch_all(
             )  # fmt: skip
             launches += 1
     if key.gather:
-        q_len = max(_QUERY_LENS)
+        q_len = _PREFILL_LEN
         new = torch.zeros(q_len, hk, d, dtype=key.model_dtype, device=device)
         gather_kv_context(
             kv_cache, new, new, kv_dtype=key.kv_dtype, block_size=b, block_table=block_table,
