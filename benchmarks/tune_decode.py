@@ -6,6 +6,8 @@ measured copy bandwidth counting the bytes the kernel must read. Used to pick _c
 
     python -m benchmarks.tune_decode                    # sweep; $OUT/tune_decode.json if $OUT is set
     python -m benchmarks.tune_decode --shape 9,3,64     # the same for SmolLM2's heads
+    python -m benchmarks.tune_decode --shape 4,1,256    # Gemma 3's heads: WIDE_CONFIGS
+    python -m benchmarks.tune_decode --int4 --shape 4,1,256   # int4 (page tiles): warps, stages
     python -m benchmarks.tune_decode --best FILE.json   # T,W,S,C: best int8 config of a sweep
 """
 
@@ -45,11 +47,32 @@ CONFIGS = [
     (256, 4, 5, 1),
     (256, 8, 5, 1),
 ]
+# Head size 256: a K/V buffer is tile * 512 bytes, so tiles of 128+ keys overflow sm86's 100 KB
+# (the 128-key decode tile took 141-205 KB); fewer warps and deeper or shallower pipelines instead.
+WIDE_CONFIGS = [
+    (32, 4, 5, 1),
+    (32, 4, 4, 1),
+    (32, 2, 4, 1),
+    (32, 2, 5, 1),
+    (32, 8, 5, 1),
+    (32, 1, 4, 1),
+    (16, 1, 4, 1),
+    (16, 2, 5, 1),
+    (64, 4, 4, 1),
+    (64, 4, 3, 1),
+    (64, 8, 4, 1),
+    (64, 2, 4, 1),
+]
+# int4 decode tiles are one 64-token page (its K scales fold into q per tile): (warps, stages)
+INT4_CONFIGS = [(4, 3), (4, 4), (4, 6), (2, 3), (2, 4), (2, 6), (8, 3), (8, 4), (1, 4)]
 # Split counts tried per shape: the heuristic's and these multiples of it (small programs need
 # more of them to fill the GPU: 4-5 of a 64-token, 2-warp program fit an SM where 2 of the
 # 128-token, 4-warp one do; half as many splits halves the merge and doubles each program's
 # tiles, which is what a short pipeline at batch 8 might want).
 SPLIT_FACTORS = (0.5, 1, 2, 4, 8)
+# A single-KV-head batch at 32 splits fills a quarter of an H200 (batch 1) or 2 of its programs
+# per SM (batch 8); the sweep goes past attention_plan.MAX_SPLITS to see if that cap costs time.
+TUNE_MAX_SPLITS = 128
 SHAPES = [(8, 8192), (32, 8192), (8, 1024), (128, 1024), (1, 32768)]
 # Shapes the decode target is judged on (ctx >= 8K, batch >= 8): best_config ranks on these.
 TARGET_SHAPES = {(8, 8192), (32, 8192)}
@@ -87,6 +110,62 @@ def best_config(rows: list[dict], dtype: str = "int8") -> tuple[int, int, int, i
     return max(complete, key=lambda c: math.prod(complete[c].values()))
 
 
+def split_counts(heur: int) -> list[int]:
+    return sorted({min(TUNE_MAX_SPLITS, max(1, int(heur * f))) for f in SPLIT_FACTORS})
+
+
+def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
+    """The int4 sweep: benchmarks/kernels.py's decode row (pages plus a partial tail page per
+    sequence) under each (warps, stages) of INT4_CONFIGS and split count."""
+    import int8kv_kernels.attention_int4 as A4
+    import int8kv_kernels.attention_plan as P
+    from benchmarks import kernels as KB
+
+    orig_cfg, orig_splits = A4.choose_config_int4, P.choose_num_splits
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    log = []
+    try:
+        for batch, ctx in SHAPES:
+            heur = orig_splits(batch, nkv, ctx + KB.TAIL_TOKENS, sms)
+            line = []
+            for w, st in INT4_CONFIGS:
+                # kernels.py's workspace holds attention_plan.MAX_SPLITS splits
+                for ns in [s for s in split_counts(heur) if s <= P.MAX_SPLITS]:
+                    base = orig_cfg(nq // nkv, d, 1)
+                    A4.choose_config_int4 = lambda *_a, **_k: A.LaunchConfig(
+                        base.block_m, 64, w, st, True, 1
+                    )
+                    P.choose_num_splits = lambda *_a, ns=ns, **_k: ns
+                    try:
+                        row = KB.bench_attention("int4", "decode", nq, nkv, d, batch, ctx, 1)
+                    except Exception as e:  # noqa: BLE001
+                        print("fail int4", w, st, ns, repr(e)[:150], flush=True)
+                        continue
+                    frac = row["gbs"] / bw
+                    log.append(dict(dtype="int4", batch=batch, ctx=ctx, tile=64, warps=w,
+                                    stages=st, chunks=1, splits=ns, us=row["ms"] * 1e3,
+                                    frac=frac))  # fmt: skip
+                    line.append((frac, w, st, ns, row["ms"] * 1e3))
+                    torch.cuda.empty_cache()
+            line.sort(reverse=True)
+            print(f"b={batch} ctx={ctx} heur_splits={heur}", flush=True)
+            for frac, w, st, ns, us in line[:6]:
+                print(f"   int4 w={w} st={st} splits={ns:3d} {us:9.1f}us {frac * 100:5.1f}%bw",
+                      flush=True)  # fmt: skip
+    finally:
+        A4.choose_config_int4, P.choose_num_splits = orig_cfg, orig_splits
+    _save(log, nq, nkv, d, bw, "int4")
+
+
+def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") -> None:
+    if os.environ.get("OUT"):
+        name = f"tune_decode{'_' + tag if tag else ''}_{nq}_{nkv}_{d}.json"
+        with open(os.path.join(os.environ["OUT"], name), "w") as f:
+            command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
+            json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
+                           shape=[nq, nkv, d], rows=log), f)  # fmt: skip
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--best"]:  # print best_config of a saved sweep: T,W,S,C
         with open(sys.argv[2]) as f:
@@ -101,9 +180,12 @@ def main() -> None:
     )
     # --shape Q,KV,D: another model's heads (default: the first of common.MODEL_SHAPES)
     nq, nkv, d = 32, 8, 128
-    if sys.argv[1:2] == ["--shape"]:
-        nq, nkv, d = map(int, sys.argv[2].split(","))
-    ws = make_workspace(128, nq, d, device="cuda")
+    if "--shape" in sys.argv[1:]:
+        nq, nkv, d = map(int, sys.argv[sys.argv.index("--shape") + 1].split(","))
+    if "--int4" in sys.argv[1:]:
+        return tune_int4(nq, nkv, d, bw)
+    ws = make_workspace(128, nq, d, TUNE_MAX_SPLITS, device="cuda")
+    configs = CONFIGS if d <= 128 else WIDE_CONFIGS
     orig = A._choose_config
     log = []
     for batch, ctx in SHAPES:
@@ -113,10 +195,11 @@ def main() -> None:
         must = kv_bytes + 2 * q.numel() * 2
         heur = A.choose_num_splits(batch, nkv, ctx, sms)
         line = []
-        for kv_dtype in INT8_DTYPES:
+        # head size 256: the int8 sweep only (int8_static takes the same config)
+        for kv_dtype in INT8_DTYPES if d <= 128 else ("int8",):
             scales = torch.full((nkv,), 0.01, device="cuda")
-            for tn, w, st, ch in CONFIGS if kv_dtype == "int8" else CONFIGS[:2] + CONFIGS[-1:]:
-                for ns in sorted({min(32, max(1, int(heur * f))) for f in SPLIT_FACTORS}):
+            for tn, w, st, ch in configs if kv_dtype == "int8" else configs[:2] + configs[-1:]:
+                for ns in split_counts(heur):
                     A._choose_config = _fixed_config(tn, w, st, ch)
 
                     def run(ns=ns):
@@ -172,11 +255,7 @@ def main() -> None:
             )
         caches = None  # free before the next shape
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "tune_decode.json"), "w") as f:
-            command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
-            json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
-                           shape=[nq, nkv, d], rows=log), f)  # fmt: skip
+    _save(log, nq, nkv, d, bw)
 
 
 if __name__ == "__main__":
