@@ -58,7 +58,9 @@ class TailSlots:
         self.slot_of_seq = self._rows[0]
         self.slot_is_new = self._rows[1]
         cuda = device.type == "cuda"
-        self._host = torch.empty((2, num_slots), dtype=torch.int32, pin_memory=cuda)
+        # device="cpu" spelled out: vLLM builds the model (and so this) under its device as
+        # torch's default, where a pinned buffer of no named device is refused
+        self._host = torch.empty((2, num_slots), dtype=torch.int32, device="cpu", pin_memory=cuda)
         self._host_np = self._host.numpy()
         # The pinned buffer is rewritten only after the previous step's copy out of it ran
         # (vLLM's own pinned inputs follow the same rule, with its prepare_inputs_event).

@@ -261,12 +261,13 @@ def test_int4_write_rejects_bad_tails_and_static_scales():
 
 @pytest.mark.gpu
 def test_int4_write_real_size_gpu():
-    pool = Pool(nkv=8, d=128, num_blocks=300, num_slots=40)
+    # decode rows reach 30 pages (64 * 30 tokens): a table of 30 columns, 32 * 30 distinct pages
+    pool = Pool(nkv=8, d=128, num_blocks=1000, num_slots=40)
     for name in ("cache", "tail", "tail_page"):
         setattr(pool, name, getattr(pool, name).cuda())
     q_lens = [1] * 30 + [1000, 333]
     seq_lens = [64 * (i + 1) - (i % 3) for i in range(30)] + [1000, 800]
-    table = torch.randperm(300)[: 32 * 9].view(32, 9)
+    table = torch.randperm(1000)[: 32 * 30].view(32, 30)
     n = sum(q_lens)
     k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -287,4 +288,6 @@ def _write_gpu(pool, key, value, q_lens, seq_lens, table, slots, new):
     write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
                    tail_page=pool.tail_page, **kw)  # fmt: skip
     assert torch.equal(pool.cache, want[0])
-    assert torch.equal(pool.tail, want[1]) and torch.equal(pool.tail_page, want[2])
+    # the tail's untouched rows are random bits, NaN patterns among them: compare bits
+    assert torch.equal(pool.tail.view(torch.int16), want[1].view(torch.int16))
+    assert torch.equal(pool.tail_page, want[2])

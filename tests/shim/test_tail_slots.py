@@ -126,6 +126,16 @@ def test_the_buffers_stay_where_a_cuda_graph_captured_them(slots) -> None:
     assert slots.slot_of_seq.dtype == slots.slot_is_new.dtype == torch.int32
 
 
+def test_made_under_a_default_device_its_host_buffer_stays_on_the_host() -> None:
+    """vLLM constructs attention layers (and so the manager) inside ``with torch.device(cuda)``;
+    a host buffer that names no device then lands there (pinning it fails on a GPU). The meta
+    device stands in for the GPU's default here."""
+    with torch.device("meta"):
+        made = TailSlots(4, torch.device("cpu"))
+    assert made._host.device.type == "cpu"
+    assert made.slot_of_seq.device.type == "cpu"
+
+
 def test_running_out_of_slots_is_a_clear_error(slots) -> None:
     _step(["a", "b", "c", "d"])
     with pytest.raises(TailSlotsExhaustedError, match="4 slots .max_num_seqs. and every one"):
