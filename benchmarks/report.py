@@ -152,6 +152,67 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
+def int4_decode_table(path: Path = RESULTS / "kernels_int4.json") -> str:
+    """``int4``'s decode against FlashAttention-2 and ``int8`` timed in one run, its targets, and
+    the fraction of the copy bandwidth its own bytes (pages plus tail) take."""
+    result = _load(path)
+    ms = {(r["impl"], *_point(r)): r for r in result["rows"] if r["kernel"] == "decode"}
+    peak = result["peak_bw_gbs"]
+    points = sorted({key[1:] for key in ms if key[0] == "int4"}, key=lambda k: (*k[:5], k[5] or 0))
+
+    def over(a: str, b: str, key: tuple) -> float | None:
+        ra, rb = ms.get((a, *key)), ms.get((b, *key))
+        return ra["ms"] / rb["ms"] if ra and rb else None
+
+    targets = [
+        ("ctx ≥ 8K, batch ≥ 8, head size ≥ 128: vs `bf16_fa2`", 2.2, "bf16_fa2",
+         lambda k: k[4] >= 8192 and k[3] >= 8 and k[2] >= 128 and not k[5]),
+        ("ctx 1K: vs `bf16_fa2`", 1.0, "bf16_fa2", lambda k: k[4] == 1024 and not k[5]),
+        ("head size 64: vs `int8`", 1.0, "int8", lambda k: k[2] == 64 and not k[5]),
+        ("every full-attention point: vs `int8`", None, "int8", lambda k: not k[5]),
+        ("sliding window (same window): vs `bf16_fa2`", None, "bf16_fa2", lambda k: bool(k[5])),
+    ]  # fmt: skip
+    lines = [
+        f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, {_provenance(result)}, "
+        f"`{_short(result['command'])}`. Each ratio is the other kernel's time over `int4`'s "
+        "(>1: `int4` faster), both timed in this run; every sequence has 13 keys past its "
+        "context in the BF16 tail; %bw counts the bytes `int4` must read.",
+        "",
+        "| target | wanted | points | met | min | median | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for what, wanted, other, applies in targets:
+        vals = [v for k in points if applies(k) and (v := over(other, "int4", k)) is not None]
+        if not vals:
+            lines.append(
+                f"| {what} | {f'≥ {wanted}x' if wanted else '-'} | 0 | - | not measured | | |"
+            )
+            continue
+        met = sum(v >= wanted for v in vals) if wanted else "-"
+        lines.append(
+            f"| {what} | {f'≥ {wanted}x' if wanted else '-'} | {len(vals)} | {met} | "
+            f"{min(vals):.2f}x | {statistics.median(vals):.2f}x | {max(vals):.2f}x |"
+        )
+    lines += [
+        "",
+        "| q/kv heads, dim | window | batch | ctx | `int4` µs | %bw | vs `bf16_fa2` | vs `int8` "
+        "| `int8` vs `bf16_fa2` |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in points:
+        nq, nkv, d, batch, ctx, window = key
+        mine = ms[("int4", *key)]
+        cells = [over(a, b, key) for a, b in
+                 (("bf16_fa2", "int4"), ("int8", "int4"), ("bf16_fa2", "int8"))]  # fmt: skip
+        lines.append(
+            f"| {nq}/{nkv}, {d} | {window or '-'} | {batch} | {ctx} | {mine['ms'] * 1e3:.1f} | "
+            f"{100 * mine['gbs'] / peak:.0f}% | "
+            + " | ".join("n/a" if c is None else f"{c:.2f}x" for c in cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def _long_decode(r: dict) -> bool:
     """The decode points the speed targets are about: long contexts, batched, full attention."""
     return r["ctx"] >= 8192 and r["batch"] >= 8 and not r.get("window")
@@ -273,15 +334,23 @@ def issue_budget_table(path: Path = RESULTS / "decode_issue_budget.json") -> str
 
 # Decode launch configs compared (tile, warps, stages; tune_decode.py): the default first
 TUNE_CONFIGS = ((128, 4, 5), (128, 4, 4), (64, 4, 5), (64, 4, 4))
+# head size 256: the 32-key tile of 2026-12-01 and before, then the 64-key one that replaced it
+TUNE_CONFIGS_WIDE = ((32, 4, 5), (64, 4, 4), (64, 4, 3), (32, 4, 4), (64, 8, 4))
+# int4: one 64-key page per tile; choose_config_int4's stages are 6 / 4 / 3 at head size 64 / 128 / 256
+TUNE_CONFIGS_INT4 = ((64, 4, 6), (64, 4, 4), (64, 4, 3), (64, 8, 3), (64, 2, 4))
 
 
-def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
-    """Per decode shape, the int8 kernel's bandwidth fraction under each of TUNE_CONFIGS (its best
-    split count, no in-program split-K) and the sweep's best config."""
+def tune_decode_table(
+    path: Path = RESULTS / "tune_decode.json",
+    configs: tuple[tuple[int, int, int], ...] = TUNE_CONFIGS,
+    dtype: str = "int8",
+) -> str:
+    """Per decode shape, the ``dtype`` kernel's bandwidth fraction under each of ``configs`` (its
+    best split count, no in-program split-K) and the sweep's best config."""
     result = _load(path)
     best: dict[tuple, dict[tuple, float]] = {}
     for r in result["rows"]:
-        if r["dtype"] == "int8" and r["chunks"] == 1:
+        if r["dtype"] == dtype and r["chunks"] == 1:
             shape = best.setdefault((r["batch"], r["ctx"]), {})
             config = (r["tile"], r["warps"], r["stages"])
             shape[config] = max(shape.get(config, 0.0), r["frac"])
@@ -292,13 +361,13 @@ def tune_decode_table(path: Path = RESULTS / "tune_decode.json") -> str:
         "(tile, warps, stages).",
         "",
         "| batch | ctx | "
-        + " | ".join("/".join(map(str, c)) for c in TUNE_CONFIGS)
+        + " | ".join("/".join(map(str, c)) for c in configs)
         + " | best of the sweep |",
-        "|---|---|" + "---|" * (len(TUNE_CONFIGS) + 1),
+        "|---|---|" + "---|" * (len(configs) + 1),
     ]
     for (batch, ctx), fracs in best.items():
         top = max(fracs, key=fracs.get)
-        cells = " | ".join(f"{100 * fracs[c]:.0f}%" if c in fracs else "-" for c in TUNE_CONFIGS)
+        cells = " | ".join(f"{100 * fracs[c]:.0f}%" if c in fracs else "-" for c in configs)
         lines.append(
             f"| {batch} | {ctx} | {cells} | {'/'.join(map(str, top))}: {100 * fracs[top]:.0f}% |"
         )
@@ -403,11 +472,14 @@ def dtype_choice_table(
         RESULTS / "accuracy_gemma3.json",
     ),
     kernels_path: Path = RESULTS / "kernels.json",
+    int4_kernels_path: Path = RESULTS / "kernels_int4.json",
 ) -> str:
     """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model (one
-    accuracy file each, cells in the files' order), decode speed vs FA2."""
+    accuracy file each, cells in the files' order), decode speed vs FA2 (``int4``'s from its own
+    run, ``int4_kernels_path``, where kernels.json has none)."""
     accs = [_load(p) for p in accuracy_paths if p.exists()]
     kernels = _load(kernels_path)
+    int4_kernels = _load(int4_kernels_path) if int4_kernels_path.exists() else None
     decode_points = _decode_over_fa2(kernels["rows"], "int8")
     notes: list[str] = []
     lines = [
@@ -457,6 +529,13 @@ def dtype_choice_table(
             speed = "1.00x"
         elif points := _decode_over_fa2(kernels["rows"], impl):
             speed = _spread(points)
+        elif int4_kernels and (points := _decode_over_fa2(int4_kernels["rows"], impl)):
+            speed = f"{_spread(points)}, {len(points)} point{'s' * (len(points) != 1)}"
+            notes.append(
+                f"`{dtype}`'s decode: its own run, [`{int4_kernels_path.name}`]"
+                f"(benchmarks/results/{int4_kernels_path.name}) ({_extent(int4_kernels)}), "
+                f"{int4_kernels['gpu']} ({_provenance(int4_kernels)})."
+            )
         else:
             speed = "not measured"
         cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]
@@ -942,6 +1021,21 @@ TABLES = {
     "decode_issue_budget": issue_budget_table,
     "tune_decode": tune_decode_table,
     "tune_decode_9_3_64": lambda: tune_decode_table(RESULTS / "tune_decode_9_3_64.json"),
+    "tune_decode_4_1_256": lambda: tune_decode_table(
+        RESULTS / "tune_decode_4_1_256.json", TUNE_CONFIGS_WIDE
+    ),
+    "tune_decode_16_8_256": lambda: tune_decode_table(
+        RESULTS / "tune_decode_16_8_256.json", TUNE_CONFIGS_WIDE
+    ),
+    "tune_decode_int4_32_8_128": lambda: tune_decode_table(
+        RESULTS / "tune_decode_int4_32_8_128.json", TUNE_CONFIGS_INT4, "int4"
+    ),
+    "tune_decode_int4_4_1_256": lambda: tune_decode_table(
+        RESULTS / "tune_decode_int4_4_1_256.json", TUNE_CONFIGS_INT4, "int4"
+    ),
+    "tune_decode_int4_9_3_64": lambda: tune_decode_table(
+        RESULTS / "tune_decode_int4_9_3_64.json", TUNE_CONFIGS_INT4, "int4"
+    ),
     "launch_overhead": launch_overhead_table,
     "throughput": throughput_table,
     "throughput_1k_paired": paired_runs_table,
@@ -958,6 +1052,7 @@ TABLES = {
     "int4_tail_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_tail.json"),
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
+    "int4_decode": int4_decode_table,
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "throughput_1k_repeats": repeat_runs_table,
     "throughput_1k_repeats_pooled": lambda: throughput_table(

@@ -23,6 +23,7 @@ import torch
 import triton
 
 import int8kv_kernels.attention as A
+from benchmarks.common import stamp
 from benchmarks.tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time
 from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention
 
@@ -160,10 +161,11 @@ def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
 def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") -> None:
     if os.environ.get("OUT"):
         name = f"tune_decode{'_' + tag if tag else ''}_{nq}_{nkv}_{d}.json"
+        command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
+        doc = dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
+                   shape=[nq, nkv, d], rows=log)  # fmt: skip
         with open(os.path.join(os.environ["OUT"], name), "w") as f:
-            command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
-            json.dump(dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
-                           shape=[nq, nkv, d], rows=log), f)  # fmt: skip
+            json.dump(stamp(doc), f, indent=2)
 
 
 def main() -> None:

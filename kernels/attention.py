@@ -565,9 +565,13 @@ def _choose_config(
         # decode shapes of benchmarks/tune_decode.py on an H200 (same code path as sm80: mma.sync).
         # E4M3 V's decode keeps a third tile buffer at 5 stages (105 KB at head size 128); 4
         # stages keep two (73 KB)
-        tile_n = 128 if head_size <= 128 else 32
+        if head_size > 128:
+            # 64-key tiles at 4 stages: the bytes of the 128-key tile at head size 128 (41 KB,
+            # E4M3 73 KB); 1.03-1.19x the 32-key, 5-stage tile at every shape of the head-256
+            # sweeps (tune_decode_4_1_256.json, tune_decode_16_8_256.json)
+            return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=4, split=True)
         stages = 4 if v_e4m3 else 5
-        return LaunchConfig(block_m, tile_n=tile_n, num_warps=4, num_stages=stages, split=True)
+        return LaunchConfig(block_m, tile_n=128, num_warps=4, num_stages=stages, split=True)
     block_m = 64 if head_size > 128 else 128
     block_m = max(block_m, next_power_of_2(group))
     tile_n = 64 if head_size <= 128 else 32

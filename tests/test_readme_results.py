@@ -30,6 +30,12 @@ WHERE = {
     "decode_issue_budget": RESULTS,
     "tune_decode": RESULTS,
     "tune_decode_9_3_64": RESULTS,
+    "tune_decode_4_1_256": RESULTS,
+    "tune_decode_16_8_256": RESULTS,
+    "tune_decode_int4_32_8_128": RESULTS,
+    "tune_decode_int4_4_1_256": RESULTS,
+    "tune_decode_int4_9_3_64": RESULTS,
+    "int4_decode": RESULTS,
     "launch_overhead": RESULTS,
     "throughput": RESULTS,
     "throughput_1k_paired": RESULTS,
@@ -201,7 +207,7 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
     decode = [row("decode", impl, 8, 8192, ms) for impl, ms in
               (("bf16_fa2", 2.0), ("int8", 1.0), ("upstream_int8_pth", 4.0))]  # fmt: skip
     kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": decode}))
-    lines = _report().dtype_choice_table((acc,), kernels).splitlines()
+    lines = _report().dtype_choice_table((acc,), kernels, tmp_path / "none.json").splitlines()
     cells = {line.split(" | ")[0][3:-1]: line.split(" | ")[2:] for line in lines
              if line.startswith("| `")}  # fmt: skip
     assert cells["int8"] == ["1.94x", "not measured", "not measured", "2.00x (2.00-2.00x) |"]
@@ -209,6 +215,16 @@ def test_dtype_choice_judges_a_cache_only_by_rows_that_read_its_pages(tmp_path) 
                                                 "0.50x (0.50-0.50x) |"]  # fmt: skip
     # no row served today's int4: capacity from the catalogue at the model's head size, no speed
     assert cells["int4"] == ["3.56x (catalogue)", "not measured", "not measured", "not measured |"]
+    # int4's decode from its own run's file, named under the table
+    int4 = tmp_path / "kernels_int4.json"
+    int4.write_text(json.dumps({"gpu": "G", "command": "y", "peak_bw_gbs": 1.0, "rows": [
+        row("decode", "bf16_fa2", 8, 8192, 2.0), row("decode", "int4", 8, 8192, 2.5)]}))  # fmt: skip
+    with_int4 = _report().dtype_choice_table((acc,), kernels, int4)
+    assert (
+        "| `int4` | experimental | 3.56x (catalogue) | not measured | not measured | 0.80x "
+        "(0.80-0.80x), 1 point |" in with_int4
+    )
+    assert "`int4`'s decode: its own run, [`kernels_int4.json`]" in with_int4
     assert lines[-1].startswith("`int8_static` through the pages is not measured yet on "
                                 "SmolLM2-135M-Instruct; with the default prefill "
                                 "(`int8_static_bf16_prefill`): ΔPPL +0.060%")  # fmt: skip
@@ -231,7 +247,7 @@ def test_dtype_choice_puts_each_models_measure_side_by_side(tmp_path) -> None:
         acc("a.json", "SmolLM2-135M-Instruct", 0.08, 1940),
         acc("b.json", "gemma-3-270m", 0.5, 1980),
     )
-    table = _report().dtype_choice_table(paths, kernels)
+    table = _report().dtype_choice_table(paths, kernels, tmp_path / "none.json")
     int8 = next(line for line in table.splitlines() if line.startswith("| `int8` |"))
     # capacity, ΔPPL, greedy: the first model's, then the second's; one value when they agree
     assert int8.split(" | ")[2:5] == ["1.94x / 1.98x", "+0.080% ± 0.010 / +0.500% ± 0.010",
