@@ -567,8 +567,8 @@ def _choose_config(
         # stages keep two (73 KB)
         if head_size > 128:
             # 64-key tiles at 4 stages: the bytes of the 128-key tile at head size 128 (41 KB,
-            # E4M3 73 KB); 1.03-1.19x the 32-key, 5-stage tile at every shape of the head-256
-            # sweeps (tune_decode_4_1_256.json, tune_decode_16_8_256.json)
+            # E4M3 73 KB); faster than the 32-key, 5-stage tile (up to 1.19x) or level with it at
+            # every shape of the head-256 sweeps (tune_decode_4_1_256.json, _16_8_256.json)
             return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=4, split=True)
         stages = 4 if v_e4m3 else 5
         return LaunchConfig(block_m, tile_n=128, num_warps=4, num_stages=stages, split=True)
