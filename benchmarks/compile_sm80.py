@@ -5,7 +5,7 @@
 Run in a process without TRITON_INTERPRET (the interpreter replaces @triton.jit functions): the
 test (tests/kernels/test_compile_sm80.py) starts it as its own process. Prints one line per
 specialisation and exits non-zero on the first failure. ``decode_issue_budget.py`` compiles the
-decode loop with :func:`compile_one`.
+int8 and int4 decode loops with :func:`compile_one`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_
              "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
              "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
              "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
+# of attention_int4.py's _attn_int4_fwd, bf16 queries and tail (compile_int4 swaps in fp16)
+ATTN_INT4_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8",
+                  "cache16_ptr": "*fp16", "tail_ptr": "*bf16", "block_table_ptr": "*i32",
+                  "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "slot_of_seq_ptr": "*i32",
+                  "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
 
 
@@ -247,10 +252,7 @@ def compile_int4() -> int:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
         cfg = choose_config_int4(group, d, mq)
-        ptrs = {"q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "cache_ptr": "*u8",
-                "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "block_table_ptr": "*i32",
-                "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "slot_of_seq_ptr": "*i32",
-                "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
+        ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}"}
         k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,

@@ -1,9 +1,10 @@
-"""Instruction budget of the INT8 decode loop: is the kernel bound by memory or by instruction issue?
+"""Instruction budget of the INT8 and INT4 decode loops: bound by memory or by instruction issue?
 
-Compiles the decode specialisation of ``_attn_fwd`` for sm80 at each model shape of
-benchmarks/kernels.py (no GPU needed, like benchmarks/compile_sm80.py), counts the PTX
-instructions of its main loop per thread per K/V tile, and turns them into warp-instructions per
-KiB of K/V streamed. At a GPU's full memory bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
+Compiles the decode specialisations of ``_attn_fwd`` (each int8 dtype) and of ``_attn_int4_fwd``
+(int4: one 64-token page per tile) for sm80 at each model shape of benchmarks/kernels.py (no GPU
+needed, like benchmarks/compile_sm80.py), counts the PTX instructions of its main loop per thread
+per K/V tile, and turns them into warp-instructions per KiB of K/V streamed (the page bytes of the
+program's kv-head: codes and their scales, and int4's zeros). At a GPU's full memory bandwidth that costs ``bandwidth / 1 KiB * warp_instr_per_kib`` warp-instructions per second,
 against an issue capacity of ``SMs * 4 schedulers * clock`` (one warp-instruction per scheduler
 per clock, the sm80/sm86/sm90 rate). A share near or above ~50% means instruction issue, not
 memory, limits how close the kernel can get to the bandwidth: the latency of every instruction
@@ -34,9 +35,11 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 import triton  # noqa: E402
 
 from benchmarks.common import MODEL_SHAPES, RESULTS_DIR  # noqa: E402
-from benchmarks.compile_sm80 import ATTN_PTRS, compile_one  # noqa: E402
-from int8kv_kernels import INT8_DTYPES, PageLayout  # noqa: E402
+from benchmarks.compile_sm80 import ATTN_INT4_PTRS, ATTN_PTRS, compile_one  # noqa: E402
+from int8kv_kernels import INT4_DTYPES, INT8_DTYPES, Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
+from int8kv_kernels.attention_int4 import _attn_int4_fwd, choose_config_int4  # noqa: E402
+from int8kv_kernels.catalogue import get_dtype  # noqa: E402
 
 # name: (SMs, boost clock GHz, peak memory bandwidth GB/s, compute capability), from the vendors'
 # spec sheets.
@@ -103,9 +106,15 @@ def main_loop_ops(ptx: str) -> collections.Counter:
     return ops
 
 
-def family(op: str) -> str:
+def family(op: str, kv_dtype: str = "int8") -> str:
     """Buckets of the loop's work: what each instruction is there for."""
-    if op.startswith(("prmt", "xor", "sub.f16x2", "add.f16x2", "cvt")):
+    if kv_dtype in INT4_DTYPES:
+        # The nibble split (attention_int4._nibbles): a mask, a shift and the OR of fp16's 1024
+        # exponent before the subtraction. All but one of the loop's logical ops and 16-bit shifts
+        # are these (the other: an exponent mask in the log2 of the page's K scale).
+        if op.startswith(("prmt", "and.b", "or.b", "shr.u16", "sub.f16x2", "add.f16x2", "cvt")):
+            return "int4 -> fp16 conversion and casts"
+    elif op.startswith(("prmt", "xor", "sub.f16x2", "add.f16x2", "cvt")):
         return "int8 -> fp16 conversion and casts"
     if op.startswith(("mma", "ldmatrix")):
         return "tensor-core MMA and operand loads"
@@ -118,9 +127,22 @@ def family(op: str) -> str:
     return "other (softmax, addressing, control)"
 
 
-def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
-    lay = PageLayout(kv_dtype, 16, nkv, d)
+def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
+    """(compiled kernel, launch config, page layout) of the decode specialisation that serving
+    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap."""
     group = nq // nkv
+    if kv_dtype in INT4_DTYPES:
+        lay = Int4PageLayout(get_dtype(kv_dtype).page_tokens, nkv, d, kv_dtype)
+        cfg = choose_config_int4(group, d, 1)
+        k = compile_one(
+            _attn_int4_fwd, ATTN_INT4_PTRS,
+            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False,
+                 **lay.kernel_constexprs()),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return k, cfg, lay
+    lay = PageLayout(kv_dtype, 16, nkv, d)
     cfg = _choose_config(group, d, 1)
     k = compile_one(
         _attn_fwd, ATTN_PTRS,
@@ -130,14 +152,20 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
              **lay.kernel_constexprs()),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    return k, cfg, lay
+
+
+def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
+    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d)
     ops = main_loop_ops(k.asm["ptx"])
     per_thread = sum(ops.values())
-    # K/V bytes one program streams per tile: its kv-head's share of each page, scales included
-    tile_bytes = cfg.tile_n * lay.page_bytes // (16 * nkv)
+    # K/V bytes one program streams per tile: its kv-head's share of each page, scales (and int4's
+    # zeros) included
+    tile_bytes = cfg.tile_n * lay.page_bytes // (lay.block_size * nkv)
     per_kib = per_thread * cfg.num_warps / tile_bytes * 1024
     families: collections.Counter = collections.Counter()
     for op, n in ops.items():
-        families[family(op)] += n
+        families[family(op, kv_dtype)] += n
     share = {
         gpu: round(bw * 1e9 / 1024 * per_kib / (sms * 4 * ghz * 1e9), 3)
         for gpu, (sms, ghz, bw, _) in GPUS.items()
@@ -162,7 +190,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(RESULTS_DIR / "decode_issue_budget.json"))
     args = ap.parse_args()
-    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in INT8_DTYPES]
+    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
     result = {"command": "python -m benchmarks.decode_issue_budget", "gpus": GPUS, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
