@@ -34,7 +34,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 
 import triton  # noqa: E402
 
-from benchmarks.common import MODEL_SHAPES, RESULTS_DIR  # noqa: E402
+from benchmarks.common import MODEL_SHAPES, RESULTS_DIR, write_json  # noqa: E402
 from benchmarks.compile_sm80 import ATTN_INT4_PTRS, ATTN_PTRS, compile_one  # noqa: E402
 from int8kv_kernels import INT4_DTYPES, INT8_DTYPES, Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
@@ -191,8 +191,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS_DIR / "decode_issue_budget.json"))
     args = ap.parse_args()
     rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
-    result = {"command": "python -m benchmarks.decode_issue_budget", "gpus": GPUS, "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    # compiled on whatever machine runs it: no GPU measured anything ("gpu": None)
+    result = {"command": "python -m benchmarks.decode_issue_budget", "gpus": GPUS, "gpu": None,
+              "rows": rows}  # fmt: skip
+    write_json(result, args.out)
     for r in rows:
         shape = f"{r['q_heads']}/{r['kv_heads']}, {r['head_dim']}"
         print(r["kv_dtype"], shape, r["warp_instructions_per_kib"],
