@@ -12,9 +12,15 @@ FlashAttention-2 server compiled nothing.
 :func:`warm_up_layer` runs each of those launches once on a small scratch cache, with the layer's
 own shapes, dtype, window, soft cap and scales. The metadata builder calls it for its layers
 before vLLM captures CUDA graphs; a shape already warmed in this process is skipped. The
-launches' arguments that vary from step to step (sequence counts, the alignment of sliced
-metadata tensors) are not specialized on by the kernels (``do_not_specialize``), so these few
-launches cover them. ``int4``'s kernels are not warmed up yet: they compile when first met.
+launches' arguments that vary from step to step or from engine to engine (sequence counts, the
+block-table stride, the alignment of sliced metadata tensors and of int4's slot buffers) are not
+specialized on by the kernels (``do_not_specialize``), so these few launches cover them.
+
+``int4``'s kernels also read and write a tail pool (tail_slots.py): its launches run on a scratch
+cache and a scratch pool of one slot, shaped like the layer's, never on the engine's pool, whose
+slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
+longer chunk), each a page flush then a tail store; its attention is warmed as int8's (it has no
+context gather: its continuations stay on our kernels).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 from int8kv_kernels import gather_kv_context, make_workspace, paged_attention, write_kv_cache
 from int8kv_kernels.attention import MAX_SPLITS
 from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
-from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT8_DTYPES, STATIC_DTYPE
+from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT4_DTYPES, INT8_DTYPES, STATIC_DTYPE
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim._logging import get_logger
 
@@ -66,7 +72,7 @@ _warmed: set[WarmupKey] = set()
 
 def layer_key(impl: Any, block_size: int, model_dtype: torch.dtype) -> WarmupKey | None:
     """The warm-up key of one of our attention impls; None for a dtype it does not cover."""
-    if impl.kv_cache_dtype not in INT8_DTYPES:
+    if impl.kv_cache_dtype not in INT8_DTYPES + INT4_DTYPES:
         return None
     return WarmupKey(
         kv_dtype=impl.kv_cache_dtype,
@@ -121,6 +127,8 @@ def _launch_all(
     v_scale: torch.Tensor | None,
     device: torch.device,
 ) -> int:
+    if key.kv_dtype in INT4_DTYPES:
+        return _launch_all_int4(key, softmax_scale, device)
     b, hk, d, h = key.block_size, key.num_kv_heads, key.head_size, key.num_heads
     tokens = SMALL_BATCH_TOKENS + b  # the write kernel's tiled launch
     num_blocks = -(-tokens // b) + 1
@@ -166,4 +174,51 @@ def _launch_all(
             max_seqlen_k=_CONTEXT + q_len, num_k_tokens=_CONTEXT + q_len, **scales,
         )  # fmt: skip
         launches += 1
+    return launches
+
+
+def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device) -> int:
+    b, hk, d, h = key.block_size, key.num_kv_heads, key.head_size, key.num_heads
+    seq_len = _CONTEXT + _PREFILL_LEN
+    num_blocks = -(-seq_len // b) + 1
+    kv_cache = torch.zeros(
+        num_blocks, get_page_bytes(key.kv_dtype, b, hk, d), dtype=torch.int8, device=device
+    )
+    # One slot, shaped as the impl's pool ([slots, 2, kv-heads, page tokens, head size] in the
+    # model's dtype): the engine's pool holds live requests' unfinished pages.
+    tail = torch.zeros(1, 2, hk, b, d, dtype=key.model_dtype, device=device)
+    tail_page = torch.full((1,), -1, dtype=torch.int32, device=device)
+    slot_of_seq = torch.zeros(1, dtype=torch.int32, device=device)
+    slot_is_new = torch.ones(1, dtype=torch.int32, device=device)
+    block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]
+    launches = 0
+    # The flush's two launch shapes: a decode step (a program per sequence) and a longer chunk (a
+    # program per page it touches); the tail store has one.
+    for q_len in (1, _PREFILL_LEN):
+        kv = torch.zeros(q_len, hk, d, dtype=key.model_dtype, device=device)
+        write_kv_cache(
+            kv, kv, kv_cache, torch.zeros(q_len, dtype=torch.int64, device=device),
+            kv_dtype=key.kv_dtype, block_size=b, tail=tail, tail_page=tail_page,
+            query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([_CONTEXT + q_len], dtype=torch.int32, device=device),
+            block_table=block_table, slot_of_seq=slot_of_seq, slot_is_new=slot_is_new,
+            num_seqs=1, max_query_len=q_len,
+        )  # fmt: skip
+        launches += 1
+    workspace = make_workspace(_PREFILL_LEN, h, d, device=device)
+    for q_len, split_counts in _ATTENTION_LAUNCHES:
+        seq_len = _CONTEXT + q_len
+        query = torch.zeros(q_len, h, d, dtype=key.model_dtype, device=device)
+        for splits in split_counts:
+            paged_attention(
+                query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype, block_size=b,
+                num_kv_heads=hk,
+                query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
+                seq_lens=torch.tensor([seq_len], dtype=torch.int32, device=device),
+                block_table=block_table, max_query_len=q_len, max_seq_len=seq_len,
+                softmax_scale=softmax_scale, sliding_window=key.sliding_window,
+                soft_cap=key.soft_cap, workspace=workspace, num_splits=splits, tail=tail,
+                slot_of_seq=slot_of_seq,
+            )  # fmt: skip
+            launches += 1
     return launches

@@ -145,9 +145,19 @@ def _page_pv(
     return acc_lo, acc_hi, az_lo, az_hi
 
 
-# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant serves
-# every batch instead of a Triton compile mid-serving when a new size class shows up.
-@triton.jit(do_not_specialize=["num_seqs", "window"])
+# Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of the metadata
+# pointers: one compiled variant serves every batch instead of a Triton compile mid-serving when
+# a new size class shows up (as _attn_fwd; int8kv_shim/kernel_warmup.py compiles it at start-up).
+@triton.jit(
+    do_not_specialize=["num_seqs", "window", "stride_bt"],
+    # Sliced per batch: the sequences after the decodes of a mixed batch start at any row.
+    do_not_specialize_on_alignment=[
+        "block_table_ptr",
+        "qsl_ptr",
+        "seq_lens_ptr",
+        "slot_of_seq_ptr",
+    ],
+)
 def _attn_int4_fwd(
     q_ptr,
     out_ptr,

@@ -147,8 +147,20 @@ def _flush_v(
         tl.store(sz + 3 * BLOCK_SIZE + r, tl.where(ok, z_hi, nan))
 
 
-# Batch-dependent ints are not specialized on (== 1, % 16): one compiled variant for every batch.
-@triton.jit(do_not_specialize=["num_seqs"])
+# Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of the metadata
+# pointers: one compiled variant for every batch and engine. The block table's stride is the
+# engine's max_model_len in pages, and slot_is_new is the second row of the slot manager's
+# (2, max_num_seqs) buffer (tail_slots.py), so neither is known to the start-up warm-up.
+@triton.jit(
+    do_not_specialize=["num_seqs", "stride_bt"],
+    do_not_specialize_on_alignment=[
+        "block_table_ptr",
+        "qsl_ptr",
+        "seq_lens_ptr",
+        "slot_of_seq_ptr",
+        "slot_is_new_ptr",
+    ],
+)
 def _flush_pages_kernel(
     key_ptr,
     value_ptr,
@@ -221,7 +233,15 @@ def _flush_pages_kernel(
                  page16, head, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(  # as _flush_pages_kernel
+    do_not_specialize=["num_seqs", "stride_bt"],
+    do_not_specialize_on_alignment=[
+        "block_table_ptr",
+        "qsl_ptr",
+        "seq_lens_ptr",
+        "slot_of_seq_ptr",
+    ],
+)
 def _store_tail_kernel(
     key_ptr,
     value_ptr,

@@ -25,12 +25,24 @@ SHAPES = {
     "int8_static e4m3 32/8/128": dict(kv_dtype="int8_static", heads=32, kv_heads=8,
                                       head_size=128, window=None, v_format="e4m3", gather=False),
 }  # fmt: skip
+# int4 (64-token pages, a tail pool, no context gather) at the same head shapes
+_INT4 = dict(kv_dtype="int4", v_format="int8", gather=False)
+SHAPES |= {
+    "int4 SmolLM2 9/3/64": SHAPES["SmolLM2 9/3/64"] | _INT4,
+    "int4 Gemma 3 4/1/256, sliding": SHAPES["Gemma 3 4/1/256, sliding"] | _INT4,
+    "int4 32/8/128": SHAPES["int8_static e4m3 32/8/128"] | _INT4,
+}
+KERNELS = {
+    "int8": {"_attn_fwd", "merge_splits", "_write_kv_kernel"},
+    "int4": {"_attn_int4_fwd", "merge_splits", "_flush_pages_kernel", "_store_tail_kernel"},
+}
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real JITFunctions
-    shape = {**SHAPES[name], "block_size": 16}
+    shape = SHAPES[name]
+    shape = {**shape, "block_size": 64 if shape["kv_dtype"] == "int4" else 16}
     proc = subprocess.run(
         [sys.executable, str(PROBE), json.dumps(shape)],
         env=env, capture_output=True, text=True, timeout=600,
@@ -39,7 +51,7 @@ def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None
     found = json.loads(proc.stdout.splitlines()[-1])
     warm = set(found["warmup"])
     kernels = {eval(k)[0] for k in warm}  # noqa: S307  (our own repr of tuples of literals)
-    expected = {"_attn_fwd", "merge_splits", "_write_kv_kernel"}
+    expected = KERNELS["int4" if shape["kv_dtype"] == "int4" else "int8"]
     assert expected | ({"_gather_kv_kernel"} if shape["gather"] else set()) == kernels
     missing = {
         batch: [k for k in keys if k not in warm]
@@ -69,17 +81,30 @@ def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
     assert kernel_warmup.warm_up_layer(_impl(), **kw) == 0  # the same shape: nothing to compile
     assert kernel_warmup.warm_up_layer(_impl(sliding_window=512), **kw) == 3
     assert kernel_warmup.warm_up_layer(_impl(), **(kw | {"block_size": 32})) == 3
-    assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **kw) == 0  # not covered
-    assert [k.sliding_window for k in calls] == [None, 512, None]
+    int4 = kw | {"block_size": 64}
+    assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **int4) == 3
+    assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **int4) == 0
+    # int4 has no context gather: its continuations stay on our kernels
+    assert [(k.kv_dtype, k.sliding_window, k.gather) for k in calls] == [
+        ("int8", None, True), ("int8", 512, True), ("int8", None, True), ("int4", None, False),
+    ]  # fmt: skip
 
 
-def test_warmup_launches_run_on_the_interpreter() -> None:
+# two writes; one decode token at every split count; two tokens split and not; a prefill chunk;
+# int8's context gather (int4 has none)
+_LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 1
+
+
+@pytest.mark.parametrize(
+    "kv_dtype, block_size, launches", [("int8", 16, _LAUNCHES + 1), ("int4", 64, _LAUNCHES)]
+)
+def test_warmup_launches_run_on_the_interpreter(
+    kv_dtype: str, block_size: int, launches: int
+) -> None:
     # the real launches, tiny: every argument the warm-up passes is one the wrappers accept
-    kernel_warmup._warmed.discard(kernel_warmup.layer_key(_impl(head_size=64), 16, torch.bfloat16))
+    impl = _impl(kv_cache_dtype=kv_dtype, head_size=64)
+    kernel_warmup._warmed.discard(kernel_warmup.layer_key(impl, block_size, torch.bfloat16))
     n = kernel_warmup.warm_up_layer(
-        _impl(head_size=64), block_size=16, model_dtype=torch.bfloat16,
-        device=torch.device("cpu"),
-    )  # fmt: skip
-    # two writes; one decode token at every split count; two tokens split and not; a prefill
-    # chunk; the gather
-    assert n == 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 1 + 1
+        impl, block_size=block_size, model_dtype=torch.bfloat16, device=torch.device("cpu")
+    )
+    assert n == launches
