@@ -566,8 +566,8 @@ def _choose_config(
         # E4M3 V's decode keeps a third tile buffer at 5 stages (105 KB at head size 128); 4
         # stages keep two (73 KB)
         if head_size > 128:
-            # 64-key tiles at 4 stages: the bytes of the 128-key tile at head size 128 (41 KB,
-            # E4M3 73 KB); faster than the 32-key, 5-stage tile (up to 1.19x) or level with it at
+            # 64-key tiles at 4 stages: 42 KB of shared memory (E4M3 V within MAX_SHARED_BYTES
+            # too, benchmarks/compile_sm80.py); faster than the 32-key, 5-stage tile (up to 1.19x) or level with it at
             # every shape of the head-256 sweeps (tune_decode_4_1_256.json, _16_8_256.json)
             return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=4, split=True)
         stages = 4 if v_e4m3 else 5
