@@ -129,7 +129,7 @@ def _launch_all(
 ) -> int:
     if key.kv_dtype in INT4_DTYPES:
         return _launch_all_int4(key, softmax_scale, device)
-    b, hk, d, h = key.block_size, key.num_kv_heads, key.head_size, key.num_heads
+    b, hk, d = key.block_size, key.num_kv_heads, key.head_size
     tokens = SMALL_BATCH_TOKENS + b  # the write kernel's tiled launch
     num_blocks = -(-tokens // b) + 1
     page_bytes = get_page_bytes(key.kv_dtype, b, hk, d)
@@ -149,21 +149,7 @@ def _launch_all(
         write_kv_cache(kv, kv, kv_cache, slots, kv_dtype=key.kv_dtype, block_size=b, **scales)
         launches += 1
     block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]
-    workspace = make_workspace(_PREFILL_LEN, h, d, device=device)
-    for q_len, split_counts in _ATTENTION_LAUNCHES:
-        seq_len = _CONTEXT + q_len
-        query = torch.zeros(q_len, h, d, dtype=key.model_dtype, device=device)
-        for splits in split_counts:
-            paged_attention(
-                query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype, block_size=b,
-                num_kv_heads=hk,
-                query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
-                seq_lens=torch.tensor([seq_len], dtype=torch.int32, device=device),
-                block_table=block_table, max_query_len=q_len, max_seq_len=seq_len,
-                softmax_scale=softmax_scale, sliding_window=key.sliding_window,
-                soft_cap=key.soft_cap, workspace=workspace, num_splits=splits, **scales,
-            )  # fmt: skip
-            launches += 1
+    launches += _attention_launches(key, kv_cache, block_table, softmax_scale, device, **scales)
     if key.gather:
         q_len = _PREFILL_LEN
         new = torch.zeros(q_len, hk, d, dtype=key.model_dtype, device=device)
@@ -178,7 +164,7 @@ def _launch_all(
 
 
 def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device) -> int:
-    b, hk, d, h = key.block_size, key.num_kv_heads, key.head_size, key.num_heads
+    b, hk, d = key.block_size, key.num_kv_heads, key.head_size
     seq_len = _CONTEXT + _PREFILL_LEN
     num_blocks = -(-seq_len // b) + 1
     kv_cache = torch.zeros(
@@ -205,20 +191,36 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
             num_seqs=1, max_query_len=q_len,
         )  # fmt: skip
         launches += 1
+    return launches + _attention_launches(
+        key, kv_cache, block_table, softmax_scale, device, tail=tail, slot_of_seq=slot_of_seq
+    )
+
+
+def _attention_launches(
+    key: WarmupKey,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    softmax_scale: float,
+    device: torch.device,
+    **dtype_args: Any,
+) -> int:
+    """Every launch of _ATTENTION_LAUNCHES on ``kv_cache``; ``dtype_args``: the format's own
+    arguments (int8's scales, int4's tail and slots)."""
+    h, hk, d = key.num_heads, key.num_kv_heads, key.head_size
     workspace = make_workspace(_PREFILL_LEN, h, d, device=device)
+    launches = 0
     for q_len, split_counts in _ATTENTION_LAUNCHES:
         seq_len = _CONTEXT + q_len
         query = torch.zeros(q_len, h, d, dtype=key.model_dtype, device=device)
         for splits in split_counts:
             paged_attention(
-                query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype, block_size=b,
-                num_kv_heads=hk,
+                query, kv_cache, torch.empty_like(query), kv_dtype=key.kv_dtype,
+                block_size=key.block_size, num_kv_heads=hk,
                 query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
                 seq_lens=torch.tensor([seq_len], dtype=torch.int32, device=device),
                 block_table=block_table, max_query_len=q_len, max_seq_len=seq_len,
                 softmax_scale=softmax_scale, sliding_window=key.sliding_window,
-                soft_cap=key.soft_cap, workspace=workspace, num_splits=splits, tail=tail,
-                slot_of_seq=slot_of_seq,
+                soft_cap=key.soft_cap, workspace=workspace, num_splits=splits, **dtype_args,
             )  # fmt: skip
             launches += 1
     return launches

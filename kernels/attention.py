@@ -33,6 +33,7 @@ from .attention_plan import (
     LOG2E,
     M_INIT,
     MAX_SPLITS,
+    SLICED_METADATA_PTRS,
     AttentionWorkspace,
     LaunchConfig,
     LaunchPlan,
@@ -353,13 +354,7 @@ def _chunked_kv_loop(
     do_not_specialize=["num_seqs", "window", "stride_bt"],
     # Sliced per batch (the sequences after the decodes of a mixed batch start at any row); a
     # dynamic-scale launch passes seq_lens in the static scales' slots.
-    do_not_specialize_on_alignment=[
-        "block_table_ptr",
-        "qsl_ptr",
-        "seq_lens_ptr",
-        "static_k_ptr",
-        "static_v_ptr",
-    ],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "static_k_ptr", "static_v_ptr"],
 )
 def _attn_fwd(
     q_ptr,

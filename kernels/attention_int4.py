@@ -33,6 +33,7 @@ import triton.language as tl
 from .attention_plan import (
     LOG2E,
     M_INIT,
+    SLICED_METADATA_PTRS,
     AttentionWorkspace,
     LaunchConfig,
     check_shapes,
@@ -150,13 +151,7 @@ def _page_pv(
 # a new size class shows up (as _attn_fwd; int8kv_shim/kernel_warmup.py compiles it at start-up).
 @triton.jit(
     do_not_specialize=["num_seqs", "window", "stride_bt"],
-    # Sliced per batch: the sequences after the decodes of a mixed batch start at any row.
-    do_not_specialize_on_alignment=[
-        "block_table_ptr",
-        "qsl_ptr",
-        "seq_lens_ptr",
-        "slot_of_seq_ptr",
-    ],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr"],
 )
 def _attn_int4_fwd(
     q_ptr,

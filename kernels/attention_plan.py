@@ -69,6 +69,11 @@ def softmax_step(
     return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
 
 
+# The batch metadata a mixed batch slices after its decodes (the rest start at any row): the
+# attention and int4 write kernels do not specialize on these pointers' 16-byte alignment.
+SLICED_METADATA_PTRS = ["block_table_ptr", "qsl_ptr", "seq_lens_ptr"]
+
+
 @triton.jit(  # as _attn_fwd
     do_not_specialize=["num_seqs", "num_splits"], do_not_specialize_on_alignment=["qsl_ptr"]
 )

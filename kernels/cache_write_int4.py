@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_plan import find_seq
+from .attention_plan import SLICED_METADATA_PTRS, find_seq
 from .catalogue import get_dtype
 from .launch import DirectLauncher
 from .page_layout import Int4PageLayout, cached_int4_layout
@@ -153,13 +153,7 @@ def _flush_v(
 # (2, max_num_seqs) buffer (tail_slots.py), so neither is known to the start-up warm-up.
 @triton.jit(
     do_not_specialize=["num_seqs", "stride_bt"],
-    do_not_specialize_on_alignment=[
-        "block_table_ptr",
-        "qsl_ptr",
-        "seq_lens_ptr",
-        "slot_of_seq_ptr",
-        "slot_is_new_ptr",
-    ],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr", "slot_is_new_ptr"],
 )
 def _flush_pages_kernel(
     key_ptr,
@@ -235,12 +229,7 @@ def _flush_pages_kernel(
 
 @triton.jit(  # as _flush_pages_kernel
     do_not_specialize=["num_seqs", "stride_bt"],
-    do_not_specialize_on_alignment=[
-        "block_table_ptr",
-        "qsl_ptr",
-        "seq_lens_ptr",
-        "slot_of_seq_ptr",
-    ],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr"],
 )
 def _store_tail_kernel(
     key_ptr,
