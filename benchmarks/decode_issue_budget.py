@@ -108,9 +108,10 @@ def main_loop_ops(ptx: str) -> collections.Counter:
 def family(op: str, kv_dtype: str = "int8") -> str:
     """Buckets of the loop's work: what each instruction is there for."""
     if kv_dtype in INT4_DTYPES:
-        # The nibble split (attention_int4._nibbles): a byte permute, shifts and the and-or
-        # (lop3) of bf16's 128 exponent, all of the loop's logical ops and 32-bit shifts.
-        if op.startswith(("prmt", "lop3", "shr.b32", "cvt")):
+        # The nibble split (attention_int4._nibbles): a mask, a shift and the OR of fp16's 1024
+        # exponent before the subtraction. All but one of the loop's logical ops and 16-bit shifts
+        # are these (the other: an exponent mask in the log2 of the page's K scale).
+        if op.startswith(("prmt", "and.b", "or.b", "shr.u16", "sub.f16x2", "add.f16x2", "cvt")):
             return "int4 -> fp16 conversion and casts"
     elif op.startswith(("prmt", "xor", "sub.f16x2", "add.f16x2", "cvt")):
         return "int8 -> fp16 conversion and casts"

@@ -16,12 +16,9 @@ P's columns and its zero is a row sum. Each packed byte is loaded once and split
 tiles: the low nibbles are channels [0, D/2), the high ones [D/2, D) (page_layout.py), each a whole
 dot operand against the matching half of q (scores) or of the output (PV).
 
-bf16 dots on the GPU, the codes entering them as 128 + c: the bf16 with bits 0x4300 | c is exactly
-that, so a nibble masked in place is its operand (_nibbles: one instruction per code, no integer
-conversion). The offset's share of each dot (128 * sum of the operand's other side, taken from the
-operands as rounded for the dot) comes back out with the zero's row sum, so it cancels to fp32's
-precision. q * s and p * s round to bf16 as FlashAttention rounds q and p over a BF16 cache; bf16
-keeps any scale in range. Under the interpreter (DOT_F32) the same steps run in fp32.
+fp16 dots on the GPU: q is scaled by a power of two per row once (max |q| <= 2^7) and s by a power
+of two per page (max s <= 2^7), so q * s stays inside fp16 with 11 significant bits; both powers
+of two fold into the score's scale. Under the interpreter (DOT_F32) the same steps run in fp32.
 The tail tile is the model's dtype, dotted as it is (as FlashAttention does with a BF16 cache).
 """
 
@@ -50,69 +47,43 @@ from .cache_write_int4 import check_tail
 from .launch import DirectLauncher
 from .page_layout import cached_int4_layout, next_power_of_2
 
-CODE_OFFSET = tl.constexpr(128.0)  # the codes enter the dots as 128 + c (see _nibbles)
-
 
 @triton.jit
 def _nibbles(b, DOT_F32: tl.constexpr):
-    """uint8 tile -> (128 + low nibbles, 128 + high nibbles): exact bf16 dot operands, offset
-    by CODE_OFFSET (the callers take the offset's share of each dot back out)."""
-    if DOT_F32:  # interpreter: the same values in fp32
-        return (b & 15).to(tl.float32) + CODE_OFFSET, (b >> 4).to(tl.float32) + CODE_OFFSET
-    # The bf16 with bits 0x4300 | c is 128 + c (c < 128): a nibble masked in under bf16's 128
-    # exponent is a code, with no integer conversion (a quarter-rate unit) and no subtraction.
-    # Four bytes per 32-bit register: a byte permute, three shifts and four and-ors (lop3) give
-    # their eight codes as four bf16 pairs, one instruction per code.
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t, u, t4, u4;
-        prmt.b32 t, $4, 0, 0x3120;
-        shr.b32 u, t, 8;
-        shr.b32 t4, t, 4;
-        shr.b32 u4, t, 12;
-        lop3.b32 $0, t, 0x000f000f, 0x43004300, 0xea;
-        lop3.b32 $1, u, 0x000f000f, 0x43004300, 0xea;
-        lop3.b32 $2, t4, 0x000f000f, 0x43004300, 0xea;
-        lop3.b32 $3, u4, 0x000f000f, 0x43004300, 0xea;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r",
-        args=[b],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
+    """uint8 tile -> (low-nibble codes, high-nibble codes) as exact dot operands."""
+    lo = b & 15
+    hi = b >> 4
+    if DOT_F32:  # interpreter
+        return lo.to(tl.float32), hi.to(tl.float32)
+    # No int -> fp16 conversion instruction (a quarter-rate unit): the fp16 with bits 0x6400 | c
+    # is 1024 + c, so an OR, a free bitcast and an exact subtraction give c.
+    lo = (lo.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    hi = (hi.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return lo, hi
+
+
+@triton.jit
+def _pow2_at_most(x, E: tl.constexpr):
+    """2^(E - ceil(log2 x)) for x > 0 (1 for x == 0): a power of two that scales x to <= 2^E."""
+    return tl.exp2(E - tl.ceil(tl.log2(tl.where(x > 0.0, x, 1.0))))
 
 
 @triton.jit
 def _to_dot(x, DOT_F32: tl.constexpr):
-    """fp32 -> bf16 dot operand, rounded to nearest, two values per instruction."""
     if DOT_F32:
         return x
-    return tl.inline_asm_elementwise(
-        asm="cvt.rn.bf16x2.f32 $0, $2, $1;",
-        constraints="=r,r,r",
-        args=[x],
-        dtype=tl.bfloat16,
-        is_pure=True,
-        pack=2,
-    )
-
-
-@triton.jit
-def _add2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
+    return x.to(tl.float16)
 
 
 @triton.jit
 def _page_scores(
-    cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, score_scale,
+    cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, row_scale,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    """Scaled scores [BLOCK_M, B] of the page's keys; q_lo / q_hi: the query halves [BLOCK_M, D/2]
-    in fp32."""
+    """Scaled scores [BLOCK_M, B] of the page's keys: q_lo / q_hi are the query halves
+    [BLOCK_M, D/2] in fp32, scaled per row by a power of two that ``row_scale`` (the softmax scale
+    over it) undoes."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -129,15 +100,13 @@ def _page_scores(
         + c[:, None]
     )  # fmt: skip  [D/2, B]: each key's row is D/2 contiguous bytes
     k_lo, k_hi = _nibbles(kb, DOT_F32)
-    # the page's scale folds into q (bf16 keeps any scale in range)
-    qs_lo = _to_dot(q_lo * s_lo[None, :], DOT_F32)
-    qs_hi = _to_dot(q_hi * s_hi[None, :], DOT_F32)
-    s = tl.dot(qs_hi, k_hi, tl.dot(qs_lo, k_lo))
-    # q . zero, less the codes' offset taken from the operands as they went into the dots
-    # (rounded): it cancels to the fp32 accumulation's precision
-    qs = qs_lo.to(tl.float32) + qs_hi.to(tl.float32)
-    zq = tl.sum(q_lo * z_lo[None, :] + q_hi * z_hi[None, :] - CODE_OFFSET * qs, axis=1)
-    return (s + zq[:, None]) * score_scale
+    # the page's scale folds into q, brought under 2^7 by a power of two (exact)
+    s_unit = _pow2_at_most(tl.maximum(tl.max(s_lo, axis=0), tl.max(s_hi, axis=0)), 7)
+    qs_lo = _to_dot(q_lo * (s_lo * s_unit)[None, :], DOT_F32)
+    qs_hi = _to_dot(q_hi * (s_hi * s_unit)[None, :], DOT_F32)
+    s = tl.dot(qs_lo, k_lo) + tl.dot(qs_hi, k_hi)
+    zq = tl.sum(q_lo * z_lo[None, :], axis=1) + tl.sum(q_hi * z_hi[None, :], axis=1)
+    return (s * (1.0 / s_unit) + zq[:, None]) * row_scale[:, None]
 
 
 @triton.jit
@@ -146,9 +115,8 @@ def _page_pv(
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_DATA: tl.constexpr,
     V_SZ: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    """acc += (p * scale) @ codes and az += p @ zero (less the codes' offset) for the page's V,
-    per nibble half (V group g of the half: 0, or 1 for the high half when NGV == 2). p is
-    already alpha-rescaled into."""
+    """acc += (p * scale) @ codes and az += p @ zero for the page's V, per nibble half (V group g
+    of the half: 0, or 1 for the high half when NGV == 2). p is already alpha-rescaled into."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -166,21 +134,15 @@ def _page_pv(
     sc0 = tl.where(key_ok, tl.load(sz + r).to(tl.float32), 0.0)
     z0 = tl.where(key_ok, tl.load(sz + BLOCK_SIZE + r).to(tl.float32), 0.0)
     ps_lo = _to_dot(p * sc0[None, :], DOT_F32)
-    acc_lo = tl.dot(ps_lo, v_lo, acc_lo)
-    a_lo = p * z0[None, :] - CODE_OFFSET * ps_lo.to(tl.float32)
+    acc_lo += tl.dot(ps_lo, v_lo)
+    az_lo += tl.sum(p * z0[None, :], axis=1)
     if NGV == 2:
         sc1 = tl.where(key_ok, tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32), 0.0)
         z1 = tl.where(key_ok, tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32), 0.0)
-        ps_hi = _to_dot(p * sc1[None, :], DOT_F32)
-        acc_hi = tl.dot(ps_hi, v_hi, acc_hi)
-        a_hi = p * z1[None, :] - CODE_OFFSET * ps_hi.to(tl.float32)
-        # one reduction for both groups' row sums
-        d_lo, d_hi = tl.reduce((a_lo, a_hi), 1, _add2)
-        az_lo += d_lo
-        az_hi += d_hi
+        acc_hi += tl.dot(_to_dot(p * sc1[None, :], DOT_F32), v_hi)
+        az_hi += tl.sum(p * z1[None, :], axis=1)
     else:
-        acc_hi = tl.dot(ps_lo, v_hi, acc_hi)
-        az_lo += tl.sum(a_lo, axis=1)
+        acc_hi += tl.dot(ps_lo, v_hi)
     return acc_lo, acc_hi, az_lo, az_hi
 
 
@@ -279,6 +241,13 @@ def _attn_int4_fwd(
     full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are in int4 pages
     page_hi = tl.minimum(key_hi, full)
 
+    # rows scaled by a power of two to max |q| <= 2^7 (q * s then fits fp16, see the docstring)
+    q_unit = _pow2_at_most(tl.maximum(tl.max(tl.abs(q_lo), axis=1), tl.max(tl.abs(q_hi), axis=1)),
+                           7)  # fmt: skip
+    qn_lo = q_lo * q_unit[:, None]
+    qn_hi = q_hi * q_unit[:, None]
+    row_scale = score_scale / q_unit
+
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -295,7 +264,7 @@ def _attn_int4_fwd(
         page_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0).to(tl.int64)
         key = start + offs_n
         key_ok = key < key_hi
-        s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, score_scale,
+        s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, qn_lo, qn_hi, row_scale,
                          HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
         p, alpha, m_i, l_i = softmax_step(
             s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
@@ -360,15 +329,12 @@ def choose_config_int4(
     group: int, head_size: int, max_query_len: int, cc_major: int = 8
 ) -> LaunchConfig:
     """Tiles of one page (64 keys: its K scales fold into q once per tile). Decode: the GQA
-    group's rows padded to 16 (the smallest tl.dot), 4 warps (8 at head size 256), a page per
-    stage in flight."""
+    group's rows padded to 16 (the smallest tl.dot), 4 warps, a page per stage in flight."""
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = max(16, next_power_of_2(group * max_query_len))
-        # a stage (one page of codes and scales) is 4.6 KiB at head size 64, 9 at 128, 18 at 256;
-        # at 256, 4 warps would spill registers (255 and a stack), 8 do not
+        # a stage (one page of codes and scales) is 4.6 KiB at head size 64, 9 at 128, 18 at 256
         stages = {64: 6, 128: 4}.get(head_size, 3)
-        warps = 8 if head_size > 128 else 4
-        return LaunchConfig(block_m, tile_n=64, num_warps=warps, num_stages=stages, split=True)
+        return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=stages, split=True)
     block_m = max(64 if head_size <= 128 else 32, next_power_of_2(group))
     return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=2, split=False)
 
