@@ -9,6 +9,10 @@ novel (benchmarks/corpus/):
   token of a window after its first is scored. The engine runs with ``max_num_batched_tokens=512``,
   so each window is prefilled in several chunks (chunked prefill is always on in vLLM V1) and
   every chunk after the first attends to K/V that earlier steps wrote into the paged cache.
+  ``int4`` quantizes a page when it fills, before the step's attention, so a chunk's tokens read
+  their own full pages quantized and only the chunk's last, partial page from the BF16 tail;
+  with ``--chunk 16`` (max_num_seqs follows it down) three tokens in four read their own page
+  from the tail, as every decoded token but a page's last does.
   Prompt-logprob requests never read the prefix cache (vLLM sets ``skip_reading_prefix_cache``
   for them), so every window is really computed.
 - Which K/V the scored tokens attend to is each row's ``prefill``. ``pages``: every token's
@@ -158,7 +162,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def merge_rows(
     doc: dict[str, Any], details: dict[str, Any], old: dict[str, Any], old_details: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``doc`` plus the rows of ``old`` for labels ``doc`` lacks (and their ``runs`` entries).
+    """``doc`` plus the rows of ``old`` for labels ``doc`` lacks (and their ``runs`` entries), in
+    ``old``'s order with ``doc``'s new labels after the label before them in ``doc``; ``old``'s
+    document-level results ``doc`` lacks (``transformers_ppl`` and its run) are kept too.
 
     Every metric of a row is relative to the reference (first) row of its own run, so the two
     runs must share model, corpus, scored tokens and the reference dtype, and the reference must
@@ -180,9 +186,19 @@ def merge_rows(
         raise ValueError(f"reference rows differ: {ref} vs {old_ref}")
     have = {r["label"] for r in doc["rows"]}
     added = [r for r in old["rows"] if r["label"] not in have]
-    merged = {**doc, "rows": doc["rows"] + added}
+    rows = [*old["rows"]]
+    for i, r in enumerate(doc["rows"]):
+        labels = [x["label"] for x in rows]
+        if r["label"] in labels:
+            rows[labels.index(r["label"])] = r
+        else:  # after the row before it in doc (the reference is first in both)
+            rows.insert(labels.index(doc["rows"][i - 1]["label"]) + 1, r)
+    extras = {k: v for k, v in old.items() if k not in doc and k != "rows"}
+    merged = {**extras, **doc, "rows": rows}
     merged["command"] = f"{old['command']} ; {doc['command']}"
     runs = {**{r["label"]: old_details["runs"][r["label"]] for r in added}, **details["runs"]}
+    if "transformers_ppl" in extras and "transformers" in old_details["runs"]:
+        runs.setdefault("transformers", old_details["runs"]["transformers"])
     return merged, {**details, "runs": runs}
 
 
@@ -208,7 +224,8 @@ def worker(args: argparse.Namespace) -> int:
         max_model_len=max_len,
         # Small steps force chunked prefill, so later chunks read earlier ones from the cache.
         max_num_batched_tokens=args.chunk,
-        max_num_seqs=64,
+        # vLLM wants a step to fit one token of every running sequence
+        max_num_seqs=min(64, args.chunk),
         max_logprobs=k,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=False,

@@ -156,19 +156,22 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         return {"model": "m", "corpus": "c", "tokens": 10, "gpu": "g", "command": command,
                 "rows": [{"label": d, "ppl": p} for d, p in rows]}  # fmt: skip
 
-    new = doc([("auto", 20.0), ("int8", 20.1)], "new")
+    new = doc([("auto", 20.0), ("int8", 20.1), ("int4", 21.0)], "new")
     old = doc([("auto", 20.0), ("int8", 20.3), ("int8_static", 20.5)], "old")
-    runs = {"runs": {"auto": {"rc": 0}, "int8": {"rc": 0, "run": "new"}}}
-    old_runs = {"runs": {"auto": {}, "int8": {"run": "old"}, "int8_static": {"run": "old"}}}
+    old["transformers_ppl"] = 19.9  # a result of the old run alone
+    runs = {"runs": {"auto": {"rc": 0}, "int8": {"rc": 0, "run": "new"}, "int4": {"rc": 0}}}
+    old_runs = {"runs": {"auto": {}, "int8": {"run": "old"}, "int8_static": {"run": "old"},
+                         "transformers": {"ppl": 19.9}}}  # fmt: skip
     merged, details = accuracy.merge_rows(new, runs, old, old_runs)
-    # the new run's int8 row wins; int8_static comes from the old run, after the new rows
+    # the new run's int8 row wins in the old file's order; int4, new, comes after int8
     assert [(r["label"], r["ppl"]) for r in merged["rows"]] == [
-        ("auto", 20.0), ("int8", 20.1), ("int8_static", 20.5)
+        ("auto", 20.0), ("int8", 20.1), ("int4", 21.0), ("int8_static", 20.5)
     ]  # fmt: skip
     assert merged["command"] == "old ; new"
     assert (
         details["runs"]["int8"]["run"] == "new" and details["runs"]["int8_static"]["run"] == "old"
     )
+    assert merged["transformers_ppl"] == 19.9 and details["runs"]["transformers"] == {"ppl": 19.9}
     # another reference value, or another corpus: the rows would not compare
     with pytest.raises(ValueError, match="reference rows differ"):
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
