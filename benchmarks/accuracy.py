@@ -164,7 +164,8 @@ def merge_rows(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``doc`` plus the rows of ``old`` for labels ``doc`` lacks (and their ``runs`` entries), in
     ``old``'s order with ``doc``'s new labels after the label before them in ``doc``; ``old``'s
-    document-level results ``doc`` lacks (``transformers_ppl`` and its run) are kept too.
+    document-level results ``doc`` lacks (``transformers_ppl`` and its run) are kept too, and its
+    date and commit join ``parts``.
 
     Every metric of a row is relative to the reference (first) row of its own run, so the two
     runs must share model, corpus, scored tokens and the reference dtype, and the reference must
@@ -195,6 +196,15 @@ def merge_rows(
             rows.insert(labels.index(doc["rows"][i - 1]["label"]) + 1, r)
     extras = {k: v for k, v in old.items() if k not in doc and k != "rows"}
     merged = {**extras, **doc, "rows": rows}
+    # the runs the rows come from (report.py names each): the old file's, then its own stamp
+    parts = [*old.get("parts", [])]
+    if "git_commit" in old:
+        parts.append({"date": old["date"], "git_commit": old["git_commit"]})
+    commits = [q["git_commit"] for q in parts]
+    merged["parts"] = [
+        q for i, q in enumerate(parts)
+        if q["git_commit"] != doc.get("git_commit") and q["git_commit"] not in commits[:i]
+    ]  # fmt: skip
     merged["command"] = f"{old['command']} ; {doc['command']}"
     runs = {**{r["label"]: old_details["runs"][r["label"]] for r in added}, **details["runs"]}
     if "transformers_ppl" in extras and "transformers" in old_details["runs"]:

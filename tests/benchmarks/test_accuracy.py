@@ -172,6 +172,13 @@ def test_accuracy_merge_rows_adds_missing_dtypes_only_under_the_same_reference()
         details["runs"]["int8"]["run"] == "new" and details["runs"]["int8_static"]["run"] == "old"
     )
     assert merged["transformers_ppl"] == 19.9 and details["runs"]["transformers"] == {"ppl": 19.9}
+    # the old run's date and commit stay on record beside the new run's
+    stamped = accuracy.merge_rows(
+        {**new, "date": "d2", "git_commit": "b" * 40}, runs,
+        {**old, "date": "d1", "git_commit": "a" * 40}, old_runs,
+    )[0]  # fmt: skip
+    assert stamped["git_commit"] == "b" * 40
+    assert stamped["parts"] == [{"date": "d1", "git_commit": "a" * 40}]
     # another reference value, or another corpus: the rows would not compare
     with pytest.raises(ValueError, match="reference rows differ"):
         accuracy.merge_rows(new, runs, doc([("auto", 20.01)], "old"), old_runs)
