@@ -134,9 +134,14 @@ def test_gemma3_cuda_graphs_match_eager(engine, gemma3_dir, gemma_prompts) -> No
         graphs = _gemma(engine, gemma3_dir, gemma_prompts, kv, variant="graphs")["phases"]["ref"]
         return compare_greedy(eager, graphs, GEN_TOKENS)
 
+    # Graphs change the arithmetic around attention (torch.compile's fusions), and a rounding to
+    # int8 turns some of those last-bit differences into whole steps, BF16's rounding into much
+    # smaller ones: upstream's int8 cache is the control that pays the same (29/72 identical
+    # against BF16's 40/72 on 2026-12-01, every divergence a near tie).
     assert_like_control(
-        graphs_vs_eager("int8"), graphs_vs_eager("auto"), "Gemma 3 int8 graphs vs eager", "bf16"
-    )
+        graphs_vs_eager("int8"), graphs_vs_eager(UPSTREAM), "Gemma 3 int8 graphs vs eager",
+        f"{UPSTREAM} graphs vs eager",
+    )  # fmt: skip
 
 
 def test_gemma3_8k_prompts_no_nan_and_bf16_backend_level(engine, gemma3_dir, gemma_prompts) -> None:
