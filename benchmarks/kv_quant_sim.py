@@ -105,6 +105,7 @@ class Variant:
     sinks: int = 0
     sink_bits: int = 16  # the sinks' storage: 16 (BF16, unquantized) or 8 (per-token int8)
     tail: bool = False  # the query's own, unfinished page of TAIL_PAGE tokens read unquantized
+    group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
 
     def for_k(self) -> Variant:
         """The variant K is stored with."""
@@ -121,19 +122,19 @@ class Variant:
         if self.k_mode == "channel":  # nibbles + fp16 (scale, zero) per channel per page of tokens
             k = d / 2 + 4.0 * d / self.k_page
         else:
-            k = _bytes(self.for_k().bits, self.group, d)
-        return k + _bytes(self.bits, self.group, d)
+            k = _bytes(self.for_k().bits, self.group, d, self.group8)
+        return k + _bytes(self.bits, self.group, d, self.group8)
 
 
 def _group(group: int, d: int) -> int:
     return d if group == 0 else min(group, d)
 
 
-def _bytes(bits: int, group: int, d: int) -> float:
+def _bytes(bits: int, group: int, d: int, group8: int = 0) -> float:
     if bits == 16:
         return 2.0 * d
     if bits == 8:
-        return d + 2.0  # int8 data + fp16 scale
+        return d + 2.0 * (d // _group(group8, d))  # int8 data + an fp16 scale per group
     return d / 2 + 4.0 * (d // _group(group, d))  # nibbles + fp16 (scale, zero) per group
 
 
@@ -162,6 +163,8 @@ TAIL_GROUPS = (32, 64, 128, 0)
 VARIANTS = [
     Variant("bf16", 16),
     Variant("int8", 8),
+    # int8 with a scale per group of channels instead of per token and head
+    *(Variant(f"int8_g{g}", 8, group8=g) for g in (128, 64, 32)),
     Variant("int4", 4),
     Variant("int4_no_rotation", 4, rotate=False),
     Variant("int4_var_norm_oracle", 4, var_norm=True),
@@ -203,8 +206,9 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
     if k_mode == "mean":
         xf = xf - xf.mean(dim=-2, keepdim=True)
     if v.bits == 8:
-        q, scale = quantize_int8(xf)
-        out = q.float() * scale.float()[..., None]
+        g = _group(v.group8, x.shape[-1])
+        q, scale = quantize_int8(xf.unflatten(-1, (-1, g)))
+        out = (q.float() * scale.float()[..., None]).flatten(-2)
     else:
         d = x.shape[-1]
         h = hadamard(d, x.device) if v.rotate else torch.eye(d, device=x.device)

@@ -359,3 +359,19 @@ def test_tail_rows_through_a_model_keep_its_masks_and_read_the_first_page_in_bf1
     torch.testing.assert_close(tail[:, :63], ref[:, :63], rtol=1e-5, atol=1e-5)
     assert (tail[:, 63] - ref[:, 63]).abs().max() > 1e-3
     assert (tail[:, 64:] - ref[:, 64:]).abs().max() > 1e-3
+
+
+def test_int8_groups_scale_each_group_of_channels_on_its_own(sim) -> None:
+    x = _kv()
+    by_name = {v.name: v for v in sim.VARIANTS}
+    # each group of 32 channels is int8 against its own absmax: the reference on [.., 2, 32]
+    q, scale = quantize_int8(x.float().unflatten(-1, (2, 32)))
+    expected = (q.float() * scale.float()[..., None]).flatten(-2).to(x.dtype)
+    assert torch.equal(sim.fake_quant(x, by_name["int8_g32"]), expected)
+    # the outlier channel no longer sets the step of the other group's channels
+    err = {n: (sim.fake_quant(x, by_name[n]).float() - x.float()).pow(2).mean().item()
+           for n in ("int8", "int8_g32")}  # fmt: skip
+    assert err["int8_g32"] < 0.8 * err["int8"]
+    # D = 64: 64 bytes and an fp16 scale per group, for K and V
+    assert by_name["int8_g32"].bytes_per_token_head(64) == 2 * (64 + 4)
+    assert by_name["int8_g64"].bytes_per_token_head(64) == by_name["int8"].bytes_per_token_head(64)
