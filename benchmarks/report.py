@@ -1050,6 +1050,10 @@ TABLES = {
         RESULTS / "kv_quant_sim_tail_gemma3.json"
     ),
     "int4_tail_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_tail.json"),
+    "int8_group_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_int8_groups_gemma3.json"
+    ),
+    "int8_group_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_int8_groups.json"),
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,

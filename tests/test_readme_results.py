@@ -46,6 +46,8 @@ WHERE = {
     "int4_format_simulation_gemma3": RESULTS,
     "int4_tail_simulation_gemma3": RESULTS,
     "int4_tail_simulation": RESULTS,
+    "int8_group_simulation_gemma3": RESULTS,
+    "int8_group_simulation": RESULTS,
     "gpu_test_runs": RESULTS,
     "kernel_speed_int4": HISTORY,
     "throughput_1k_repeats": HISTORY,
