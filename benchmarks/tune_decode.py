@@ -23,7 +23,7 @@ import torch
 import triton
 
 import int8kv_kernels.attention as A
-from benchmarks.common import stamp
+from benchmarks.common import write_json
 from benchmarks.tune_kernels import L2_BYTES, copy_bw, decode_setup, graph_time
 from int8kv_kernels import INT8_DTYPES, make_workspace, paged_attention
 
@@ -164,8 +164,7 @@ def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") 
         command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
         doc = dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw,
                    shape=[nq, nkv, d], rows=log)  # fmt: skip
-        with open(os.path.join(os.environ["OUT"], name), "w") as f:
-            json.dump(stamp(doc), f, indent=2)
+        write_json(doc, os.path.join(os.environ["OUT"], name))
 
 
 def main() -> None:
