@@ -108,10 +108,9 @@ def main_loop_ops(ptx: str) -> collections.Counter:
 def family(op: str, kv_dtype: str = "int8") -> str:
     """Buckets of the loop's work: what each instruction is there for."""
     if kv_dtype in INT4_DTYPES:
-        # The nibble split (attention_int4._nibbles): a mask, a shift and the OR of fp16's 1024
-        # exponent before the subtraction. All but one of the loop's logical ops and 16-bit shifts
-        # are these (the other: an exponent mask in the log2 of the page's K scale).
-        if op.startswith(("prmt", "and.b", "or.b", "shr.u16", "sub.f16x2", "add.f16x2", "cvt")):
+        # The nibble split (attention_int4._nibbles): a byte permute, a shift, the and-or (lop3) of
+        # fp16's 1024 exponent and the exact fp16-pair subtraction or fma, with the constants' moves.
+        if op.startswith(("prmt", "lop3", "shr.b32", "sub.f16x2", "fma.rn.f16x2", "cvt")):
             return "int4 -> fp16 conversion and casts"
     elif op.startswith(("prmt", "xor", "sub.f16x2", "add.f16x2", "cvt")):
         return "int8 -> fp16 conversion and casts"

@@ -16,9 +16,11 @@ P's columns and its zero is a row sum. Each packed byte is loaded once and split
 tiles: the low nibbles are channels [0, D/2), the high ones [D/2, D) (page_layout.py), each a whole
 dot operand against the matching half of q (scores) or of the output (PV).
 
-fp16 dots on the GPU: q is scaled by a power of two per row once (max |q| <= 2^7) and s by a power
-of two per page (max s <= 2^7), so q * s stays inside fp16 with 11 significant bits; both powers
-of two fold into the score's scale. Under the interpreter (DOT_F32) the same steps run in fp32.
+fp16 dots on the GPU: q is scaled by a power of two per row once (max |q| <= 2^Q_EXP, undone in
+the score's scale), so q * s stays inside fp16, with its 11 significant bits, for any K scale of
+a realistic range (Q_EXP). The codes are unpacked four bytes at a time by inline PTX (_nibbles:
+bit operations and exact fp16-pair arithmetic, no integer conversion). Under the interpreter
+(DOT_F32) the same steps run in fp32.
 The tail tile is the model's dtype, dotted as it is (as FlashAttention does with a BF16 cache).
 """
 
@@ -47,19 +49,47 @@ from .cache_write_int4 import check_tail
 from .launch import DirectLauncher
 from .page_layout import cached_int4_layout, next_power_of_2
 
+# Each query row is scaled to max |q| <= 2^Q_EXP: q * s then stays inside fp16 (65504) for a K
+# scale s below 2^(15 - Q_EXP) = 2048, a K channel spanning 30720 within one page, and its
+# small products stay normal (fp16's 11 bits) down to 2^-14.
+Q_EXP = tl.constexpr(4)
+
 
 @triton.jit
 def _nibbles(b, DOT_F32: tl.constexpr):
     """uint8 tile -> (low-nibble codes, high-nibble codes) as exact dot operands."""
-    lo = b & 15
-    hi = b >> 4
     if DOT_F32:  # interpreter
-        return lo.to(tl.float32), hi.to(tl.float32)
-    # No int -> fp16 conversion instruction (a quarter-rate unit): the fp16 with bits 0x6400 | c
-    # is 1024 + c, so an OR, a free bitcast and an exact subtraction give c.
-    lo = (lo.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    hi = (hi.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    return lo, hi
+        return (b & 15).to(tl.float32), (b >> 4).to(tl.float32)
+    # No int -> fp16 conversion (a quarter-rate unit): the fp16 with bits 0x6400 | x is 1024 + x
+    # (x < 1024), so a nibble masked in place under that exponent, less 1024, is its code, and a
+    # high nibble masked in place is 16 codes: times 1/16 less 64 in one fma. Four bytes per
+    # 32-bit register: a byte permute, a shift, four and-ors (lop3) and four fp16-pair ops give
+    # their eight codes as four fp16 pairs, all exact.
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, u, m, h, n, a, b, c, d;
+        mov.b32 m, 0x64006400;
+        mov.b32 h, 0x2c002c00;
+        mov.b32 n, 0xd400d400;
+        prmt.b32 t, $4, 0, 0x3120;
+        shr.b32 u, t, 8;
+        lop3.b32 a, t, 0x000f000f, 0x64006400, 0xea;
+        lop3.b32 b, u, 0x000f000f, 0x64006400, 0xea;
+        lop3.b32 c, t, 0x00f000f0, 0x64006400, 0xea;
+        lop3.b32 d, u, 0x00f000f0, 0x64006400, 0xea;
+        sub.f16x2 $0, a, m;
+        sub.f16x2 $1, b, m;
+        fma.rn.f16x2 $2, c, h, n;
+        fma.rn.f16x2 $3, d, h, n;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=4,
+    )
 
 
 @triton.jit
@@ -70,14 +100,22 @@ def _pow2_at_most(x, E: tl.constexpr):
 
 @triton.jit
 def _to_dot(x, DOT_F32: tl.constexpr):
+    """fp32 -> fp16 dot operand, rounded to nearest, two values per instruction."""
     if DOT_F32:
         return x
-    return x.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        asm="cvt.rn.f16x2.f32 $0, $2, $1;",
+        constraints="=r,r,r",
+        args=[x],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=2,
+    )
 
 
 @triton.jit
 def _page_scores(
-    cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, row_scale,
+    cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, q16_lo, q16_hi, row_scale,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):  # fmt: skip
@@ -88,8 +126,11 @@ def _page_scores(
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
     sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
-    s_lo = tl.load(sz + c).to(tl.float32)
-    s_hi = tl.load(sz + HALF + c).to(tl.float32)
+    s_lo = tl.load(sz + c)
+    s_hi = tl.load(sz + HALF + c)
+    if DOT_F32:
+        s_lo = s_lo.to(tl.float32)
+        s_hi = s_hi.to(tl.float32)
     z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
     z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
     kb = tl.load(
@@ -100,13 +141,13 @@ def _page_scores(
         + c[:, None]
     )  # fmt: skip  [D/2, B]: each key's row is D/2 contiguous bytes
     k_lo, k_hi = _nibbles(kb, DOT_F32)
-    # the page's scale folds into q, brought under 2^7 by a power of two (exact)
-    s_unit = _pow2_at_most(tl.maximum(tl.max(s_lo, axis=0), tl.max(s_hi, axis=0)), 7)
-    qs_lo = _to_dot(q_lo * (s_lo * s_unit)[None, :], DOT_F32)
-    qs_hi = _to_dot(q_hi * (s_hi * s_unit)[None, :], DOT_F32)
-    s = tl.dot(qs_lo, k_lo) + tl.dot(qs_hi, k_hi)
-    zq = tl.sum(q_lo * z_lo[None, :], axis=1) + tl.sum(q_hi * z_hi[None, :], axis=1)
-    return (s * (1.0 / s_unit) + zq[:, None]) * row_scale[:, None]
+    # the page's scale folds into q (|q| <= 2^Q_EXP: fp16 holds q * s for any s < 2^(15 - Q_EXP))
+    # (in fp16 pairs on the GPU: q16 is exact, so one rounding of the exact product, as in fp32)
+    qs_lo = q16_lo * s_lo[None, :]
+    qs_hi = q16_hi * s_hi[None, :]
+    s = tl.dot(qs_hi, k_hi, tl.dot(qs_lo, k_lo))
+    zq = tl.sum(q_lo * z_lo[None, :] + q_hi * z_hi[None, :], axis=1)
+    return (s + zq[:, None]) * row_scale[:, None]
 
 
 @triton.jit
@@ -241,11 +282,14 @@ def _attn_int4_fwd(
     full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are in int4 pages
     page_hi = tl.minimum(key_hi, full)
 
-    # rows scaled by a power of two to max |q| <= 2^7 (q * s then fits fp16, see the docstring)
+    # rows scaled by a power of two to max |q| <= 2^Q_EXP (q * s then fits fp16, see the docstring)
     q_unit = _pow2_at_most(tl.maximum(tl.max(tl.abs(q_lo), axis=1), tl.max(tl.abs(q_hi), axis=1)),
-                           7)  # fmt: skip
+                           Q_EXP)  # fmt: skip
     qn_lo = q_lo * q_unit[:, None]
     qn_hi = q_hi * q_unit[:, None]
+    # exact (q's own bf16 / fp16 bits times a power of two) but for values under 2^-14
+    q16_lo = _to_dot(qn_lo, DOT_F32)
+    q16_hi = _to_dot(qn_hi, DOT_F32)
     row_scale = score_scale / q_unit
 
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
@@ -264,7 +308,8 @@ def _attn_int4_fwd(
         page_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0).to(tl.int64)
         key = start + offs_n
         key_ok = key < key_hi
-        s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, qn_lo, qn_hi, row_scale,
+        s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, qn_lo, qn_hi, q16_lo,
+                         q16_hi, row_scale,
                          HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
         p, alpha, m_i, l_i = softmax_step(
             s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
