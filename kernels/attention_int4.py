@@ -50,9 +50,10 @@ from .launch import DirectLauncher
 from .page_layout import cached_int4_layout, next_power_of_2
 
 # Each query row is scaled to max |q| <= 2^Q_EXP: q * s then stays inside fp16 (65504) for a K
-# scale s below 2^(15 - Q_EXP) = 2048, a K channel spanning 30720 within one page, and its
-# small products stay normal (fp16's 11 bits) down to 2^-14.
-Q_EXP = tl.constexpr(4)
+# scale s below 2^(15 - Q_EXP) = 8192, a K channel spanning 122880 within one page (a larger one
+# overflows to inf, and the output to NaN, not to a wrong number). Products under 2^-14 are
+# subnormal and lose bits, their share of a score being as small.
+Q_EXP = tl.constexpr(2)
 
 
 @triton.jit
