@@ -737,6 +737,41 @@ def serving_starts_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
+def serving_rerun_table(
+    path: Path = RESULTS / "serving_2026-12-02.json", before: Path = RESULTS / "serving.json"
+) -> str:
+    """A later run's points beside the same points of ``before`` (same model, dtype, input and
+    concurrency), ``before``'s FlashAttention-2 at that point for scale, then the later run's
+    server starts. The runs are on different hosts and days: compare a dtype with itself."""
+    result, earlier = _load(path), _load(before)
+    old = _serving_rows(earlier)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`, against "
+        f"`{before.name}` ({_provenance(earlier)}). Medians over each point's requests.",
+        "",
+        "| model | input | concurrency | dtype | TTFT p50 ms: then / now | TPOT p50 ms: then / now "
+        "| output tok/s: then / now | compiles logged now | then `auto_fa2`: TTFT / TPOT / tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, r in sorted(_serving_rows(result).items()):
+        model, input_len, conc, dtype = key
+        was, fa2 = old.get(key), old.get((model, input_len, conc, "auto_fa2"))
+
+        def pair(field: str, fmt: str, was: dict | None = was, r: dict = r) -> str:
+            return f"{_num(was and was[field], fmt)} / {format(r[field], fmt)}"
+
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
+            f"{pair('ttft_ms_p50', '.0f')} | {pair('tpot_ms_p50', '.2f')} | "
+            f"{pair('output_tok_s', '.0f')} | {_num(r.get('jit_compiles'), 'd')} | "
+            + (
+                f"{fa2['ttft_ms_p50']:.0f} / {fa2['tpot_ms_p50']:.2f} / {fa2['output_tok_s']:.0f} |"
+                if fa2 else "- |"
+            )
+        )  # fmt: skip
+    return "\n".join(lines + ["", serving_starts_table(path)])
+
+
 def _serving_line(path: Path) -> str:
     """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
     each concurrency both served, on the first model and input length measured."""
@@ -1041,6 +1076,7 @@ TABLES = {
     "throughput_1k_paired": paired_runs_table,
     "serving": serving_table,
     "serving_starts": serving_starts_table,
+    "serving_int8_rerun": serving_rerun_table,
     "reliability": reliability_table,
     "int4_format_simulation": kv_quant_sim_table,
     "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(

@@ -41,6 +41,7 @@ WHERE = {
     "throughput_1k_paired": RESULTS,
     "serving": RESULTS,
     "serving_starts": RESULTS,
+    "serving_int8_rerun": RESULTS,
     "reliability": RESULTS,
     "int4_format_simulation": RESULTS,
     "int4_format_simulation_gemma3": RESULTS,
