@@ -6,13 +6,13 @@ novel (benchmarks/corpus/):
 
 - ppl: perplexity from vLLM prompt logprobs. The corpus is cut into windows of ``--window`` tokens
   (each starting with the model's BOS when its tokenizer adds one: Gemma's ``<bos>``) and every
-  token of a window after its first is scored. The engine runs with ``max_num_batched_tokens=512``,
-  so each window is prefilled in several chunks (chunked prefill is always on in vLLM V1) and
-  every chunk after the first attends to K/V that earlier steps wrote into the paged cache.
-  ``int4`` quantizes a page when it fills, before the step's attention, so a chunk's tokens read
-  their own full pages quantized and only the chunk's last, partial page from the BF16 tail;
-  with ``--chunk 16`` (max_num_seqs follows it down) three tokens in four read their own page
-  from the tail, as every decoded token but a page's last does.
+  token of a window after its first is scored. Each window is prefilled in chunks of ``--chunk``
+  tokens (512; vLLM's ``long_prefill_token_threshold``, with steps of up to 512 prompt tokens
+  over all windows), and every chunk after the first attends to K/V that earlier steps wrote
+  into the paged cache. ``int4`` quantizes a page when it fills, before the step's attention, so
+  a chunk's tokens read their own full pages quantized and only the chunk's last, partial page
+  from the BF16 tail; with ``--chunk 16`` three tokens in four read their own page from the tail,
+  as every decoded token but a page's last does.
   Prompt-logprob requests never read the prefix cache (vLLM sets ``skip_reading_prefix_cache``
   for them), so every window is really computed.
 - Which K/V the scored tokens attend to is each row's ``prefill``. ``pages``: every token's
@@ -60,10 +60,26 @@ import numpy as np
 from benchmarks import common
 
 DEFAULT_DTYPES = "auto,int8_per_token_head,int8"
+# Prompt tokens one engine step may carry (all requests together; each request --chunk at most).
+STEP_TOKENS = 512
 GREEDY_LENGTHS = (128, 256, 512, 1024)
 # A row label ending in this runs its dtype with our default prefill (``prefill: "bf16"``).
 BF16_PREFILL_SUFFIX = "_bf16_prefill"
 PREFILL_ENV = "INT8KV_PREFILL"
+
+
+def chunking(chunk: int) -> dict[str, int]:
+    """The engine's step settings for windows prefilled ``chunk`` tokens at a time.
+
+    Every request's prefill advances at most ``chunk`` tokens a step (vLLM's long-prefill cap),
+    so each chunk after a window's first reads the window's earlier tokens back from the cache;
+    a step carries several requests' chunks, up to ``STEP_TOKENS``, which changes what runs
+    together, not what any token attends to."""
+    return {
+        "max_num_batched_tokens": max(STEP_TOKENS, chunk),
+        "long_prefill_token_threshold": chunk,
+        "max_num_seqs": 64,
+    }
 
 
 def base_label(label: str) -> str:
@@ -128,7 +144,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(mean difference and its standard error in the details file), when it ran",
     )
     p.add_argument("--greedy-tokens", type=int, default=32)
-    p.add_argument("--chunk", type=int, default=512, help="max_num_batched_tokens (see above)")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=512,
+        help="prompt tokens of a window per engine step (see above)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=900, help="seconds per dtype")
     p.add_argument("--shim-everywhere", action="store_true", help="INT8KV_SHIM=1 for baselines too")
@@ -232,10 +253,7 @@ def worker(args: argparse.Namespace) -> int:
         **common.llm_kwargs_for(base_label(args.label)),
         enforce_eager=True,
         max_model_len=max_len,
-        # Small steps force chunked prefill, so later chunks read earlier ones from the cache.
-        max_num_batched_tokens=args.chunk,
-        # vLLM wants a step to fit one token of every running sequence
-        max_num_seqs=min(64, args.chunk),
+        **chunking(args.chunk),
         max_logprobs=k,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=False,

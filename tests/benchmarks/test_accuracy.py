@@ -209,3 +209,15 @@ def test_committed_accuracy_headline_rows_read_the_cache(path: Path) -> None:
             assert row["prefill"] == "pages", f"{path.name}: {row['label']} did not read the cache"
         if row["label"].endswith(accuracy.BF16_PREFILL_SUFFIX):
             assert row["prefill"] == "bf16", f"{path.name}: {row['label']} is mislabelled"
+
+
+@pytest.mark.parametrize("chunk", [16, 512, 1024])
+def test_chunking_caps_each_window_at_the_chunk_and_vllm_accepts_it(chunk: int) -> None:
+    settings = accuracy.chunking(chunk)
+    assert settings["long_prefill_token_threshold"] == chunk
+    # a step holds a chunk of several windows when they are small, and one whole chunk always
+    assert settings["max_num_batched_tokens"] >= max(chunk, accuracy.STEP_TOKENS)
+    assert settings["max_num_batched_tokens"] >= settings["max_num_seqs"]
+    SchedulerConfig = pytest.importorskip("vllm.config").SchedulerConfig
+    config = SchedulerConfig(**settings, max_model_len=2049, is_encoder_decoder=False)
+    assert config.long_prefill_token_threshold == chunk
