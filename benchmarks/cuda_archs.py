@@ -19,13 +19,14 @@ import importlib.util
 import struct
 import sys
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
+from int8kv_shim.package import installed_vllm_version
 
 FATBIN_MAGIC = 0xBA55ED50
+_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 _HEADER = struct.Struct("<IHHQ")  # magic, version, header size, size of the entries
 _ENTRY = struct.Struct("<HHIQ")  # kind, unknown, entry header size, payload size
 _ENTRY_ARCH_OFFSET = 28  # the sm number, after sizes and the PTX/ELF version
@@ -36,7 +37,7 @@ def fatbin_entries(blob: bytes) -> Counter[tuple[str, int]]:
     """(kind, sm) -> count over every fatbin in ``blob``: ``("sass", 80)`` is machine code for
     sm_80, ``("ptx", 80)`` PTX a newer GPU's driver can compile."""
     found: Counter[tuple[str, int]] = Counter()
-    start = blob.find(struct.pack("<I", FATBIN_MAGIC))
+    start = blob.find(_MAGIC_BYTES)
     while start != -1:
         if start + _HEADER.size <= len(blob):
             _, _, header_size, size = _HEADER.unpack_from(blob, start)
@@ -48,7 +49,7 @@ def fatbin_entries(blob: bytes) -> Counter[tuple[str, int]]:
                 (arch,) = struct.unpack_from("<I", blob, pos + _ENTRY_ARCH_OFFSET)
                 found[KINDS.get(kind, f"kind {kind}"), arch] += 1
                 pos += entry_header + payload
-        start = blob.find(struct.pack("<I", FATBIN_MAGIC), start + 4)
+        start = blob.find(_MAGIC_BYTES, start + 4)
     return found
 
 
@@ -86,18 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "gpu": "none (reads the library file)",
             "command": " ".join(["python -m benchmarks.cuda_archs", *argv]),
-            "vllm": _vllm_version(),
+            "vllm": installed_vllm_version(),
             "rows": rows,
         }
         common.write_json(doc, args.out)
     return 0
-
-
-def _vllm_version() -> str | None:
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":
