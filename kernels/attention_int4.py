@@ -188,6 +188,166 @@ def _page_pv(
     return acc_lo, acc_hi, az_lo, az_hi
 
 
+@triton.jit
+def _page_scores_t(
+    cache_ptr, cache16_ptr, page, kvh, stride_block, qt_lo, qt_hi, q16t_lo, q16t_hi,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """Unscaled scores of the page's keys transposed, [B, BLOCK_M] (keys on the MMA's M side):
+    qt_lo / qt_hi are the power-of-two-scaled query halves transposed, [D/2, BLOCK_M], fp32."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    c = tl.arange(0, HALF)
+    r = tl.arange(0, BLOCK_SIZE)
+    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
+    s_lo = tl.load(sz + c)
+    s_hi = tl.load(sz + HALF + c)
+    if DOT_F32:
+        s_lo = s_lo.to(tl.float32)
+        s_hi = s_hi.to(tl.float32)
+    z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
+    z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
+    kb = tl.load(
+        cache_ptr
+        + page * stride_block
+        + K_DATA
+        + (kvh * BLOCK_SIZE + r)[:, None] * HALF
+        + c[None, :]
+    )  # fmt: skip  [B, D/2]: each key's row is D/2 contiguous bytes, the dot's K dimension
+    k_lo, k_hi = _nibbles(kb, DOT_F32)
+    qs_lo = q16t_lo * s_lo[:, None]
+    qs_hi = q16t_hi * s_hi[:, None]
+    # q . z is one value per query row: it starts the accumulator instead of a separate add
+    zq = tl.sum(qt_lo * z_lo[:, None] + qt_hi * z_hi[:, None], axis=0)
+    zq = tl.broadcast_to(zq[None, :], (BLOCK_SIZE, zq.shape[0]))
+    return tl.dot(k_hi, qs_hi, tl.dot(k_lo, qs_lo, zq))
+
+
+@triton.jit
+def _page_pv_t(
+    cache_ptr, cache16_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi, az_lo, az_hi,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_DATA: tl.constexpr,
+    V_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """_page_pv transposed: acc^T [D/2, BLOCK_M] += codes^T @ (scale * p^T) per nibble half, and
+    the [B, BLOCK_M] tiles az += zero * p^T, summed over the keys once after the loop."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    c = tl.arange(0, HALF)
+    r = tl.arange(0, BLOCK_SIZE)
+    vb = tl.load(
+        cache_ptr
+        + page * stride_block
+        + V_DATA
+        + (kvh * HALF + c)[:, None] * BLOCK_SIZE
+        + r[None, :]
+    )  # fmt: skip  [D/2, B], keys contiguous: the dot's K dimension
+    v_lo, v_hi = _nibbles(vb, DOT_F32)
+    sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
+    # keys past the end of a page's visible part are zeroed: a flagged (NaN) scale there would
+    # otherwise survive p = 0 as 0 * NaN
+    sc0 = tl.where(key_ok, tl.load(sz + r).to(tl.float32), 0.0)
+    z0 = tl.where(key_ok, tl.load(sz + BLOCK_SIZE + r).to(tl.float32), 0.0)
+    ps_lo = _to_dot(p * sc0[:, None], DOT_F32)
+    acc_lo = tl.dot(v_lo, ps_lo, acc_lo)
+    az_lo += p * z0[:, None]
+    if NGV == 2:
+        sc1 = tl.where(key_ok, tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32), 0.0)
+        z1 = tl.where(key_ok, tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32), 0.0)
+        acc_hi = tl.dot(v_hi, _to_dot(p * sc1[:, None], DOT_F32), acc_hi)
+        az_hi += p * z1[:, None]
+    else:
+        acc_hi = tl.dot(v_hi, ps_lo, acc_hi)
+    return acc_lo, acc_hi, az_lo, az_hi
+
+
+@triton.jit
+def _visible_t(s, key, key_ok, pos, window, soft_cap, USE_WINDOW: tl.constexpr,
+               USE_SOFTCAP: tl.constexpr):  # fmt: skip
+    """softmax_step's soft-cap and masks on a transposed [keys, BLOCK_M] tile of scaled scores."""
+    if USE_SOFTCAP:
+        s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
+    visible = key_ok[:, None] & (key[:, None] <= pos[None, :])
+    if USE_WINDOW:
+        visible = visible & (pos[None, :] - key[:, None] < window)
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _decode_pages(
+    cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi, pos, window, soft_cap,
+    qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
+    BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
+    K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """The decode loop over the int4 pages of keys [key_lo, page_hi), two pages a step, keys on
+    the MMA's M side: (m, l, acc_lo, acc_hi, az_lo, az_hi) as the kernel's own loop leaves them.
+
+    A decode program has 1-16 query rows; as the dot's M they would be padded to 16, as its N
+    (scores^T = codes @ (q * s)^T, out^T = codes^T @ (scale * p)^T) to 8, and the softmax runs
+    over [keys, rows] tiles a quarter to a half the size. Two pages a step halve the running
+    max's reductions, the rescales and the loop control per key; l and the V zeros' sums stay
+    [keys, rows] tiles, reduced over the keys once at the end."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    STEP: tl.constexpr = 2 * BLOCK_SIZE
+    r = tl.arange(0, BLOCK_SIZE)
+    qt_lo = tl.trans(qn_lo)
+    qt_hi = tl.trans(qn_hi)
+    q16t_lo = tl.trans(q16_lo)
+    q16t_hi = tl.trans(q16_hi)
+    m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
+    l_t = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
+    acc_lo = tl.zeros([HALF, BLOCK_M], tl.float32)
+    acc_hi = tl.zeros([HALF, BLOCK_M], tl.float32)
+    az_lo = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
+    az_hi = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
+    # Page ids one step ahead (a tile's loads never wait on the gather of their own page id). A
+    # step's second page past page_hi is its first page again: every key of it is masked, and
+    # reading a real page keeps its (scale, zero) finite.
+    pg = key_lo // BLOCK_SIZE
+    page_a = tl.load(bt_row + pg, mask=key_lo < page_hi, other=0).to(tl.int64)
+    page_b = tl.load(bt_row + pg + 1, mask=key_lo + BLOCK_SIZE < page_hi, other=0)
+    page_b = tl.where(key_lo + BLOCK_SIZE < page_hi, page_b.to(tl.int64), page_a)
+    for start in range(key_lo, page_hi, STEP):
+        nxt = start + STEP
+        pg = nxt // BLOCK_SIZE
+        next_a = tl.load(bt_row + pg, mask=nxt < page_hi, other=0).to(tl.int64)
+        next_b = tl.load(bt_row + pg + 1, mask=nxt + BLOCK_SIZE < page_hi, other=0).to(tl.int64)
+        next_b = tl.where(nxt + BLOCK_SIZE < page_hi, next_b, next_a)
+        key_a = start + r
+        key_b = start + BLOCK_SIZE + r
+        ok_a = key_a < page_hi
+        ok_b = key_b < page_hi
+        s_a = _page_scores_t(cache_ptr, cache16_ptr, page_a, kvh, stride_block, qt_lo, qt_hi,
+                             q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
+        s_b = _page_scores_t(cache_ptr, cache16_ptr, page_b, kvh, stride_block, qt_lo, qt_hi,
+                             q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
+        s_a = _visible_t(s_a * row_scale[None, :], key_a, ok_a, pos, window, soft_cap,
+                         USE_WINDOW, USE_SOFTCAP)  # fmt: skip
+        s_b = _visible_t(s_b * row_scale[None, :], key_b, ok_b, pos, window, soft_cap,
+                         USE_WINDOW, USE_SOFTCAP)  # fmt: skip
+        m_new = tl.maximum(m_i, tl.max(tl.maximum(s_a, s_b), axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p_a = tl.exp2(s_a - m_new[None, :])
+        p_b = tl.exp2(s_b - m_new[None, :])
+        m_i = m_new
+        l_t = l_t * alpha[None, :] + p_a + p_b
+        acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
+            cache_ptr, cache16_ptr, page_a, kvh, stride_block, p_a, ok_a,
+            acc_lo * alpha[None, :], acc_hi * alpha[None, :], az_lo * alpha[None, :],
+            az_hi * alpha[None, :], HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
+        )  # fmt: skip
+        acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
+            cache_ptr, cache16_ptr, page_b, kvh, stride_block, p_b, ok_b, acc_lo, acc_hi,
+            az_lo, az_hi, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
+        )  # fmt: skip
+        page_a = next_a
+        page_b = next_b
+    l_i = tl.sum(l_t, axis=0)
+    return (m_i, l_i, tl.trans(acc_lo), tl.trans(acc_hi), tl.sum(az_lo, axis=0),
+            tl.sum(az_hi, axis=0))  # fmt: skip
+
+
 # Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of the metadata
 # pointers: one compiled variant serves every batch instead of a Triton compile mid-serving when
 # a new size class shows up (as _attn_fwd; int8kv_shim/kernel_warmup.py compiles it at start-up).
@@ -239,7 +399,10 @@ def _attn_int4_fwd(
     DOT_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
-    TILE_N: tl.constexpr = BLOCK_SIZE
+    # The decode configuration (choose_config_int4) is the only one with at most 16 rows: keys on
+    # the MMA's M side, two pages a step (_decode_pages).
+    DECODE: tl.constexpr = BLOCK_M <= 16
+    TILE_N: tl.constexpr = 2 * BLOCK_SIZE if DECODE else BLOCK_SIZE
     pid_q = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -271,7 +434,7 @@ def _attn_int4_fwd(
     key_lo = 0
     if USE_WINDOW:
         key_lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
-        key_lo = (key_lo // TILE_N) * TILE_N
+        key_lo = (key_lo // BLOCK_SIZE) * BLOCK_SIZE
     if SPLIT:
         n_tiles = tl.cdiv(key_hi - key_lo, TILE_N)
         per_split = tl.cdiv(n_tiles, num_splits) * TILE_N
@@ -300,28 +463,36 @@ def _attn_int4_fwd(
     acc_hi = tl.zeros([BLOCK_M, HALF], tl.float32)  # [D/2, D)
     az_lo = tl.zeros([BLOCK_M], tl.float32)  # sum_j p z of the low half's V group
     az_hi = tl.zeros([BLOCK_M], tl.float32)  # of the high half's (the same group when NGV == 1)
-    offs_n = tl.arange(0, TILE_N)
-    # The block-table entry of the next page is loaded one tile ahead, so a tile's loads never
-    # wait on the gather of their own page id.
-    page = tl.load(bt_row + key_lo // BLOCK_SIZE, mask=key_lo < page_hi, other=0).to(tl.int64)
-    for start in range(key_lo, page_hi, TILE_N):
-        nxt = start + TILE_N
-        page_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0).to(tl.int64)
-        key = start + offs_n
-        key_ok = key < key_hi
-        s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, qn_lo, qn_hi, q16_lo,
-                         q16_hi, row_scale,
-                         HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
-        p, alpha, m_i, l_i = softmax_step(
-            s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
-        )
-        acc_lo = acc_lo * alpha[:, None]
-        acc_hi = acc_hi * alpha[:, None]
-        acc_lo, acc_hi, az_lo, az_hi = _page_pv(
-            cache_ptr, cache16_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi,
-            az_lo * alpha, az_hi * alpha, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
+    offs_n = tl.arange(0, BLOCK_SIZE)
+    if DECODE:
+        m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _decode_pages(
+            cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi, pos, window,
+            soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale, BLOCK_M, HEAD_SIZE, BLOCK_SIZE,
+            NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, DOT_F32,
         )  # fmt: skip
-        page = page_next
+    else:
+        # The block-table entry of the next page is loaded one tile ahead, so a tile's loads never
+        # wait on the gather of their own page id.
+        page = tl.load(bt_row + key_lo // BLOCK_SIZE, mask=key_lo < page_hi, other=0).to(tl.int64)
+        for start in range(key_lo, page_hi, BLOCK_SIZE):
+            nxt = start + BLOCK_SIZE
+            page_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0)
+            page_next = page_next.to(tl.int64)
+            key = start + offs_n
+            key_ok = key < key_hi
+            s = _page_scores(cache_ptr, cache16_ptr, page, kvh, stride_block, qn_lo, qn_hi, q16_lo,
+                             q16_hi, row_scale,
+                             HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
+            p, alpha, m_i, l_i = softmax_step(
+                s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
+            )
+            acc_lo = acc_lo * alpha[:, None]
+            acc_hi = acc_hi * alpha[:, None]
+            acc_lo, acc_hi, az_lo, az_hi = _page_pv(
+                cache_ptr, cache16_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi,
+                az_lo * alpha, az_hi * alpha, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
+            )  # fmt: skip
+            page = page_next
 
     # The tail: at most one page of keys [full, seq_len), rows 0.. of the sequence's slot.
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
@@ -374,11 +545,20 @@ launch_attn_int4 = DirectLauncher(_attn_int4_fwd)
 def choose_config_int4(
     group: int, head_size: int, max_query_len: int, cc_major: int = 8
 ) -> LaunchConfig:
-    """Tiles of one page (64 keys: its K scales fold into q once per tile). Decode: the GQA
-    group's rows padded to 16 (the smallest tl.dot), 4 warps, a page per stage in flight."""
+    """Prefill / mixed: tiles of one page (64 keys: its K scales fold into q once per tile).
+    Decode: two pages a step with keys on the MMA's M side (_decode_pages), the GQA group's rows
+    (padded to 8, the smallest MMA N) on N, 4 warps."""
     if max_query_len * group <= 16 or max_query_len == 1:
-        block_m = max(16, next_power_of_2(group * max_query_len))
-        # a stage (one page of codes and scales) is 4.6 KiB at head size 64, 9 at 128, 18 at 256
+        block_m = next_power_of_2(group * max_query_len)
+        if block_m <= 16:
+            # one token per sequence: 8 rows; more (speculative tokens): 16, one variant for
+            # every query length that fits
+            block_m = 8 if max_query_len == 1 and block_m <= 8 else 16
+            # a stage (two pages of codes and scales) is 9 KiB at head size 64, 18 at 128, 36 at
+            # 256: about the bytes in flight of one page a stage at 6, 4 and 3 stages before
+            stages = {64: 3}.get(head_size, 2)
+            return LaunchConfig(block_m, tile_n=128, num_warps=4, num_stages=stages, split=True)
+        # a group of more than 16 query heads: one page a tile, as prefill
         stages = {64: 6, 128: 4}.get(head_size, 3)
         return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=stages, split=True)
     block_m = max(64 if head_size <= 128 else 32, next_power_of_2(group))

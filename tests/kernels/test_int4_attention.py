@@ -95,6 +95,12 @@ CASES = [
     ("decode_pages_and_tail_split", [1, 1, 1], [200, 129, 70], 8, 2, 64, {"num_splits": 2}),
     ("decode_split_4_gqa8_d128", [1, 1], [300, 65], 8, 1, 128, {"num_splits": 4}),
     ("decode_d256_two_v_groups", [1, 1], [130, 40], 4, 2, 256, {"num_splits": 2}),
+    # decode steps take two pages: odd page counts, a split starting mid-pair
+    ("decode_odd_pages_splits", [1, 1, 1], [330, 192, 127], 8, 2, 128, {"num_splits": 3}),
+    ("decode_speculative_tokens_16_rows", [3, 2, 4], [333, 190, 64], 8, 2, 64,
+     {"num_splits": 2}),
+    ("decode_window_odd_pages_d256", [1, 1], [460, 250], 4, 1, 256,
+     {"sliding_window": 150, "num_splits": 2}),
     ("prefill_ends_mid_page", [150], [150], 4, 2, 64, {}),
     ("prefill_multiple_of_64", [128, 20], [128, 20], 4, 4, 64, {}),
     ("chunked_prefill_on_context", [70, 1], [200, 90], 8, 2, 128, {}),
