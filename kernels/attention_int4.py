@@ -66,27 +66,30 @@ def _nibbles(b, DOT_F32: tl.constexpr):
     # high nibble masked in place is 16 codes: times 1/16 less 64 in one fma. Four bytes per
     # 32-bit register: a byte permute, a shift, four and-ors (lop3) and four fp16-pair ops give
     # their eight codes as four fp16 pairs, all exact.
+    # The three fp16-pair constants come in as operands (an f16x2 instruction takes no immediate):
+    # materialized once, not three moves per four bytes. A 32-bit operand of a pack-4 asm is four
+    # registers, so they are $5, $9 and $13.
+    m = tl.full(b.shape, 0x64006400, tl.uint32)
+    h = tl.full(b.shape, 0x2C002C00, tl.uint32)
+    n = tl.full(b.shape, 0xD400D400, tl.uint32)
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 t, u, m, h, n, a, b, c, d;
-        mov.b32 m, 0x64006400;
-        mov.b32 h, 0x2c002c00;
-        mov.b32 n, 0xd400d400;
+        .reg .b32 t, u, a, b, c, d;
         prmt.b32 t, $4, 0, 0x3120;
         shr.b32 u, t, 8;
         lop3.b32 a, t, 0x000f000f, 0x64006400, 0xea;
         lop3.b32 b, u, 0x000f000f, 0x64006400, 0xea;
         lop3.b32 c, t, 0x00f000f0, 0x64006400, 0xea;
         lop3.b32 d, u, 0x00f000f0, 0x64006400, 0xea;
-        sub.f16x2 $0, a, m;
-        sub.f16x2 $1, b, m;
-        fma.rn.f16x2 $2, c, h, n;
-        fma.rn.f16x2 $3, d, h, n;
+        sub.f16x2 $0, a, $5;
+        sub.f16x2 $1, b, $5;
+        fma.rn.f16x2 $2, c, $9, $13;
+        fma.rn.f16x2 $3, d, $9, $13;
         }
         """,
-        constraints="=r,=r,=r,=r,r",
-        args=[b],
+        constraints="=r,=r,=r,=r,r" + ",r" * 12,
+        args=[b, m, h, n],
         dtype=(tl.float16, tl.float16),
         is_pure=True,
         pack=4,
@@ -227,7 +230,7 @@ def _page_scores_t(
 def _page_pv_t(
     cache_ptr, cache16_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi, az_lo, az_hi,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_DATA: tl.constexpr,
-    V_SZ: tl.constexpr, DOT_F32: tl.constexpr,
+    V_SZ: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """_page_pv transposed: acc^T [D/2, BLOCK_M] += codes^T @ (scale * p^T) per nibble half, and
     the [B, BLOCK_M] tiles az += zero * p^T, summed over the keys once after the loop."""
@@ -244,15 +247,21 @@ def _page_pv_t(
     v_lo, v_hi = _nibbles(vb, DOT_F32)
     sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
     # keys past the end of a page's visible part are zeroed: a flagged (NaN) scale there would
-    # otherwise survive p = 0 as 0 * NaN
-    sc0 = tl.where(key_ok, tl.load(sz + r).to(tl.float32), 0.0)
-    z0 = tl.where(key_ok, tl.load(sz + BLOCK_SIZE + r).to(tl.float32), 0.0)
+    # otherwise survive p = 0 as 0 * NaN (unmasked steps have none)
+    sc0 = tl.load(sz + r).to(tl.float32)
+    z0 = tl.load(sz + BLOCK_SIZE + r).to(tl.float32)
+    if MASKED:
+        sc0 = tl.where(key_ok, sc0, 0.0)
+        z0 = tl.where(key_ok, z0, 0.0)
     ps_lo = _to_dot(p * sc0[:, None], DOT_F32)
     acc_lo = tl.dot(v_lo, ps_lo, acc_lo)
     az_lo += p * z0[:, None]
     if NGV == 2:
-        sc1 = tl.where(key_ok, tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32), 0.0)
-        z1 = tl.where(key_ok, tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32), 0.0)
+        sc1 = tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32)
+        z1 = tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32)
+        if MASKED:
+            sc1 = tl.where(key_ok, sc1, 0.0)
+            z1 = tl.where(key_ok, z1, 0.0)
         acc_hi = tl.dot(v_hi, _to_dot(p * sc1[:, None], DOT_F32), acc_hi)
         az_hi += p * z1[:, None]
     else:
@@ -262,20 +271,71 @@ def _page_pv_t(
 
 @triton.jit
 def _visible_t(s, key, key_ok, pos, window, soft_cap, USE_WINDOW: tl.constexpr,
-               USE_SOFTCAP: tl.constexpr):  # fmt: skip
-    """softmax_step's soft-cap and masks on a transposed [keys, BLOCK_M] tile of scaled scores."""
+               USE_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """softmax_step's soft-cap and masks on a transposed [keys, BLOCK_M] tile of scaled scores
+    (MASKED False: a step whose keys every row sees)."""
     if USE_SOFTCAP:
         s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
-    visible = key_ok[:, None] & (key[:, None] <= pos[None, :])
-    if USE_WINDOW:
-        visible = visible & (pos[None, :] - key[:, None] < window)
-    return tl.where(visible, s, float("-inf"))
+    if MASKED:
+        visible = key_ok[:, None] & (key[:, None] <= pos[None, :])
+        if USE_WINDOW:
+            visible = visible & (pos[None, :] - key[:, None] < window)
+        s = tl.where(visible, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _decode_step(
+    cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window, soft_cap,
+    qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a,
+    page_b, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
+    K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """One step of _decode_pages over the pages page_a, page_b (keys [start, start + 2B)), and
+    the next step's page ids."""
+    r = tl.arange(0, BLOCK_SIZE)
+    # Page ids one step ahead (a tile's loads never wait on the gather of their own page id). A
+    # step's second page past page_hi is its first page again: every key of it is masked, and
+    # reading a real page keeps its (scale, zero) finite.
+    nxt = start + 2 * BLOCK_SIZE
+    next_a = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0).to(tl.int64)
+    next_b = tl.load(bt_row + nxt // BLOCK_SIZE + 1, mask=nxt + BLOCK_SIZE < page_hi, other=0)
+    next_b = tl.where(nxt + BLOCK_SIZE < page_hi, next_b.to(tl.int64), next_a)
+    key_a = start + r
+    key_b = start + BLOCK_SIZE + r
+    ok_a = key_a < page_hi
+    ok_b = key_b < page_hi
+    s_a = _page_scores_t(cache_ptr, cache16_ptr, page_a, kvh, stride_block, qt_lo, qt_hi,
+                         q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
+    s_b = _page_scores_t(cache_ptr, cache16_ptr, page_b, kvh, stride_block, qt_lo, qt_hi,
+                         q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
+    s_a = _visible_t(s_a * row_scale[None, :], key_a, ok_a, pos, window, soft_cap, USE_WINDOW,
+                     USE_SOFTCAP, MASKED)  # fmt: skip
+    s_b = _visible_t(s_b * row_scale[None, :], key_b, ok_b, pos, window, soft_cap, USE_WINDOW,
+                     USE_SOFTCAP, MASKED)  # fmt: skip
+    m_new = tl.maximum(m_i, tl.max(tl.maximum(s_a, s_b), axis=0))
+    alpha = tl.exp2(m_i - m_new)
+    p_a = tl.exp2(s_a - m_new[None, :])
+    p_b = tl.exp2(s_b - m_new[None, :])
+    l_t = l_t * alpha[None, :] + p_a + p_b
+    acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
+        cache_ptr, cache16_ptr, page_a, kvh, stride_block, p_a, ok_a, acc_lo * alpha[None, :],
+        acc_hi * alpha[None, :], az_lo * alpha[None, :], az_hi * alpha[None, :], HEAD_SIZE,
+        BLOCK_SIZE, NGV, V_DATA, V_SZ, MASKED, DOT_F32,
+    )  # fmt: skip
+    acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
+        cache_ptr, cache16_ptr, page_b, kvh, stride_block, p_b, ok_b, acc_lo, acc_hi, az_lo,
+        az_hi, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, MASKED, DOT_F32,
+    )  # fmt: skip
+    return m_new, l_t, acc_lo, acc_hi, az_lo, az_hi, next_a, next_b
 
 
 @triton.jit
 def _decode_pages(
-    cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi, pos, window, soft_cap,
-    qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
+    cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi, first_pos, pos, window,
+    soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
     BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
@@ -287,10 +347,11 @@ def _decode_pages(
     (scores^T = codes @ (q * s)^T, out^T = codes^T @ (scale * p)^T) to 8, and the softmax runs
     over [keys, rows] tiles a quarter to a half the size. Two pages a step halve the running
     max's reductions, the rescales and the loop control per key; l and the V zeros' sums stay
-    [keys, rows] tiles, reduced over the keys once at the end."""
+    [keys, rows] tiles, reduced over the keys once at the end. Without a window, the steps whose
+    keys every row sees (all below the first row's position) run unmasked and the at most two
+    after them masked; with one, every step is masked."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     STEP: tl.constexpr = 2 * BLOCK_SIZE
-    r = tl.arange(0, BLOCK_SIZE)
     qt_lo = tl.trans(qn_lo)
     qt_hi = tl.trans(qn_hi)
     q16t_lo = tl.trans(q16_lo)
@@ -301,48 +362,37 @@ def _decode_pages(
     acc_hi = tl.zeros([HALF, BLOCK_M], tl.float32)
     az_lo = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
     az_hi = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
-    # Page ids one step ahead (a tile's loads never wait on the gather of their own page id). A
-    # step's second page past page_hi is its first page again: every key of it is masked, and
-    # reading a real page keeps its (scale, zero) finite.
     pg = key_lo // BLOCK_SIZE
     page_a = tl.load(bt_row + pg, mask=key_lo < page_hi, other=0).to(tl.int64)
     page_b = tl.load(bt_row + pg + 1, mask=key_lo + BLOCK_SIZE < page_hi, other=0)
     page_b = tl.where(key_lo + BLOCK_SIZE < page_hi, page_b.to(tl.int64), page_a)
-    for start in range(key_lo, page_hi, STEP):
-        nxt = start + STEP
-        pg = nxt // BLOCK_SIZE
-        next_a = tl.load(bt_row + pg, mask=nxt < page_hi, other=0).to(tl.int64)
-        next_b = tl.load(bt_row + pg + 1, mask=nxt + BLOCK_SIZE < page_hi, other=0).to(tl.int64)
-        next_b = tl.where(nxt + BLOCK_SIZE < page_hi, next_b, next_a)
-        key_a = start + r
-        key_b = start + BLOCK_SIZE + r
-        ok_a = key_a < page_hi
-        ok_b = key_b < page_hi
-        s_a = _page_scores_t(cache_ptr, cache16_ptr, page_a, kvh, stride_block, qt_lo, qt_hi,
-                             q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
-        s_b = _page_scores_t(cache_ptr, cache16_ptr, page_b, kvh, stride_block, qt_lo, qt_hi,
-                             q16t_lo, q16t_hi, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, DOT_F32)  # fmt: skip
-        s_a = _visible_t(s_a * row_scale[None, :], key_a, ok_a, pos, window, soft_cap,
-                         USE_WINDOW, USE_SOFTCAP)  # fmt: skip
-        s_b = _visible_t(s_b * row_scale[None, :], key_b, ok_b, pos, window, soft_cap,
-                         USE_WINDOW, USE_SOFTCAP)  # fmt: skip
-        m_new = tl.maximum(m_i, tl.max(tl.maximum(s_a, s_b), axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        p_a = tl.exp2(s_a - m_new[None, :])
-        p_b = tl.exp2(s_b - m_new[None, :])
-        m_i = m_new
-        l_t = l_t * alpha[None, :] + p_a + p_b
-        acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
-            cache_ptr, cache16_ptr, page_a, kvh, stride_block, p_a, ok_a,
-            acc_lo * alpha[None, :], acc_hi * alpha[None, :], az_lo * alpha[None, :],
-            az_hi * alpha[None, :], HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
-        )  # fmt: skip
-        acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
-            cache_ptr, cache16_ptr, page_b, kvh, stride_block, p_b, ok_b, acc_lo, acc_hi,
-            az_lo, az_hi, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, DOT_F32,
-        )  # fmt: skip
-        page_a = next_a
-        page_b = next_b
+    if USE_WINDOW:
+        for start in range(key_lo, page_hi, STEP):
+            m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b = _decode_step(
+                cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
+                soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
+                az_lo, az_hi, page_a, page_b, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA, K_SZ,
+                V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
+            )  # fmt: skip
+    else:
+        seen = tl.minimum(page_hi, first_pos + 1) - key_lo
+        mid = key_lo + tl.maximum(seen, 0) // STEP * STEP
+        for start in range(key_lo, mid, STEP):
+            m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b = _decode_step(
+                cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
+                soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
+                az_lo, az_hi, page_a, page_b, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA, K_SZ,
+                V_SZ, USE_WINDOW, USE_SOFTCAP, False, DOT_F32,
+            )  # fmt: skip
+        # the keys left, [mid, page_hi), are fewer than 2B + 16: at most two masked steps
+        for i in tl.static_range(2):
+            if mid + i * STEP < page_hi:
+                m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b = _decode_step(
+                    cache_ptr, cache16_ptr, bt_row, kvh, stride_block, mid + i * STEP, page_hi,
+                    pos, window, soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t,
+                    acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, HEAD_SIZE, BLOCK_SIZE, NGV,
+                    K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
+                )  # fmt: skip
     l_i = tl.sum(l_t, axis=0)
     return (m_i, l_i, tl.trans(acc_lo), tl.trans(acc_hi), tl.sum(az_lo, axis=0),
             tl.sum(az_hi, axis=0))  # fmt: skip
@@ -466,9 +516,10 @@ def _attn_int4_fwd(
     offs_n = tl.arange(0, BLOCK_SIZE)
     if DECODE:
         m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _decode_pages(
-            cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi, pos, window,
-            soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale, BLOCK_M, HEAD_SIZE, BLOCK_SIZE,
-            NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, DOT_F32,
+            cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi,
+            ctx + qb * BLOCK_Q, pos, window, soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
+            BLOCK_M, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW,
+            USE_SOFTCAP, DOT_F32,
         )  # fmt: skip
     else:
         # The block-table entry of the next page is loaded one tile ahead, so a tile's loads never
@@ -557,7 +608,8 @@ def choose_config_int4(
             # a stage (two pages of codes and scales) is 9 KiB at head size 64, 18 at 128, 36 at
             # 256: about the bytes in flight of one page a stage at 6, 4 and 3 stages before
             stages = {64: 3}.get(head_size, 2)
-            return LaunchConfig(block_m, tile_n=128, num_warps=4, num_stages=stages, split=True)
+            warps = 2 if head_size == 64 else 4
+            return LaunchConfig(block_m, tile_n=128, num_warps=warps, num_stages=stages, split=True)
         # a group of more than 16 query heads: one page a tile, as prefill
         stages = {64: 6, 128: 4}.get(head_size, 3)
         return LaunchConfig(block_m, tile_n=64, num_warps=4, num_stages=stages, split=True)
