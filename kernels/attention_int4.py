@@ -22,6 +22,14 @@ a realistic range (Q_EXP). The codes are unpacked four bytes at a time by inline
 bit operations and exact fp16-pair arithmetic, no integer conversion). Under the interpreter
 (DOT_F32) the same steps run in fp32.
 The tail tile is the model's dtype, dotted as it is (as FlashAttention does with a BF16 cache).
+
+Decode (the configuration with at most 16 query rows) runs its own loop, _decode_pages: the dot's
+M side would pad a GQA group's 1-16 rows to 16, so the keys take M and the rows N (padded to 8),
+scores and output transposed (scores^T = codes @ (q * s)^T, out^T = codes^T @ (scale * p)^T; the
+codes are loaded straight into the dot operand's layout either way). A step takes two pages, 128
+keys, under one running max and one rescale; l and sum_j p_ij z^V_j stay [keys, rows] tiles summed
+once after the loop; steps whose keys every row sees skip the masks. Prefill and mixed batches
+keep one page a tile with the rows as M.
 """
 
 from __future__ import annotations
