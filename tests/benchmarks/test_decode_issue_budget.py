@@ -30,12 +30,12 @@ def test_issue_budget_counts_the_tile_loop(tmp_path):
         codes = "int4" if kv_dtype == "int4" else "int8"
         assert row["loop_share"][f"{codes} -> fp16 conversion and casts"] > 0.1
         assert abs(sum(row["loop_share"].values()) - 1) < 0.01
-    # an int4 tile is one 64-token page of the program's kv-head: K and V codes (two per byte),
-    # K's fp16 (scale, zero) per channel and V's per token and 128-channel group
+    # an int4 decode step is two 64-token pages of the program's kv-head: K and V codes (two per
+    # byte), K's fp16 (scale, zero) per channel and V's per token and 128-channel group
     for (kv_dtype, _, _, d), row in rows.items():
         if kv_dtype == "int4":
-            assert row["config"]["tile_n"] == 64
-            assert row["tile_bytes"] == 64 * d + 4 * d + 4 * 64 * -(-d // 128), d
+            assert row["config"]["tile_n"] == 128
+            assert row["tile_bytes"] == 2 * (64 * d + 4 * d + 4 * 64 * -(-d // 128)), d
     # resident programs per SM: the most that the SM's registers (allocated per warp in units of
     # 256), shared memory (+1 KiB per block) and threads allow
     limits = {"sm80": (65536, 164 * 1024, 2048), "sm86": (65536, 100 * 1024, 1536),
