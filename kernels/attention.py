@@ -141,16 +141,6 @@ def _split_q_groups(
 
 
 @triton.jit
-def _scale_col(sc, g: tl.constexpr, NG: tl.constexpr):
-    """Group ``g``'s scales (fp32) from a tile of scales whose last dim holds a key's NG groups
-    (the tile itself when NG == 1): a select and a sum inside each thread's own NG values."""
-    if NG == 1:
-        return sc.to(tl.float32)
-    offs_g = tl.arange(0, NG)
-    return tl.sum(tl.where(offs_g == g, sc.to(tl.float32), 0.0), axis=-1)
-
-
-@triton.jit
 def _qk_i8(q_hi, q_lo, k, DOT_F32: tl.constexpr):
     """256 * (q_hi . k) + q_lo . k as fp32: int32 MMAs, exact until the final conversion."""
     if DOT_F32:
@@ -187,19 +177,20 @@ def _load_scales(
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr,
     NG: tl.constexpr,
 ):  # fmt: skip
-    """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``); ones if static.
-    With NG scale groups the tiles gain a last dim of NG: a key's groups are one contiguous
-    vector."""
+    """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``), as tuples of
+    one tile per scale group; ones if static."""
     if DYNAMIC:
         ok = key < key_hi
-        idx = page * (stride_block // 2) + (kvh * BLOCK_SIZE + key % BLOCK_SIZE) * NG
-        if NG > 1:
-            idx = tl.expand_dims(idx, -1) + tl.arange(0, NG)
-            ok = tl.broadcast_to(tl.expand_dims(ok, -1), idx.shape)
-        k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=ok, other=0.0)
-        v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=ok, other=0.0)
+        idx = page * (stride_block // 2) + kvh * NG * BLOCK_SIZE + key % BLOCK_SIZE
+        k_sc = ()
+        v_sc = ()
+        for g in tl.static_range(NG):
+            k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
+            v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
+            k_sc = k_sc + (k_g,)
+            v_sc = v_sc + (v_g,)
     else:
-        k_sc = tl.full(key.shape, 1.0, tl.float16)
+        k_sc = (tl.full(key.shape, 1.0, tl.float16),)
         v_sc = k_sc
     return k_sc, v_sc
 
@@ -277,8 +268,8 @@ def _load_scales_by_page(
     cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, NG: tl.constexpr,
 ):  # fmt: skip
-    """fp16 K and V scales of the tile of keys ``start + arange(TILE_N)``, read a page at a time
-    ([TILE_N, NG] tiles with NG scale groups: a page's B*NG scales of a head are contiguous).
+    """fp16 K and V scales of the tile of keys ``start + arange(TILE_N)``, read a page at a time,
+    as tuples of one [TILE_N] tile per scale group.
 
     For ``start`` and ``TILE_N`` multiples of ``BLOCK_SIZE``. A page's scales of one head are
     ``BLOCK_SIZE`` contiguous fp16, so this reads 16-byte vectors that the pipeliner turns into
@@ -289,17 +280,18 @@ def _load_scales_by_page(
     otherwise survive the masked score as p * NaN.
     """
     pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
-    offs_b = tl.arange(0, BLOCK_SIZE * NG)
-    idx = pages[:, None] * (stride_block // 2) + kvh * BLOCK_SIZE * NG + offs_b[None, :]
-    k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
-    v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
+    offs_b = tl.arange(0, BLOCK_SIZE)
+    idx = pages[:, None] * (stride_block // 2) + kvh * NG * BLOCK_SIZE + offs_b[None, :]
     ok = key < key_hi
-    if NG == 1:
-        k_sc = tl.where(ok, tl.reshape(k_sc, [TILE_N]), 0.0)
-        v_sc = tl.where(ok, tl.reshape(v_sc, [TILE_N]), 0.0)
-    else:
-        k_sc = tl.where(ok[:, None], tl.reshape(k_sc, [TILE_N, NG]), 0.0)
-        v_sc = tl.where(ok[:, None], tl.reshape(v_sc, [TILE_N, NG]), 0.0)
+    k_sc = ()
+    v_sc = ()
+    for g in tl.static_range(NG):
+        k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=page_ok[:, None],
+                      other=0.0)  # fmt: skip
+        v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=page_ok[:, None],
+                      other=0.0)  # fmt: skip
+        k_sc = k_sc + (tl.where(ok, tl.reshape(k_g, [TILE_N]), 0.0),)
+        v_sc = v_sc + (tl.where(ok, tl.reshape(v_g, [TILE_N]), 0.0),)
     return k_sc, v_sc
 
 
@@ -380,11 +372,11 @@ def _chunked_kv_loop(
             if NG == 1:
                 s = s_g * row_scale[None, :, None]
                 if DYNAMIC:
-                    s = s * k_sc.to(tl.float32)[:, None, :]
+                    s = s * k_sc[0].to(tl.float32)[:, None, :]
             elif g == 0:
-                s = s_g * _scale_col(k_sc, g, NG)[:, None, :]
+                s = s_g * k_sc[g].to(tl.float32)[:, None, :]
             else:
-                s = s + s_g * _scale_col(k_sc, g, NG)[:, None, :]
+                s = s + s_g * k_sc[g].to(tl.float32)[:, None, :]
         if NG > 1:
             s = s * row_scale[None, :, None]
         if USE_SOFTCAP:
@@ -411,7 +403,7 @@ def _chunked_kv_loop(
             )  # [CHUNKS, C, G]
             p_g = p
             if DYNAMIC:
-                p_g = p * _scale_col(v_sc, g, NG)[:, None, :]
+                p_g = p * v_sc[g].to(tl.float32)[:, None, :]
             v = _v_to_dot(v, V_E4M3, DOT_F32)
             new_accs = new_accs + (accs[g] * alpha[:, :, None] + tl.dot(p_g.to(v.dtype), v),)
         accs = new_accs
@@ -601,11 +593,11 @@ def _attn_fwd(
                 if NG == 1:
                     s = s_g * row_scale[:, None]
                     if DYNAMIC:
-                        s = s * k_sc.to(tl.float32)[None, :]
+                        s = s * k_sc[0].to(tl.float32)[None, :]
                 elif g == 0:
-                    s = s_g * _scale_col(k_sc, g, NG)[None, :]
+                    s = s_g * k_sc[g].to(tl.float32)[None, :]
                 else:
-                    s = s + s_g * _scale_col(k_sc, g, NG)[None, :]
+                    s = s + s_g * k_sc[g].to(tl.float32)[None, :]
             if NG > 1:
                 s = s * row_scale[:, None]
             p, alpha, m_i, l_i = softmax_step(
@@ -622,7 +614,7 @@ def _attn_fwd(
                 )  # fmt: skip
                 p_g = p
                 if DYNAMIC:
-                    p_g = p * _scale_col(v_sc, g, NG)[None, :]
+                    p_g = p * v_sc[g].to(tl.float32)[None, :]
                 v = _v_to_dot(v, V_E4M3, DOT_F32)
                 new_accs = new_accs + (accs[g] * alpha[:, None] + tl.dot(p_g.to(v.dtype), v),)
             accs = new_accs

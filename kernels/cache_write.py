@@ -97,7 +97,9 @@ def _quantize_store(
         # multiply by the reciprocal of the stored scale (dequant == q * stored scale): one IEEE
         # division per group instead of one per element, the bulk of a decode step's write
         inv = tl.div_rn(1.0, scale.to(tl.float32))
-        scale_row = cache16_ptr + page_off // 2 + scale_off // 2 + row * NG
+        # scale of group g of (slot t, head h) at fp16 index (h*NG + g)*B + t (page_layout.py)
+        scale_row = (cache16_ptr + page_off // 2 + scale_off // 2 + head * NG * BLOCK_SIZE
+                     + slot_in_block)  # fmt: skip
         if NG == 1:
             stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
             tl.store(scale_row, stored, mask=valid)
@@ -105,7 +107,7 @@ def _quantize_store(
         else:
             flag = row_finite[:, None]
             stored = tl.where(flag, scale.to(tl.float32), float("nan")).to(tl.float16)
-            offs_g = tl.arange(0, NG)
+            offs_g = tl.arange(0, NG) * BLOCK_SIZE
             tl.store(scale_row[:, None] + offs_g[None, :], stored, mask=valid[:, None])
             y = tl.reshape(x * inv[:, :, None], [TILE_T, HEAD_SIZE])
     else:

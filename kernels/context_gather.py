@@ -99,10 +99,10 @@ def _gather_kv_kernel(
         k_deq = kq.to(tl.float32) * k_sc[:, None]
         v_deq = vf * v_sc[:, None]
     elif DYNAMIC:
-        # a token's NG scales are contiguous; each multiplies its group of G channels
+        # each of a token's NG scales multiplies its group of G channels
         G: tl.constexpr = HEAD_SIZE // NG
-        sidx = page.to(tl.int64) * (stride_block // 2) + (kvh * BLOCK_SIZE + t % BLOCK_SIZE) * NG
-        sidx = sidx[:, None] + tl.arange(0, NG)[None, :]
+        sidx = page.to(tl.int64) * (stride_block // 2) + kvh * NG * BLOCK_SIZE + t % BLOCK_SIZE
+        sidx = sidx[:, None] + tl.arange(0, NG)[None, :] * BLOCK_SIZE
         k_sc = tl.load(cache16_ptr + K_SCALE // 2 + sidx, mask=m_ctx, other=0.0).to(tl.float32)
         v_sc = tl.load(cache16_ptr + V_SCALE // 2 + sidx, mask=m_ctx, other=0.0).to(tl.float32)
         k3 = tl.reshape(kq.to(tl.float32), [BLOCK_T, NG, G]) * k_sc[:, :, None]

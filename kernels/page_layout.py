@@ -10,15 +10,15 @@ B = block_size, D = head_size, G = min(D, 64), NG = D / G (1 at D <= 64, 2 at 12
 
     byte 0                                                                      page_bytes
     | K data            | V data            | K scales           | V scales           |
-    | int8 [H][B][D]    | int8 [H][D][B]    | fp16 [H][B][NG]    | fp16 [H][B][NG]    |
+    | int8 [H][B][D]    | int8 [H][D][B]    | fp16 [H][NG][B]    | fp16 [H][NG][B]    |
     ^ k_data = 0        ^ v_data = H*B*D    ^ k_scale = 2*H*B*D  ^ v_scale = k_scale + 2*H*B*NG
 
     one K data row (token t, head h) = D bytes at k_data + (h*B + t)*D  -> 16-byte aligned
     V is key-major: element d of (token t, head h) at v_data + (h*D + d)*B + t, i.e. for each
     (head, d) the B tokens of the page are one contiguous (16-byte aligned) run
-    the scale of channels [g*G, (g+1)*G) = fp16 at k_scale + 2*((h*B + t)*NG + g) (and v_scale):
-    a token's NG scales are one contiguous 2*NG-byte vector, a page's B*NG scales of one head one
-    contiguous run
+    the scale of channels [g*G, (g+1)*G) of (token t, head h) = fp16 at
+    k_scale + 2*((h*NG + g)*B + t) (and v_scale): for each (head, group) the B tokens' scales of
+    the page are one contiguous run, read as at NG = 1 once per group
 
 ``int8_static`` (per-layer, per-kv-head fp32 scales passed in, nothing per token)::
 

@@ -65,9 +65,11 @@ def _views(kv_cache: torch.Tensor, layout: PageLayout):
     v = kv_cache[:, layout.v_data : layout.k_scale].view(nb, h, d, b).transpose(2, 3)
     if not layout.has_scales:
         return k, v, None, None
+    # stored [H][NG][B] (page_layout.py): viewed [H][B][NG]
     ng = layout.num_groups
-    ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, b, ng)
-    vs = kv_cache[:, layout.v_scale : layout.page_bytes].view(torch.float16).view(nb, h, b, ng)
+    ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, ng, b)
+    vs = kv_cache[:, layout.v_scale : layout.page_bytes].view(torch.float16).view(nb, h, ng, b)
+    ks, vs = ks.transpose(2, 3), vs.transpose(2, 3)
     return k, v, ks, vs
 
 

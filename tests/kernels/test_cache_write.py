@@ -77,9 +77,9 @@ def test_group_scales_follow_each_groups_magnitude(head_size, device, launch):
     cache, ref = _write_both(key, value, 1, bs, slots, "int8", device)
     assert torch.equal(cache, ref)
     lay = PageLayout("int8", bs, nkv, head_size)
-    scales = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, bs, ng)[:, :n]
+    scales = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, ng, bs)[:, :, :n]
     want = key.float().unflatten(-1, (ng, 64)).abs().amax(-1).transpose(0, 1) / 127
-    torch.testing.assert_close(scales.float(), want, rtol=2**-10, atol=0)
+    torch.testing.assert_close(scales.transpose(1, 2).float(), want, rtol=2**-10, atol=0)
     k, v = dequantize_cache(cache, kv_dtype="int8", block_size=bs, num_kv_heads=nkv,
                             head_size=head_size)  # fmt: skip
     for got, x in ((k[0, :n], key), (v[0, :n], value)):
@@ -102,8 +102,8 @@ def test_non_finite_element_flags_every_group_of_its_vector(device):
     cache, ref = _write_both(key, value, 1, bs, torch.arange(3, device=device), "int8", device)
     assert torch.equal(cache, ref)
     lay = PageLayout("int8", bs, nkv, d)
-    ks = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, bs, 4)
-    vs = cache[0, lay.v_scale : lay.page_bytes].view(torch.float16).view(nkv, bs, 4)
+    ks = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, 4, bs).transpose(1, 2)
+    vs = cache[0, lay.v_scale : lay.page_bytes].view(torch.float16).view(nkv, 4, bs).transpose(1, 2)
     assert ks[0, 1].isnan().all() and vs[1, 2].isnan().all()
     assert not ks[1, 1].isnan().any() and not vs[0, 2].isnan().any()
     assert not ks[:, [0, 2]].isnan().any() and not vs[:, :2].isnan().any()
