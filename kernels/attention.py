@@ -154,6 +154,19 @@ def _qk_i8(q_hi, q_lo, k, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _p_to_dot(p, NG: tl.constexpr, DOT_F32: tl.constexpr):
+    """P in the PV dot's dtype, converted once for all NG scale groups: each group's V scales
+    then multiply it in fp16 (half2, two columns an instruction), not in fp32 before a conversion
+    per group. That rounds twice (p to fp16, then the product), 2^-11 relative each, where one
+    group's P, scaled in fp32, is rounded once to the dot operand."""
+    if NG == 1 or DOT_F32:
+        out = p
+    else:
+        out = p.to(tl.float16)
+    return out
+
+
+@triton.jit
 def _v_to_dot(v, V_E4M3: tl.constexpr, DOT_F32: tl.constexpr):
     """V bytes -> the dot operand: int8 integers, or E4M3 codes as value / 256 (the 256 and the
     static scale multiply the output once, so no per-element multiply here)."""
@@ -397,6 +410,7 @@ def _chunked_kv_loop(
 
         # V is key-major in the page (see _load_v_tile); per key here
         v_col = cache_ptr + V_DATA + v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
+        p_dot = _p_to_dot(p, NG, DOT_F32)
         new_accs = ()
         for g in tl.static_range(NG):
             v = tl.load(
@@ -404,9 +418,12 @@ def _chunked_kv_loop(
                 mask=key_ok[:, :, None],
                 other=0,
             )  # [CHUNKS, C, G]
-            p_g = p
-            if DYNAMIC:
-                p_g = p * v_sc[g].to(tl.float32)[:, None, :]
+            if NG == 1:
+                p_g = p
+                if DYNAMIC:
+                    p_g = p * v_sc[0].to(tl.float32)[:, None, :]
+            else:
+                p_g = p_dot * v_sc[g].to(p_dot.dtype)[:, None, :]
             v = _v_to_dot(v, V_E4M3, DOT_F32)
             new_accs = new_accs + (accs[g] * alpha[:, :, None] + tl.dot(p_g.to(v.dtype), v),)
         accs = new_accs
@@ -609,15 +626,19 @@ def _attn_fwd(
 
             # one dot per V scale group into its slice of the output, P's columns scaled by
             # that group's V scales
+            p_dot = _p_to_dot(p, NG, DOT_F32)
             new_accs = ()
             for g in tl.static_range(NG):
                 v = _load_v_tile(
                     cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
                     HEAD_SIZE, BLOCK_SIZE, TILE_N, V_DATA, V_E4M3, g * G, G,
                 )  # fmt: skip
-                p_g = p
-                if DYNAMIC:
-                    p_g = p * v_sc[g].to(tl.float32)[None, :]
+                if NG == 1:
+                    p_g = p
+                    if DYNAMIC:
+                        p_g = p * v_sc[0].to(tl.float32)[None, :]
+                else:
+                    p_g = p_dot * v_sc[g].to(p_dot.dtype)[None, :]
                 v = _v_to_dot(v, V_E4M3, DOT_F32)
                 new_accs = new_accs + (accs[g] * alpha[:, None] + tl.dot(p_g.to(v.dtype), v),)
             accs = new_accs
