@@ -14,7 +14,10 @@ Dequantization never multiplies K/V elements. QK runs on int8 tensor cores: the 
 into two int8 halves per row (``_split_q_i8``, a 16-bit grid) and dotted with the cached K bytes
 as they are; the row's unit and the softmax scale multiply the score rows, the per-token K scale
 the score columns. PV is an fp16 ``tl.dot``: V's int8 is pasted into fp16 in registers and the
-per-token V scale multiplies the P column first. Static per-head scales fold into the softmax
+per-token V scale multiplies the P column first. ``int8``'s scales cover 64 channels each
+(page_layout.py): above head size 64 both products run one dot per group (the groups' QK dots
+summed after their column scaling, the PV dots into their own slices of the output), the same
+tensor-core work as one dot over the head. Static per-head scales fold into the softmax
 scale / the output once. Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is
 asked for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
 ``workspace`` is given.
@@ -98,13 +101,46 @@ def _split_q_i8(q, DOT_F32: tl.constexpr):
     qf = q.to(tl.float32)
     amax = tl.max(tl.abs(qf), axis=1)
     step = tl.where(amax > 0.0, amax / 127.0, 1.0)
+    hi, lo = _split_on_grid(qf, step, DOT_F32)
+    return hi, lo, step * (1.0 / 256.0)
+
+
+@triton.jit
+def _split_on_grid(qf, step, DOT_F32: tl.constexpr):
     x = qf / step[:, None]
     hi = rint(x)
     lo = tl.minimum(rint((x - hi) * 256.0), 127.0)
     if not DOT_F32:
         hi = hi.to(tl.int8)
         lo = lo.to(tl.int8)
-    return hi, lo, step * (1.0 / 256.0)
+    return hi, lo
+
+
+@triton.jit
+def _split_q_groups(
+    q_rows, row_ok, HEAD_SIZE: tl.constexpr, NG: tl.constexpr, DOT_F32: tl.constexpr
+):  # fmt: skip
+    """``_split_q_i8`` of the query rows at pointers ``q_rows`` [M], with hi and lo as tuples of
+    NG tiles [M, HEAD_SIZE / NG], one per K scale group: each group's dot is its own tl.dot (its
+    score columns take that group's K scales), and loading the groups apart spares slicing a
+    register tile. One grid per row over all groups, so the row unit still factors out."""
+    G: tl.constexpr = HEAD_SIZE // NG
+    offs_g = tl.arange(0, G)
+    qs = ()
+    for g in tl.static_range(NG):
+        qg = tl.load(q_rows[:, None] + g * G + offs_g[None, :], mask=row_ok[:, None], other=0.0)
+        qs = qs + (qg.to(tl.float32),)
+    amax = tl.max(tl.abs(qs[0]), axis=1)
+    for g in tl.static_range(1, NG):
+        amax = tl.maximum(amax, tl.max(tl.abs(qs[g]), axis=1))
+    step = tl.where(amax > 0.0, amax / 127.0, 1.0)
+    his = ()
+    los = ()
+    for g in tl.static_range(NG):
+        hi, lo = _split_on_grid(qs[g], step, DOT_F32)
+        his = his + (hi,)
+        los = los + (lo,)
+    return his, los, step * (1.0 / 256.0)
 
 
 @triton.jit
@@ -115,6 +151,19 @@ def _qk_i8(q_hi, q_lo, k, DOT_F32: tl.constexpr):
         return tl.dot(q_hi, kf) * 256.0 + tl.dot(q_lo, kf)
     hi = tl.dot(q_hi, k, out_dtype=tl.int32)
     return tl.dot(q_lo, k, hi * 256, out_dtype=tl.int32).to(tl.float32)
+
+
+@triton.jit
+def _p_to_dot(p, NG: tl.constexpr, DOT_F32: tl.constexpr):
+    """P in the PV dot's dtype, converted once for all NG scale groups: each group's V scales
+    then multiply it in fp16 (half2, two columns an instruction), not in fp32 before a conversion
+    per group. That rounds twice (p to fp16, then the product), 2^-11 relative each, where one
+    group's P, scaled in fp32, is rounded once to the dot operand."""
+    if NG == 1 or DOT_F32:
+        out = p
+    else:
+        out = p.to(tl.float16)
+    return out
 
 
 @triton.jit
@@ -142,15 +191,22 @@ def _load_pages(bt_row, key, key_hi, BLOCK_SIZE: tl.constexpr):
 def _load_scales(
     cache16_ptr, page, key, key_hi, kvh, stride_block,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr,
+    NG: tl.constexpr,
 ):  # fmt: skip
-    """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``); ones if static."""
+    """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``), as tuples of
+    one tile per scale group; ones if static."""
     if DYNAMIC:
         ok = key < key_hi
-        idx = page * (stride_block // 2) + kvh * BLOCK_SIZE + key % BLOCK_SIZE
-        k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=ok, other=0.0)
-        v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=ok, other=0.0)
+        idx = page * (stride_block // 2) + kvh * NG * BLOCK_SIZE + key % BLOCK_SIZE
+        k_sc = ()
+        v_sc = ()
+        for g in tl.static_range(NG):
+            k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
+            v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
+            k_sc = k_sc + (k_g,)
+            v_sc = v_sc + (v_g,)
     else:
-        k_sc = tl.full(key.shape, 1.0, tl.float16)
+        k_sc = (tl.full(key.shape, 1.0, tl.float16),)
         v_sc = k_sc
     return k_sc, v_sc
 
@@ -206,13 +262,15 @@ def _load_key_major_tile(
 def _load_v_tile(
     cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, V_DATA: tl.constexpr,
-    V_E4M3: tl.constexpr,
+    V_E4M3: tl.constexpr, COL0: tl.constexpr = 0, COLS: tl.constexpr = None,
 ):  # fmt: skip
-    """The int8 V tile [TILE_N, HEAD_SIZE] of keys ``start + arange(TILE_N)`` (V is key-major:
-    element d of slot t at (h*D + d)*B + t, page_layout.py)."""
+    """The int8 V tile [TILE_N, COLS] of channels [COL0, COL0 + COLS) (all HEAD_SIZE by default)
+    of keys ``start + arange(TILE_N)`` (V is key-major: element d of slot t at (h*D + d)*B + t,
+    page_layout.py)."""
+    W: tl.constexpr = HEAD_SIZE if COLS is None else COLS
     v = _load_key_major_tile(
         cache_ptr + V_DATA + kvh * HEAD_SIZE * BLOCK_SIZE, bt_row, page, start, key, key_ok,
-        key_hi, stride_block, tl.arange(0, HEAD_SIZE), HEAD_SIZE, BLOCK_SIZE, TILE_N,
+        key_hi, stride_block, COL0 + tl.arange(0, W), W, BLOCK_SIZE, TILE_N,
     )  # fmt: skip
     if V_E4M3 and TILE_N % BLOCK_SIZE == 0:
         # keys past key_hi inside a valid page are read (in bounds); their p is 0, but a stale
@@ -224,9 +282,10 @@ def _load_v_tile(
 @triton.jit
 def _load_scales_by_page(
     cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, NG: tl.constexpr,
 ):  # fmt: skip
-    """fp16 K and V scales of the tile of keys ``start + arange(TILE_N)``, read a page at a time.
+    """fp16 K and V scales of the tile of keys ``start + arange(TILE_N)``, read a page at a time,
+    as tuples of one [TILE_N] tile per scale group.
 
     For ``start`` and ``TILE_N`` multiples of ``BLOCK_SIZE``. A page's scales of one head are
     ``BLOCK_SIZE`` contiguous fp16, so this reads 16-byte vectors that the pipeliner turns into
@@ -238,12 +297,17 @@ def _load_scales_by_page(
     """
     pages, page_ok = _load_tile_pages(bt_row, start, key_hi, TILE_N, BLOCK_SIZE)
     offs_b = tl.arange(0, BLOCK_SIZE)
-    idx = pages[:, None] * (stride_block // 2) + kvh * BLOCK_SIZE + offs_b[None, :]
-    k_sc = tl.load(cache16_ptr + K_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
-    v_sc = tl.load(cache16_ptr + V_SCALE // 2 + idx, mask=page_ok[:, None], other=0.0)
+    idx = pages[:, None] * (stride_block // 2) + kvh * NG * BLOCK_SIZE + offs_b[None, :]
     ok = key < key_hi
-    k_sc = tl.where(ok, tl.reshape(k_sc, [TILE_N]), 0.0)
-    v_sc = tl.where(ok, tl.reshape(v_sc, [TILE_N]), 0.0)
+    k_sc = ()
+    v_sc = ()
+    for g in tl.static_range(NG):
+        k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=page_ok[:, None],
+                      other=0.0)  # fmt: skip
+        v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=page_ok[:, None],
+                      other=0.0)  # fmt: skip
+        k_sc = k_sc + (tl.where(ok, tl.reshape(k_g, [TILE_N]), 0.0),)
+        v_sc = v_sc + (tl.where(ok, tl.reshape(v_g, [TILE_N]), 0.0),)
     return k_sc, v_sc
 
 
@@ -251,25 +315,25 @@ def _load_scales_by_page(
 def _prefetch_scales(
     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
-    DYNAMIC: tl.constexpr,
+    DYNAMIC: tl.constexpr, NG: tl.constexpr,
 ):  # fmt: skip
     """One step of the two-deep scale prefetch for the tile after ``key`` (pages ``sc_page``,
     gathered one step earlier): its K and V scales, and the pages of the tile after that."""
     k_sc, v_sc = _load_scales(
         cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
-        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
     )  # fmt: skip
     return k_sc, v_sc, _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
 
 
 @triton.jit
 def _chunked_kv_loop(
-    q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
+    q_his, q_los, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
     stride_block, window, soft_cap,
     BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     CHUNKS: tl.constexpr, K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr, USE_WINDOW: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, V_E4M3: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, V_E4M3: tl.constexpr, NG: tl.constexpr,
 ):  # fmt: skip
     """The KV loop of the decode path, split-K inside the program (flash-decoding within a CTA).
 
@@ -277,22 +341,28 @@ def _chunked_kv_loop(
     dots are batched over chunks, so the compiler gives each warp its own chunk, and the row max /
     sum reductions stay inside a warp (no cross-warp barrier per tile, which is what bounds a
     16-row decode tile whose keys are spread over all warps). The chunks merge once, at the end.
-    Returns (m, l, acc) over the program's keys, in the 2D loop's units.
+    q_his / q_los: one tile per scale group (``_split_q_groups``). Returns (m, l, accs) over the
+    program's keys, in the 2D loop's units, accs one [BLOCK_M, HEAD_SIZE / NG] tile per group.
     """
     C: tl.constexpr = TILE_N // CHUNKS
-    offs_d = tl.arange(0, HEAD_SIZE)
+    G: tl.constexpr = HEAD_SIZE // NG
+    offs_g = tl.arange(0, G)
     offs_k = tl.arange(0, CHUNKS)[:, None] * C + tl.arange(0, C)[None, :]  # [CHUNKS, C]
-    q3_hi = tl.broadcast_to(q_hi[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
-    q3_lo = tl.broadcast_to(q_lo[None, :, :], (CHUNKS, BLOCK_M, HEAD_SIZE))
+    q3_his = ()
+    q3_los = ()
+    accs = ()
+    for g in tl.static_range(NG):
+        q3_his = q3_his + (tl.broadcast_to(q_his[g][None, :, :], (CHUNKS, BLOCK_M, G)),)
+        q3_los = q3_los + (tl.broadcast_to(q_los[g][None, :, :], (CHUNKS, BLOCK_M, G)),)
+        accs = accs + (tl.zeros([CHUNKS, BLOCK_M, G], tl.float32),)
     m_i = tl.full([CHUNKS, BLOCK_M], M_INIT, tl.float32)
     l_i = tl.zeros([CHUNKS, BLOCK_M], tl.float32)
-    acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_SIZE], tl.float32)
     # Scales prefetched two deep, as in the 2D loop.
     # Step -1 of the prefetch: pages of the first tile, then as in the loop.
     k_sc, v_sc, sc_page = _prefetch_scales(
         cache16_ptr, bt_row, _load_pages(bt_row, key_lo + offs_k, key_hi, BLOCK_SIZE),
         key_lo + offs_k - TILE_N, key_hi, kvh, stride_block,
-        TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+        TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
     )  # fmt: skip
     for start in range(key_lo, key_hi, TILE_N):
         key = start + offs_k
@@ -302,19 +372,29 @@ def _chunked_kv_loop(
         if DYNAMIC:
             k_sc_next, v_sc_next, sc_page = _prefetch_scales(
                 cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
-                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
             )  # fmt: skip
         else:
             k_sc_next, v_sc_next = k_sc, v_sc
 
-        k = tl.load(
-            cache_ptr + K_DATA + base[:, None, :] + offs_d[None, :, None],
-            mask=key_ok[:, None, :],
-            other=0,
-        )  # [CHUNKS, HEAD_SIZE, C]
-        s = _qk_i8(q3_hi, q3_lo, k, DOT_F32) * row_scale[None, :, None]  # [CHUNKS, BLOCK_M, C]
-        if DYNAMIC:
-            s = s * k_sc.to(tl.float32)[:, None, :]
+        # one int8 dot per scale group, its columns scaled by that group's K scales
+        for g in tl.static_range(NG):
+            k = tl.load(
+                cache_ptr + K_DATA + base[:, None, :] + (g * G + offs_g)[None, :, None],
+                mask=key_ok[:, None, :],
+                other=0,
+            )  # [CHUNKS, G, C]
+            s_g = _qk_i8(q3_his[g], q3_los[g], k, DOT_F32)  # [CHUNKS, BLOCK_M, C]
+            if NG == 1:
+                s = s_g * row_scale[None, :, None]
+                if DYNAMIC:
+                    s = s * k_sc[0].to(tl.float32)[:, None, :]
+            elif g == 0:
+                s = s_g * k_sc[g].to(tl.float32)[:, None, :]
+            else:
+                s = s + s_g * k_sc[g].to(tl.float32)[:, None, :]
+        if NG > 1:
+            s = s * row_scale[None, :, None]
         if USE_SOFTCAP:
             s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
         visible = key_ok[:, None, :] & (key[:, None, :] <= pos[None, :, None])
@@ -329,21 +409,32 @@ def _chunked_kv_loop(
         m_i = m_new
 
         # V is key-major in the page (see _load_v_tile); per key here
-        v_col = v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
-        v = tl.load(
-            cache_ptr + V_DATA + v_col[:, :, None] + offs_d[None, None, :] * BLOCK_SIZE,
-            mask=key_ok[:, :, None],
-            other=0,
-        )  # [CHUNKS, C, HEAD_SIZE]
-        if DYNAMIC:
-            p = p * v_sc.to(tl.float32)[:, None, :]
-        v = _v_to_dot(v, V_E4M3, DOT_F32)
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v)
+        v_col = cache_ptr + V_DATA + v_column(page, key, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE)
+        p_dot = _p_to_dot(p, NG, DOT_F32)
+        new_accs = ()
+        for g in tl.static_range(NG):
+            v = tl.load(
+                v_col[:, :, None] + (g * G + offs_g)[None, None, :] * BLOCK_SIZE,
+                mask=key_ok[:, :, None],
+                other=0,
+            )  # [CHUNKS, C, G]
+            if NG == 1:
+                p_g = p
+                if DYNAMIC:
+                    p_g = p * v_sc[0].to(tl.float32)[:, None, :]
+            else:
+                p_g = p_dot * v_sc[g].to(p_dot.dtype)[:, None, :]
+            v = _v_to_dot(v, V_E4M3, DOT_F32)
+            new_accs = new_accs + (accs[g] * alpha[:, :, None] + tl.dot(p_g.to(v.dtype), v),)
+        accs = new_accs
         k_sc, v_sc = k_sc_next, v_sc_next
 
     m = tl.max(m_i, axis=0)
     w = tl.exp2(m_i - m[None, :])
-    return m, tl.sum(l_i * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
+    out_accs = ()
+    for g in tl.static_range(NG):
+        out_accs = out_accs + (tl.sum(accs[g] * w[:, :, None], axis=0),)
+    return m, tl.sum(l_i * w, axis=0), out_accs
 
 
 # Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of batch-dependent
@@ -391,6 +482,7 @@ def _attn_fwd(
     V_DATA: tl.constexpr,
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
+    NG: tl.constexpr,  # K and V scale groups per (token, kv-head) (page_layout.py)
     DYNAMIC: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
@@ -419,11 +511,7 @@ def _attn_fwd(
     head = kvh * GROUP + offs_m % GROUP
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
     token = (q_start + q_idx).to(tl.int64)
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+    q_rows = q_ptr + token * stride_qt + head * stride_qh
     pos = ctx + q_idx  # absolute position of each row's query token
 
     # Keys this query block can see: [key_lo, key_hi).
@@ -444,23 +532,34 @@ def _attn_fwd(
     if not USE_SOFTCAP:
         score_scale = score_scale * LOG2E
     # q as two int8 halves; each row's unit and the softmax (and static K) scale fold into one
-    # factor per row, the per-token K scales into one per column. DOT_F32 (the Triton interpreter
-    # of the CPU tests: no inline asm, a wrong bf16 tl.dot) runs the same arithmetic in fp32
-    # dots, exact on these integers.
-    q_hi, q_lo, q_unit = _split_q_i8(q, DOT_F32)
+    # factor per row, the per-token K scales into one per column (of each scale group's dot).
+    # DOT_F32 (the Triton interpreter of the CPU tests: no inline asm, a wrong bf16 tl.dot) runs
+    # the same arithmetic in fp32 dots, exact on these integers.
+    G: tl.constexpr = HEAD_SIZE // NG
+    offs_g = tl.arange(0, G)
+    if NG == 1:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q_hi, q_lo, q_unit = _split_q_i8(q, DOT_F32)
+        q_his = (q_hi,)
+        q_los = (q_lo,)
+    else:
+        q_his, q_los, q_unit = _split_q_groups(q_rows, row_ok, HEAD_SIZE, NG, DOT_F32)
     row_scale = q_unit * score_scale
 
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     if CHUNKS > 1:
-        m_i, l_i, acc = _chunked_kv_loop(
-            q_hi, q_lo, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
+        m_i, l_i, accs = _chunked_kv_loop(
+            q_his, q_los, row_scale, cache_ptr, cache16_ptr, bt_row, key_lo, key_hi, pos, kvh,
             stride_block, window, soft_cap, BLOCK_M, HEAD_SIZE, BLOCK_SIZE, TILE_N, CHUNKS,
             K_DATA, V_DATA, K_SCALE, V_SCALE, DYNAMIC, USE_WINDOW, USE_SOFTCAP, DOT_F32, V_E4M3,
+            NG,
         )  # fmt: skip
     else:
         m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
+        accs = ()
+        for _g in tl.static_range(NG):
+            accs = accs + (tl.zeros([BLOCK_M, G], tl.float32),)
         offs_n = tl.arange(0, TILE_N)
         # Per-token scales are 2-byte gathers, too narrow for the pipeliner's asynchronous copies.
         # On the (memory-bound) decode path they are prefetched by hand, two deep: iteration i
@@ -478,7 +577,7 @@ def _attn_fwd(
             k_sc, v_sc, sc_page = _prefetch_scales(
                 cache16_ptr, bt_row, _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE),
                 key_lo + offs_n - TILE_N, key_hi, kvh, stride_block,
-                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
             )  # fmt: skip
 
         for start in range(key_lo, key_hi, TILE_N):
@@ -490,37 +589,59 @@ def _attn_fwd(
             if PREFETCH:
                 k_sc_next, v_sc_next, sc_page = _prefetch_scales(
                     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
-                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
                 )  # fmt: skip
             elif DYNAMIC and TILE_N % BLOCK_SIZE == 0:
                 k_sc, v_sc = _load_scales_by_page(
                     cache16_ptr, bt_row, start, key, key_hi, kvh, stride_block,
-                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE,
+                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, NG,
                 )  # fmt: skip
             else:
                 k_sc, v_sc = _load_scales(
                     cache16_ptr, page, key, key_hi, kvh, stride_block,
-                    BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC,
+                    BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
                 )  # fmt: skip
 
-            k = tl.load(
-                cache_ptr + K_DATA + base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0
-            )
-            s = _qk_i8(q_hi, q_lo, k, DOT_F32) * row_scale[:, None]
-            if DYNAMIC:
-                s = s * k_sc.to(tl.float32)[None, :]
+            # one int8 dot per scale group, its columns scaled by that group's K scales
+            for g in tl.static_range(NG):
+                k = tl.load(
+                    cache_ptr + K_DATA + base[None, :] + (g * G + offs_g)[:, None],
+                    mask=key_ok[None, :],
+                    other=0,
+                )
+                s_g = _qk_i8(q_his[g], q_los[g], k, DOT_F32)
+                if NG == 1:
+                    s = s_g * row_scale[:, None]
+                    if DYNAMIC:
+                        s = s * k_sc[0].to(tl.float32)[None, :]
+                elif g == 0:
+                    s = s_g * k_sc[g].to(tl.float32)[None, :]
+                else:
+                    s = s + s_g * k_sc[g].to(tl.float32)[None, :]
+            if NG > 1:
+                s = s * row_scale[:, None]
             p, alpha, m_i, l_i = softmax_step(
                 s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
             )
 
-            v = _load_v_tile(
-                cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
-                HEAD_SIZE, BLOCK_SIZE, TILE_N, V_DATA, V_E4M3,
-            )  # fmt: skip
-            if DYNAMIC:
-                p = p * v_sc.to(tl.float32)[None, :]
-            v = _v_to_dot(v, V_E4M3, DOT_F32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            # one dot per V scale group into its slice of the output, P's columns scaled by
+            # that group's V scales
+            p_dot = _p_to_dot(p, NG, DOT_F32)
+            new_accs = ()
+            for g in tl.static_range(NG):
+                v = _load_v_tile(
+                    cache_ptr, bt_row, page, start, key, key_ok, key_hi, kvh, stride_block,
+                    HEAD_SIZE, BLOCK_SIZE, TILE_N, V_DATA, V_E4M3, g * G, G,
+                )  # fmt: skip
+                if NG == 1:
+                    p_g = p
+                    if DYNAMIC:
+                        p_g = p * v_sc[0].to(tl.float32)[None, :]
+                else:
+                    p_g = p_dot * v_sc[g].to(p_dot.dtype)[None, :]
+                v = _v_to_dot(v, V_E4M3, DOT_F32)
+                new_accs = new_accs + (accs[g] * alpha[:, None] + tl.dot(p_g.to(v.dtype), v),)
+            accs = new_accs
             if PREFETCH:
                 k_sc, v_sc = k_sc_next, v_sc_next
 
@@ -528,19 +649,22 @@ def _attn_fwd(
         v_out_scale = tl.load(static_v_ptr + kvh)
         if V_E4M3:
             v_out_scale = v_out_scale * _E4M3_UNSCALE  # exact (power of two)
-        acc = acc * v_out_scale
+        accs = (accs[0] * v_out_scale,)  # static scales: one group
     if SPLIT:
         ws = (token * NUM_Q_HEADS + head) * num_splits + split
         tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
         tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
-        tl.store(ws_acc_ptr + ws[:, None] * HEAD_SIZE + offs_d[None, :], acc, mask=row_ok[:, None])
+        for g in tl.static_range(NG):
+            cols = g * G + offs_g
+            tl.store(ws_acc_ptr + ws[:, None] * HEAD_SIZE + cols[None, :], accs[g],
+                     mask=row_ok[:, None])  # fmt: skip
     else:
-        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows: no 0/0
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None],
-        )
+        l_safe = tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows: no 0/0
+        out_rows = out_ptr + token * stride_ot + head * stride_oh
+        for g in tl.static_range(NG):
+            cols = g * G + offs_g
+            tl.store(out_rows[:, None] + cols[None, :],
+                     (accs[g] / l_safe).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
 launch_attn = DirectLauncher(_attn_fwd)

@@ -67,6 +67,7 @@ def _quantize_store(
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_T: tl.constexpr,
+    NG: tl.constexpr,  # scale groups per (token, kv-head) (page_layout.py)
     DYNAMIC: tl.constexpr,
     E4M3: tl.constexpr,  # store E4M3FN codes instead of int8 integers (static scales only)
     KEY_MAJOR: tl.constexpr = False,  # V: element d of slot t at (h*D + d)*B + t (page_layout.py)
@@ -83,16 +84,32 @@ def _quantize_store(
         finite = tl.abs(x) < float("inf")  # False for NaN and +-Inf
         row_finite = tl.min(finite.to(tl.int32), axis=1) == 1
         x = tl.where(row_finite[:, None], x, 0.0)
-        absmax = tl.max(tl.abs(x), axis=1)
+        if NG == 1:
+            absmax = tl.max(tl.abs(x), axis=1)
+        else:
+            # one scale per G channels: a group's absmax over the [TILE_T, NG, G] view of the tile
+            G: tl.constexpr = HEAD_SIZE // NG
+            x = tl.reshape(x, [TILE_T, NG, G])
+            absmax = tl.max(tl.abs(x), axis=2)
         # IEEE division (tl.div_rn, not the approximate '/') so the scale matches torch bit for bit.
         scale = tl.div_rn(absmax, _QMAX)
         scale = tl.minimum(tl.maximum(scale, _SCALE_MIN), _SCALE_MAX).to(tl.float16)
-        stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
-        tl.store(cache16_ptr + page_off // 2 + scale_off // 2 + row, stored, mask=valid)
         # multiply by the reciprocal of the stored scale (dequant == q * stored scale): one IEEE
-        # division per row instead of one per element, the bulk of a decode step's write
+        # division per group instead of one per element, the bulk of a decode step's write
         inv = tl.div_rn(1.0, scale.to(tl.float32))
-        y = x * inv[:, None]
+        # scale of group g of (slot t, head h) at fp16 index (h*NG + g)*B + t (page_layout.py)
+        scale_row = (cache16_ptr + page_off // 2 + scale_off // 2 + head * NG * BLOCK_SIZE
+                     + slot_in_block)  # fmt: skip
+        if NG == 1:
+            stored = tl.where(row_finite, scale.to(tl.float32), float("nan")).to(tl.float16)
+            tl.store(scale_row, stored, mask=valid)
+            y = x * inv[:, None]
+        else:
+            flag = row_finite[:, None]
+            stored = tl.where(flag, scale.to(tl.float32), float("nan")).to(tl.float16)
+            offs_g = tl.arange(0, NG) * BLOCK_SIZE
+            tl.store(scale_row[:, None] + offs_g[None, :], stored, mask=valid[:, None])
+            y = tl.reshape(x * inv[:, :, None], [TILE_T, HEAD_SIZE])
     else:
         scale = tl.load(static_scale_ptr + head).to(tl.float32)
         if not E4M3:
@@ -137,6 +154,7 @@ def _write_kv_kernel(
     V_DATA: tl.constexpr,
     K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr,
+    NG: tl.constexpr,
     DYNAMIC: tl.constexpr,
     V_E4M3: tl.constexpr,
 ):
@@ -162,11 +180,11 @@ def _write_kv_kernel(
     page_off = (slot // BLOCK_SIZE) * stride_block
     _quantize_store(
         k, cache_ptr, cache16_ptr, page_off, off, valid, head, K_DATA, K_SCALE, k_scale_ptr,
-        HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, False,
+        HEAD_SIZE, BLOCK_SIZE, TILE_T, NG, DYNAMIC, False,
     )  # fmt: skip
     _quantize_store(
         v, cache_ptr, cache16_ptr, page_off, off, valid, head, V_DATA, V_SCALE, v_scale_ptr,
-        HEAD_SIZE, BLOCK_SIZE, TILE_T, DYNAMIC, V_E4M3, True,
+        HEAD_SIZE, BLOCK_SIZE, TILE_T, NG, DYNAMIC, V_E4M3, True,
     )  # fmt: skip
 
 

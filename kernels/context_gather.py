@@ -12,8 +12,8 @@ with ``ctx_i = (cu_k[i + 1] - cu_k[i]) - (cu_q[i + 1] - cu_q[i])``, read on the 
 sync, no per-sequence launch).
 
 Dequantization is the spec of ``reference.dequantize_cache`` followed by one rounding to the output
-dtype, bit for bit: int8 (or the exact E4M3 value) times the fp32 scale in fp32 -- for ``int8`` the
-fp16 scale, whose product with an int8 is exact in fp32 -- then round to nearest even. The bf16
+dtype, bit for bit: int8 (or the exact E4M3 value) times the fp32 scale in fp32 -- for ``int8`` its
+group's fp16 scale, whose product with an int8 is exact in fp32 -- then round to nearest even. The bf16
 rounding is done with integer ops, not a cast: the Triton interpreter truncates fp32 -> bf16 casts
 (GPUs round to nearest even), and one code path for both keeps the CPU tests meaningful.
 ``int4`` (pages plus a tail pool) is not handled here.
@@ -63,7 +63,7 @@ def _gather_kv_kernel(
     stride_ko_t, stride_ko_h, stride_vo_t, stride_vo_h, num_seqs,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
-    DYNAMIC: tl.constexpr, V_E4M3: tl.constexpr, OUT_BF16: tl.constexpr,
+    NG: tl.constexpr, DYNAMIC: tl.constexpr, V_E4M3: tl.constexpr, OUT_BF16: tl.constexpr,
 ):  # fmt: skip
     """Grid (row blocks of the longest key run, sequences, kv heads)."""
     pid_t = tl.program_id(0)
@@ -92,12 +92,23 @@ def _gather_kv_kernel(
         vf = e4m3_decode(vq)  # exact fp32 value, as e4m3_decode_ref
     else:
         vf = vq.to(tl.float32)
-    if DYNAMIC:
+    if DYNAMIC and NG == 1:
         sidx = page.to(tl.int64) * (stride_block // 2) + kvh * BLOCK_SIZE + t % BLOCK_SIZE
         k_sc = tl.load(cache16_ptr + K_SCALE // 2 + sidx, mask=is_ctx, other=0.0).to(tl.float32)
         v_sc = tl.load(cache16_ptr + V_SCALE // 2 + sidx, mask=is_ctx, other=0.0).to(tl.float32)
         k_deq = kq.to(tl.float32) * k_sc[:, None]
         v_deq = vf * v_sc[:, None]
+    elif DYNAMIC:
+        # each of a token's NG scales multiplies its group of G channels
+        G: tl.constexpr = HEAD_SIZE // NG
+        sidx = page.to(tl.int64) * (stride_block // 2) + kvh * NG * BLOCK_SIZE + t % BLOCK_SIZE
+        sidx = sidx[:, None] + tl.arange(0, NG)[None, :] * BLOCK_SIZE
+        k_sc = tl.load(cache16_ptr + K_SCALE // 2 + sidx, mask=m_ctx, other=0.0).to(tl.float32)
+        v_sc = tl.load(cache16_ptr + V_SCALE // 2 + sidx, mask=m_ctx, other=0.0).to(tl.float32)
+        k3 = tl.reshape(kq.to(tl.float32), [BLOCK_T, NG, G]) * k_sc[:, :, None]
+        v3 = tl.reshape(vf, [BLOCK_T, NG, G]) * v_sc[:, :, None]
+        k_deq = tl.reshape(k3, [BLOCK_T, HEAD_SIZE])
+        v_deq = tl.reshape(v3, [BLOCK_T, HEAD_SIZE])
     else:
         k_deq = kq.to(tl.float32) * tl.load(k_scale_ptr + kvh)
         v_deq = vf * tl.load(v_scale_ptr + kvh)

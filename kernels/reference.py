@@ -15,24 +15,28 @@ from .e4m3 import check_v_format, e4m3_decode_ref, e4m3_encode_ref
 from .page_layout import PageLayout
 
 
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic symmetric int8 over the last dim: returns (q int8, scale fp16 [...]).
+def quantize_int8(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric int8 over the last dim, one scale per ``group`` channels (None: the whole
+    dim): returns (q int8 [..., D], scale fp16 [..., D / group]) (``[...]`` without ``group``).
 
-    scale = clamp(absmax / 127, 2^-24, 65504) computed in fp32 and rounded to fp16; the data is
-    quantized against the *stored* fp16 scale so that q * scale is the dequantized value the
-    kernels see: q = round_half_even(clamp(x * (1 / scale), -127, 127)), with 1 / scale rounded
-    to fp32 once (one division per vector, not per element, in the write kernel).
-    A vector with any NaN or +-Inf element is flagged instead: scale NaN, q all 0 (so attention
-    over it is NaN, never plausible numbers); other vectors are unaffected.
+    scale = clamp(absmax / 127, 2^-24, 65504) over each group, computed in fp32 and rounded to
+    fp16; the data is quantized against the *stored* fp16 scale so that q * scale is the
+    dequantized value the kernels see: q = round_half_even(clamp(x * (1 / scale), -127, 127)),
+    with 1 / scale rounded to fp32 once (one division per group, not per element, in the write
+    kernel). A vector with any NaN or +-Inf element is flagged instead: every scale of it NaN, q
+    all 0 (so attention over it is NaN, never plausible numbers); other vectors are unaffected.
     """
     xf = x.float()
     finite = xf.isfinite().all(dim=-1)
     xf = torch.where(finite[..., None], xf, 0.0)
-    absmax = xf.abs().amax(dim=-1)
+    g = xf.shape[-1] if group is None else group
+    xg = xf.unflatten(-1, (-1, g))
+    absmax = xg.abs().amax(dim=-1)
     scale = (absmax / QMAX).clamp(SCALE_MIN, SCALE_MAX).to(torch.float16)
     inv = 1.0 / scale.float()
-    q = torch.round((xf * inv[..., None]).clamp(-QMAX, QMAX)).to(torch.int8)
-    return q, torch.where(finite, scale, torch.nan)
+    q = torch.round((xg * inv[..., None]).clamp(-QMAX, QMAX)).to(torch.int8).flatten(-2)
+    scale = torch.where(finite[..., None], scale, torch.nan)
+    return q, scale.squeeze(-1) if group is None else scale
 
 
 def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -52,8 +56,8 @@ def quantize_e4m3_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _views(kv_cache: torch.Tensor, layout: PageLayout):
-    """Named views [num_blocks, H, B, D] / [num_blocks, H, B] of the regions of every page (V's is
-    a transposed view: its bytes are key-major)."""
+    """Named views [num_blocks, H, B, D] / [num_blocks, H, B, NG] of the regions of every page (V's
+    is a transposed view: its bytes are key-major)."""
     nb = kv_cache.shape[0]
     h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
     k = kv_cache[:, layout.k_data : layout.v_data].view(nb, h, b, d)
@@ -61,8 +65,11 @@ def _views(kv_cache: torch.Tensor, layout: PageLayout):
     v = kv_cache[:, layout.v_data : layout.k_scale].view(nb, h, d, b).transpose(2, 3)
     if not layout.has_scales:
         return k, v, None, None
-    ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, b)
-    vs = kv_cache[:, layout.v_scale : layout.page_bytes].view(torch.float16).view(nb, h, b)
+    # stored [H][NG][B] (page_layout.py): viewed [H][B][NG]
+    ng = layout.num_groups
+    ks = kv_cache[:, layout.k_scale : layout.v_scale].view(torch.float16).view(nb, h, ng, b)
+    vs = kv_cache[:, layout.v_scale : layout.page_bytes].view(torch.float16).view(nb, h, ng, b)
+    ks, vs = ks.transpose(2, 3), vs.transpose(2, 3)
     return k, v, ks, vs
 
 
@@ -87,8 +94,8 @@ def write_kv_cache_ref(
     blk, off = slots // block_size, slots % block_size
     key, value = key[keep], value[keep]
     if layout.has_scales:
-        qk, sk = quantize_int8(key)
-        qv, sv = quantize_int8(value)
+        qk, sk = quantize_int8(key, layout.group_size)
+        qv, sv = quantize_int8(value, layout.group_size)
         ks[blk, :, off] = sk
         vs[blk, :, off] = sv
     else:
@@ -116,8 +123,9 @@ def dequantize_cache(
     v_e4m3 = check_v_format(kv_dtype, v_format)
     kd, vd, ks, vs = _views(kv_cache, layout)
     if layout.has_scales:
-        k = kd.float() * ks.float()[..., None]
-        v = vd.float() * vs.float()[..., None]
+        # each scale times its group's channels
+        k = kd.float() * ks.float().repeat_interleave(layout.group_size, dim=-1)
+        v = vd.float() * vs.float().repeat_interleave(layout.group_size, dim=-1)
     else:
         k = kd.float() * k_scale.float()[None, :, None, None]
         v = e4m3_decode_ref(vd) if v_e4m3 else vd.float()

@@ -110,9 +110,12 @@ def make_batch(
 
 
 def write_random_kv(b: Batch, seq_lens: list[int], kv_dtype: str, nkv: int, d: int, bs: int,
-                    device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    device: str, k_channel_scale: torch.Tensor | None = None,
+                    v_channel_scale: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Write unit-variance K/V of every position of ``b``'s sequences through the write kernel
-    (dynamic-scale dtypes); returns (cache, bf16 K slots, bf16 V slots) for an exact reference."""
+    (dynamic-scale dtypes), each channel times ``k_channel_scale`` / ``v_channel_scale`` [d] if
+    given; returns (cache, bf16 K slots, bf16 V slots) for an exact reference."""
     pages = get_page_bytes(kv_dtype, bs, nkv, d)
     cache = torch.zeros(b.num_blocks, pages, dtype=torch.int8, device=device)
     k_slots = torch.zeros(b.num_blocks, bs, nkv, d, dtype=torch.bfloat16, device=device)
@@ -122,6 +125,10 @@ def write_random_kv(b: Batch, seq_lens: list[int], kv_dtype: str, nkv: int, d: i
         slots = b.block_table[s, pos // bs].long() * bs + pos % bs
         key = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
         value = torch.randn(n, nkv, d, device=device, dtype=torch.bfloat16)
+        if k_channel_scale is not None:
+            key = (key.float() * k_channel_scale).to(torch.bfloat16)
+        if v_channel_scale is not None:
+            value = (value.float() * v_channel_scale).to(torch.bfloat16)
         write_kv_cache(key, value, cache, slots, kv_dtype=kv_dtype, block_size=bs)
         k_slots.view(-1, nkv, d)[slots] = key
         v_slots.view(-1, nkv, d)[slots] = value

@@ -18,7 +18,7 @@ from kvbatch import (
 )
 
 from int8kv_kernels import choose_num_splits, make_workspace
-from int8kv_kernels.reference import attention_ref
+from int8kv_kernels.reference import attention_ref, quantize_int8
 
 # (name, q_lens, seq_lens, nq, nkv, head_size, block_size, extra kwargs)
 CASES = [
@@ -36,7 +36,11 @@ CASES = [
     # head size 256 takes 32-key tiles on both paths (shared memory, see _choose_config)
     ("decode_d256_bs32", [1, 1], [70, 33], 4, 2, 256, 32, {}),
     ("mixed_d256", [9, 1], [40, 50], 2, 1, 256, 16, {}),
-]
+    # int8's scale groups (2 and 4 per head) under the window and the soft cap
+    ("sliding_window_d128_gqa", [1, 9, 1], [90, 60, 17], 8, 2, 128, 16, {"sliding_window": 24}),
+    ("soft_cap_window_d256", [1, 6], [80, 40], 4, 2, 256, 16,
+     {"soft_cap": 3.0, "sliding_window": 30}),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
@@ -52,7 +56,7 @@ def test_attention_matches_reference(case, kv_dtype, device):
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
-@pytest.mark.parametrize("case", CASES[:2] + CASES[5:8], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", CASES[:2] + CASES[5:8] + CASES[-2:], ids=lambda c: c[0])
 def test_chunked_decode_loop_matches_reference(case, kv_dtype, device, monkeypatch):
     # The split-K-inside-the-program loop (chunks > 1) is off by default: force it.
     force_chunked_decode(monkeypatch)
@@ -63,10 +67,10 @@ def test_chunked_decode_loop_matches_reference(case, kv_dtype, device, monkeypat
     assert_close_bf16(run_attention(b, cache, **args, **kw), reference(b, cache, **args, **kw))
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 8])
-def test_many_blocks_shuffled_table_and_splits(num_splits, device):
+@pytest.mark.parametrize("num_splits,d", [(1, 64), (2, 64), (8, 64), (8, 256)])
+def test_many_blocks_shuffled_table_and_splits(num_splits, d, device):
     # 600 tokens over 38 shuffled blocks; forced split counts must all give the same answer.
-    nq, nkv, d, bs = 8, 2, 64, 16
+    nq, nkv, bs = 8, 2, 16
     b = make_batch([1, 1], [600, 301], nq, d, bs, device)
     cache, _, _ = make_cache("int8", bs, nkv, d, b.num_blocks, device)
     args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
@@ -170,11 +174,52 @@ def _quant_error(q_lens, seq_lens, nq, nkv, d, bs, device):
 QUANT_ERROR_BOUND = 0.05
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_quantization_error_bound(d, device):
     err = _quant_error([1, 1, 8], [64, 200, 48], 8, 2, d, 16, device)
     print(f"int8 quantization max abs error (d={d}): {err:.4f}")
     assert err <= QUANT_ERROR_BOUND, err
+
+
+# (name, q_lens, seq_lens, num_splits or None, chunked decode loop)
+GROUP_PATHS = [
+    ("decode_split", [1, 1], [150, 90], 3, False),
+    ("decode_chunked", [1, 1], [150, 90], None, True),
+    ("prefill_with_context", [40, 1], [100, 70], None, False),
+]
+
+
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("path", GROUP_PATHS, ids=[p[0] for p in GROUP_PATHS])
+def test_scale_groups_bound_the_error_of_small_channels(path, d, device, monkeypatch):
+    """K and V whose first 64 channels are 50x / 20x the others, with queries zero there: with one
+    scale per head the small channels would take the large ones' step (an error of order 1 in the
+    scores), with a scale per 64 channels they keep their own. The error must be far below what
+    one scale per (token, kv-head) gives on the same data."""
+    _, q_lens, seq_lens, num_splits, chunked = path
+    if chunked:
+        force_chunked_decode(monkeypatch)
+    nq, nkv, bs = 4, 2, 16
+    b = make_batch(q_lens, seq_lens, nq, d, bs, device)
+    b.query[..., :64] = 0
+    big = torch.ones(d, device=device)
+    big[:64] = 50.0
+    v_big = torch.ones(d, device=device)
+    v_big[:64] = 20.0
+    cache, k_slots, v_slots = write_random_kv(b, seq_lens, "int8", nkv, d, bs, device,
+                                              k_channel_scale=big, v_channel_scale=v_big)  # fmt: skip
+    kw = {"num_splits": num_splits} if num_splits else {}
+    out = run_attention(b, cache, kv_dtype="int8", block_size=bs, nkv=nkv, **kw)
+    args = dict(query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+                block_table=b.block_table, softmax_scale=d**-0.5)  # fmt: skip
+    exact = attention_ref(b.query, k_slots, v_slots, **args)
+    qk, sk = quantize_int8(k_slots)
+    qv, sv = quantize_int8(v_slots)
+    k_head, v_head = qk.float() * sk.float()[..., None], qv.float() * sv.float()[..., None]
+    head_err = (attention_ref(b.query, k_head, v_head, **args) - exact)[..., 64:].abs().max()
+    err = (out.float() - exact)[..., 64:].abs().max()
+    print(f"d={d} {path[0]}: max error {err:.4f}, one scale per head {head_err:.4f}")
+    assert err < head_err / 8, (err, head_err)
 
 
 # ---- GPU: the same checks at real sizes ----------------------------------------------------------

@@ -43,7 +43,7 @@ def test_launch_shape_follows_the_batch_size():
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32)])
+@pytest.mark.parametrize("nkv,head_size,block_size", [(2, 64, 16), (3, 128, 32), (2, 256, 16)])
 def test_write_matches_reference_bitwise(
     kv_dtype, dtype, nkv, head_size, block_size, device, launch
 ):
@@ -59,6 +59,54 @@ def test_write_matches_reference_bitwise(
     slots = random_slots(n, nb, block_size, device, pad_every=5)
     cache, ref = _write_both(key, value, nb, block_size, slots, kv_dtype, device, ks, vs)
     assert torch.equal(cache, ref)
+
+
+# Channel groups of one vector 10^4 apart in magnitude (as Gemma 3's 256-channel heads have
+# channels far larger than the rest): each group's error must follow its own scale.
+_GROUP_MAGNITUDES = (100.0, 1.0, 0.01, 10.0)
+
+
+@pytest.mark.parametrize("head_size", [128, 256])
+def test_group_scales_follow_each_groups_magnitude(head_size, device, launch):
+    nkv, bs, n = 2, 16, 8
+    ng = head_size // 64
+    mags = torch.tensor(_GROUP_MAGNITUDES[:ng], device=device).repeat_interleave(64)
+    key = (torch.randn(n, nkv, head_size, device=device) * mags).to(torch.bfloat16)
+    value = (torch.randn(n, nkv, head_size, device=device) * mags.flip(0)).to(torch.bfloat16)
+    slots = torch.arange(n, device=device)
+    cache, ref = _write_both(key, value, 1, bs, slots, "int8", device)
+    assert torch.equal(cache, ref)
+    lay = PageLayout("int8", bs, nkv, head_size)
+    scales = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, ng, bs)[:, :, :n]
+    want = key.float().unflatten(-1, (ng, 64)).abs().amax(-1).transpose(0, 1) / 127
+    torch.testing.assert_close(scales.transpose(1, 2).float(), want, rtol=2**-10, atol=0)
+    k, v = dequantize_cache(cache, kv_dtype="int8", block_size=bs, num_kv_heads=nkv,
+                            head_size=head_size)  # fmt: skip
+    for got, x in ((k[0, :n], key), (v[0, :n], value)):
+        xg = x.float().unflatten(-1, (ng, 64))
+        err = (got.unflatten(-1, (ng, 64)) - xg).abs().amax(-1)  # [n, nkv, ng]
+        group_step = xg.abs().amax(-1) / 127
+        head_step = x.float().abs().amax(-1, keepdim=True) / 127
+        assert (err <= group_step / 2 * (1 + 1e-2)).all()
+        # the smallest group's error is orders of magnitude below what one scale per head gives
+        small = xg.abs().amax(-1).argmin(-1, keepdim=True)
+        assert (err.gather(-1, small) < head_step / 100).all()
+
+
+def test_non_finite_element_flags_every_group_of_its_vector(device):
+    nkv, d, bs = 2, 256, 16
+    key = torch.randn(3, nkv, d, device=device).to(torch.bfloat16)
+    value = torch.randn(3, nkv, d, device=device).to(torch.bfloat16)
+    key[1, 0, 200] = float("nan")
+    value[2, 1, 3] = float("inf")
+    cache, ref = _write_both(key, value, 1, bs, torch.arange(3, device=device), "int8", device)
+    assert torch.equal(cache, ref)
+    lay = PageLayout("int8", bs, nkv, d)
+    ks = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, 4, bs).transpose(1, 2)
+    vs = cache[0, lay.v_scale : lay.page_bytes].view(torch.float16).view(nkv, 4, bs).transpose(1, 2)
+    assert ks[0, 1].isnan().all() and vs[1, 2].isnan().all()
+    assert not ks[1, 1].isnan().any() and not vs[0, 2].isnan().any()
+    assert not ks[:, [0, 2]].isnan().any() and not vs[:, :2].isnan().any()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -161,6 +209,12 @@ def test_reference_quantizer_properties():
     q, s = quantize_int8(x)
     err = (q.float() * s.float()[:, None] - x).abs()
     assert (err <= s.float()[:, None] / 2 * (1 + 1e-3)).all()
+    # per group: the same quantizer on each 64-channel slice
+    qg, sg = quantize_int8(x, 64)
+    assert sg.shape == (64, 2)
+    for g in range(2):
+        qs, ss = quantize_int8(x[:, g * 64 : (g + 1) * 64])
+        assert torch.equal(qg[:, g * 64 : (g + 1) * 64], qs) and torch.equal(sg[:, g], ss)
 
 
 @settings(max_examples=12, deadline=None)

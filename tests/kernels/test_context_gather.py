@@ -14,6 +14,7 @@ from int8kv_kernels.reference import gather_kv_context_ref
 CASES = [
     ("int8", "int8", 2, 64, 16, torch.bfloat16),
     ("int8", "int8", 1, 128, 32, torch.float16),
+    ("int8", "int8", 2, 256, 16, torch.bfloat16),  # four scale groups per vector
     ("int8_static", "int8", 2, 128, 16, torch.bfloat16),
     ("int8_static", "e4m3", 3, 64, 32, torch.float16),
     ("int8_static", "e4m3", 2, 64, 16, torch.bfloat16),

@@ -15,8 +15,11 @@ def test_layout_matches_catalogue_and_aligns(name, block_size, nkv, head_size):
     data = nkv * block_size * head_size
     assert (lay.k_data, lay.v_data, lay.k_scale) == (0, data, 2 * data)
     if name == "int8":
-        assert lay.v_scale == lay.k_scale + 2 * nkv * block_size
-        assert lay.page_bytes == lay.v_scale + 2 * nkv * block_size
+        # one fp16 scale per 64 channels of a (token, kv-head): 1, 2 or 4
+        groups = max(head_size // 64, 1)
+        assert lay.num_groups == groups
+        assert lay.v_scale == lay.k_scale + 2 * nkv * block_size * groups
+        assert lay.page_bytes == lay.v_scale + 2 * nkv * block_size * groups
     else:
         assert lay.page_bytes == 2 * data
     # Every data row starts 16-byte aligned, also in the next page; fp16 scales 2-byte aligned.
@@ -30,3 +33,14 @@ def test_layout_rejects_unknown_dtype_and_bad_head_size():
         PageLayout("int4", 16, 8, 128)
     with pytest.raises(ValueError):
         PageLayout("int8", 16, 8, 72)
+    # past 64 channels int8's scale groups must tile the head; int8_static has none
+    with pytest.raises(ValueError, match="scale groups"):
+        PageLayout("int8", 16, 8, 96)
+    assert PageLayout("int8_static", 16, 8, 96).num_groups == 0
+
+
+@pytest.mark.parametrize("head_size,groups", [(32, 1), (64, 1), (128, 2), (256, 4)])
+def test_int8_bytes_per_token_head_count_group_scales(head_size, groups):
+    # K and V data, plus one fp16 scale per 64-channel group for each
+    assert get_dtype("int8").bytes_per_token_head(head_size) == 2 * head_size + 4 * groups
+    assert get_dtype("int8_static").bytes_per_token_head(head_size) == 2 * head_size
