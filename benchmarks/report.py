@@ -11,6 +11,7 @@ verbatim in README.md, docs/results.md or docs/measurement-history.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -467,17 +468,24 @@ KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
 
 
 def dtype_choice_table(
-    accuracy_paths: tuple[Path, ...] = (
-        RESULTS / "accuracy.json",
-        RESULTS / "accuracy_gemma3.json",
+    accuracy_paths: tuple[Path | tuple[Path, ...], ...] = (
+        (RESULTS / "accuracy_chunk16.json", RESULTS / "accuracy.json"),
+        (RESULTS / "accuracy_gemma3_chunk16.json", RESULTS / "accuracy_gemma3.json"),
     ),
     kernels_path: Path = RESULTS / "kernels.json",
     int4_kernels_path: Path = RESULTS / "kernels_int4.json",
 ) -> str:
-    """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model (one
-    accuracy file each, cells in the files' order), decode speed vs FA2 (``int4``'s from its own
-    run, ``int4_kernels_path``, where kernels.json has none)."""
-    accs = [_load(p) for p in accuracy_paths if p.exists()]
+    """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model, decode
+    speed vs FA2 (``int4``'s from its own run, ``int4_kernels_path``, where kernels.json has
+    none). Each model is one accuracy file or several of one model, the first holding a dtype's
+    row giving its cells (the 16-token-chunk run before the 512-token one: the first is what a
+    decoded token reads)."""
+    models = [
+        [p for p in ((group,) if isinstance(group, Path) else group) if p.exists()]
+        for group in accuracy_paths
+    ]
+    models = [paths for paths in models if paths]
+    accs = [[_load(p) for p in paths] for paths in models]
     kernels = _load(kernels_path)
     int4_kernels = _load(int4_kernels_path) if int4_kernels_path.exists() else None
     decode_points = _decode_over_fa2(kernels["rows"], "int8")
@@ -487,21 +495,29 @@ def dtype_choice_table(
         "| greedy agreement with BF16 | decode attention vs FlashAttention-2 |",
         "|---|---|---|---|---|---|",
     ]
+
+    def current(acc: dict, dtype: str, prefill: str | None = None) -> dict | None:
+        """A row of the format the dtype stores today (rows of an older format are kept for
+        the record, marked with ``format``), read through the pages when ``prefill`` says."""
+        return next(
+            (r for r in acc["rows"] if r["kv_cache_dtype"] == dtype and "format" not in r
+             and (prefill is None or r["prefill"] == prefill)
+             and (prefill != "pages" or r["label"] == dtype)),
+            None,
+        )  # fmt: skip
+
     for dtype, what in CHOICES:
         capacity, dppl, greedy = [], [], []
-        for acc in accs:
-            by_label = _rows_by_label(acc)
-            ref = by_label["auto"]
-            head_size = MODEL_HEAD_SIZE.get(acc["model"])
+        for docs in accs:
+            model = docs[0]["model"]
+            head_size = MODEL_HEAD_SIZE.get(model)
             # the headline row of a cache: its label is its dtype, and it read the pages
-            row = by_label.get(dtype) if by_label.get(dtype, {}).get("prefill") == "pages" else None
-            # rows of a format the dtype no longer stores are kept for the record, not shown here
-            served = next(
-                (r for r in acc["rows"] if r["kv_cache_dtype"] == dtype and "format" not in r),
-                None,
-            )
+            row = next((r for acc in docs if (r := current(acc, dtype, "pages"))), None)
+            served = row or next((r for acc in docs if (r := current(acc, dtype))), None)
+            ref = next(acc for acc in docs if served is None or served in acc["rows"])
+            ref_row = _rows_by_label(ref)["auto"]
             if served and served.get("kv_cache_tokens"):
-                capacity.append(f"{served['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x")
+                capacity.append(f"{served['kv_cache_tokens'] / ref_row['kv_cache_tokens']:.2f}x")
             elif dtype in CATALOGUE and head_size:
                 capacity.append(f"{CATALOGUE[dtype].capacity_vs_bf16(head_size):.2f}x (catalogue)")
             else:
@@ -515,11 +531,10 @@ def dtype_choice_table(
             else:
                 dppl.append("not measured")
                 greedy.append("not measured")
-                other = next((r for r in acc["rows"] if r["kv_cache_dtype"] == dtype
-                              and r["prefill"] == "bf16" and "format" not in r), None)  # fmt: skip
+                other = next((r for acc in docs if (r := current(acc, dtype, "bf16"))), None)
                 if other:
                     notes.append(
-                        f"`{dtype}` through the pages is not measured yet on {acc['model']}; with "
+                        f"`{dtype}` through the pages is not measured yet on {model}; with "
                         f"the default prefill (`{other['label']}`): ΔPPL "
                         f"{_pm(other['dppl_pct'], other.get('dppl_se_pct'), '.3f%', '+')}, greedy "
                         f"agreement {_pm(other['greedy_agree'], other.get('greedy_agree_se'), '.3f')}."
@@ -540,14 +555,20 @@ def dtype_choice_table(
             speed = "not measured"
         cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]
         lines.append(f"| `{dtype}` | {what} | {' | '.join(cells)} | {speed} |")
-    models = " / ".join(
-        f"{a['model']} (head size {MODEL_HEAD_SIZE.get(a['model'], '?')}, [`{p.name}`]"
-        f"(benchmarks/results/{p.name}), {_provenance(a)})"
-        for a, p in zip(accs, [p for p in accuracy_paths if p.exists()], strict=True)
+
+    def files(paths: list[Path], docs: list[dict]) -> str:
+        named = [f"[`{p.name}`](benchmarks/results/{p.name}), {_provenance(a)}"
+                 for p, a in zip(paths, docs, strict=True)]  # fmt: skip
+        return named[0] + "".join(f"; where it has no row of a dtype, {n}" for n in named[1:])
+
+    described = " / ".join(
+        f"{docs[0]['model']} (head size {MODEL_HEAD_SIZE.get(docs[0]['model'], '?')}, "
+        f"{files(paths, docs)})"
+        for paths, docs in zip(models, accs, strict=True)
     )
     caption = (
-        f"Accuracy and KV tokens, as model / model: {models}, each on "
-        f"`{Path(accs[0]['corpus']).name}`, {accs[0]['gpu']}, ± one standard error. "
+        f"Accuracy and KV tokens, as model / model: {described}, each on "
+        f"`{Path(accs[0][0]['corpus']).name}`, {accs[0][0]['gpu']}, ± one standard error. "
         f"Decode: median (range) over the {len(decode_points)} full-attention decode points of "
         f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) ({_extent(kernels)}), "
         f"{kernels['gpu']} ({_provenance(kernels)})."
@@ -559,7 +580,10 @@ def headline(
     accuracy_path: Path = RESULTS / "accuracy.json",
     kernels_path: Path = RESULTS / "kernels.json",
     throughput_path: Path = RESULTS / "throughput.json",
-    second_model_path: Path = RESULTS / "accuracy_gemma3.json",
+    second_model_paths: tuple[Path, ...] = (
+        RESULTS / "accuracy_gemma3_chunk16.json",
+        RESULTS / "accuracy_gemma3.json",
+    ),
     serving_path: Path = RESULTS / "serving.json",
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
@@ -594,7 +618,8 @@ def headline(
         f"- **The cache is as accurate as upstream's:** read back from the pages, perplexity "
         f"moves {pct(ours)} from BF16's, against {pct(upstream)} for vLLM's "
         f"`int8_per_token_head` ({model}, {acc['tokens']} tokens, {gpu}).",
-        *([_second_model_line(_load(second_model_path))] if second_model_path.exists() else []),
+        *([_second_model_line([_load(p) for p in second])] if (second := [
+            p for p in second_model_paths if p.exists()]) else []),  # fmt: skip
         "- **Prompts are processed in BF16:** by default a prompt chunk attends over its own "
         "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
         f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
@@ -609,25 +634,32 @@ def headline(
     ])  # fmt: skip
 
 
-def _second_model_line(acc: dict) -> str:
-    """The headline's line for a second model: the cache against upstream's, and the BF16 engine
-    against Hugging Face transformers on the same token windows (the ground truth)."""
+def _second_model_line(docs: list[dict]) -> str:
+    """The headline's line for a second model: the cache against upstream's from the first of
+    ``docs`` (runs of one model), and the BF16 engine against Hugging Face transformers on the
+    same token windows (the ground truth), from a run whose BF16 reference scored the same."""
+    acc = docs[0]
     rows = _rows_by_label(acc)
     ours, upstream, ref = rows["int8"], rows["int8_per_token_head"], rows["auto"]
 
     def pct(row: dict) -> str:
         return _pm(row["dppl_pct"], row.get("dppl_se_pct"), ".3f%", "+")
 
-    truth = acc.get("transformers_ppl")
+    truth = next(
+        (d["transformers_ppl"] for d in docs if d.get("transformers_ppl")
+         and _rows_by_label(d)["auto"]["ppl"] == ref["ppl"] and d["tokens"] == acc["tokens"]),
+        None,
+    )  # fmt: skip
     versus = (
         f"; vLLM's BF16 perplexity is within {abs(ref['ppl'] / truth - 1):.3%} of transformers'"
         if truth else ""
     )  # fmt: skip
     return (
         f"- **Head size 256, one KV head, sliding windows** ({acc['model']}, "
-        f"{MODEL_HEAD_SIZE.get(acc['model'], '?')}-wide heads): through the cache {pct(ours)} "
-        f"against upstream's {pct(upstream)}, at {ours['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x "
-        f"the tokens{versus} ({acc['tokens']} tokens, {acc['gpu']})."
+        f"{MODEL_HEAD_SIZE.get(acc['model'], '?')}-wide heads, a scale per 64 channels): through "
+        f"the cache {pct(ours)} against upstream's {pct(upstream)}, at "
+        f"{ours['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x the tokens{versus} "
+        f"({acc['tokens']} tokens, {acc['gpu']})."
     )
 
 
@@ -1094,6 +1126,7 @@ TABLES = {
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
+    "int4_decode_one_page_steps": lambda: int4_decode_table(RESULTS / "kernels_int4_3411932.json"),
     "throughput_1k_repeats": repeat_runs_table,
     "throughput_1k_repeats_pooled": lambda: throughput_table(
         RESULTS / "throughput_1k_repeats.json"
@@ -1110,8 +1143,9 @@ TABLES = {
         RESULTS / "throughput_1k_direct.json"
     ),
 }
-if (RESULTS / "accuracy_gemma3.json").exists():
-    TABLES["accuracy_gemma3"] = lambda: accuracy_table(RESULTS / "accuracy_gemma3.json")
+for _name in ("accuracy_gemma3", "accuracy_chunk16", "accuracy_gemma3_chunk16"):
+    if (RESULTS / f"{_name}.json").exists():
+        TABLES[_name] = functools.partial(accuracy_table, RESULTS / f"{_name}.json")
 
 
 def main(argv: list[str]) -> int:
