@@ -154,7 +154,9 @@ def dtypes_table(head_size: int) -> str:
     ]
     for entry in catalogue.CATALOGUE.values():
         scales = entry.scale_kind.replace("_", " ")
-        if entry.group_size is not None:
+        # a dtype that groups only larger heads shows no group at a head size it keeps whole
+        grouped = entry.grouped_above is None or head_size > entry.grouped_above
+        if entry.group_size is not None and grouped:
             scales += f" ({entry.group_size} elements)"
         if entry.has_zero_point:
             scales += ", with zero point"

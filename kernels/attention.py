@@ -15,7 +15,7 @@ into two int8 halves per row (``_split_q_i8``, a 16-bit grid) and dotted with th
 as they are; the row's unit and the softmax scale multiply the score rows, the per-token K scale
 the score columns. PV is an fp16 ``tl.dot``: V's int8 is pasted into fp16 in registers and the
 per-token V scale multiplies the P column first. ``int8``'s scales cover 64 channels each
-(page_layout.py): above head size 64 both products run one dot per group (the groups' QK dots
+above head size 128 (page_layout.py): there both products run one dot per group (the groups' QK dots
 summed after their column scaling, the PV dots into their own slices of the output), the same
 tensor-core work as one dot over the head. Static per-head scales fold into the softmax
 scale / the output once. Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is

@@ -63,6 +63,9 @@ class KVCacheDtype:
     description: str
     # Elements sharing one (scale, zero) pair for per-group formats; None: one group per head.
     group_size: int | None = None
+    # Head sizes up to this one keep one group per head (``group_for``); None: ``group_size``
+    # applies at every head size.
+    grouped_above: int | None = None
     # True when a zero point is stored next to each scale (asymmetric quantization).
     has_zero_point: bool = False
     # Head sizes the kernels support for this dtype.
@@ -92,8 +95,13 @@ class KVCacheDtype:
         return bits // 8
 
     def group_for(self, head_size: int) -> int:
-        """Channels sharing one (scale, zero) pair of a token's V (or K and V for per_group)."""
-        return head_size if self.group_size is None else min(self.group_size, head_size)
+        """Channels sharing one (scale, zero) pair of a token's V (or K and V for per_group and
+        int8's per_token_head): the whole head without ``group_size`` or up to ``grouped_above``."""
+        if self.group_size is None or (
+            self.grouped_above is not None and head_size <= self.grouped_above
+        ):
+            return head_size
+        return min(self.group_size, head_size)
 
     def scale_bytes(self, head_size: int) -> int:
         """Bytes of per-token scale metadata for one (token, kv-head), V alone (K too, but for
@@ -137,12 +145,16 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             name="int8",
             bits=8,
             scale_kind="per_token_head",
-            # 64 channels per scale: on Gemma 3 (head size 256) one scale per head cost +0.46%
-            # perplexity, one per 64 channels +0.14% at 1.94x BF16's capacity
-            # (benchmarks/results/kv_quant_sim_int8_groups_gemma3.json); head sizes <= 64 keep one
+            # 64 channels per scale above head size 128: on Gemma 3 (head size 256) one scale per
+            # head cost +0.46% perplexity, one per 64 channels +0.14% at 1.94x BF16's capacity
+            # (benchmarks/results/kv_quant_sim_int8_groups_gemma3.json), and the grouped kernel
+            # measured faster there too. At head size 128 the grouped decode kernel measured
+            # slower than one scale per head, with no accuracy gain measured (benchmarks/results),
+            # so head sizes <= 128 keep one scale per (token, kv-head) and its kernels.
             group_size=64,
-            description="INT8, symmetric, dynamic fp16 scale per (token, kv-head, 64 channels); "
-            "calibration-free",
+            grouped_above=128,
+            description="INT8, symmetric, dynamic fp16 scale per (token, kv-head), per 64 channels "
+            "above head size 128; calibration-free",
             context_gather=True,
         ),
         KVCacheDtype(

@@ -6,7 +6,8 @@ pages). Inside a page the layout is "HND": for each kv-head, the ``block_size`` 
 head are one contiguous chunk, so a kernel tile of one kv-head is a handful of contiguous chunks.
 
 ``int8`` (dynamic fp16 scales per (token, kv-head, group of G channels)), H = num_kv_heads,
-B = block_size, D = head_size, G = min(D, 64), NG = D / G (1 at D <= 64, 2 at 128, 4 at 256)::
+B = block_size, D = head_size, G = 64 above D = 128 and D otherwise (the catalogue's ``group_for``),
+NG = D / G (1 at D <= 128, 4 at 256)::
 
     byte 0                                                                      page_bytes
     | K data            | V data            | K scales           | V scales           |
@@ -42,10 +43,12 @@ Why this shape:
   the bytes of consecutive slots share 32-byte sectors (cache_write.py);
 * scales sit in their own region after the data, read by the kernels through an fp16 view of the
   same storage (byte offsets / 2), so they cost one small coalesced load per tile;
-* a scale per 64 channels, not per head: at D = 256 one scale gives the small channels of a
-  vector the step its largest one sets (+0.46% perplexity on Gemma 3 against +0.14% per 64
-  channels, docs/results.md). The kernels keep K and V bytes untouched: attention runs one dot per
-  group and scales its score columns (K) or P columns (V) by that group's scales.
+* a scale per 64 channels, not per head, above D = 128: at D = 256 one scale gives the small
+  channels of a vector the step its largest one sets (+0.46% perplexity on Gemma 3 against +0.14%
+  per 64 channels, docs/results.md). The kernels keep K and V bytes untouched: attention runs one
+  dot per group and scales its score columns (K) or P columns (V) by that group's scales. At
+  D = 128 that grouped kernel measured slower than one scale per head and no accuracy gain was
+  measured, so D <= 128 keeps NG = 1 and the kernels' NG = 1 specialisation.
 
 ``int4`` (``Int4PageLayout``): 4-bit codes, asymmetric fp16 (scale, zero). B = 64 tokens (the
 catalogue's ``page_tokens``), G = min(D, 128) channels per V group, NG = D / G (1 or 2)::

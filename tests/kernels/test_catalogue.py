@@ -42,3 +42,14 @@ def test_e4m3_v_is_for_the_static_dtype_only(kv_dtype: str) -> None:
     assert check_v_format(kv_dtype, "int8") is False
     with pytest.raises(ValueError, match="v_format must be one of"):
         check_v_format("int8_static", "fp4")
+
+
+def test_int8_groups_only_heads_above_128() -> None:
+    # one scale per (token, kv-head) up to head size 128, one per 64 channels above; int4's V
+    # groups apply at every head size
+    int8 = catalogue.CATALOGUE["int8"]
+    assert [int8.group_for(d) for d in (32, 64, 96, 128, 192, 256)] == [32, 64, 96, 128, 64, 64]
+    int4 = catalogue.CATALOGUE["int4"]
+    assert [int4.group_for(d) for d in (64, 128, 256)] == [64, 128, 128]
+    static = catalogue.CATALOGUE["int8_static"]
+    assert static.group_for(256) == 256
