@@ -146,11 +146,12 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             bits=8,
             scale_kind="per_token_head",
             # 64 channels per scale above head size 128: on Gemma 3 (head size 256) one scale per
-            # head cost +0.46% perplexity, one per 64 channels +0.14% at 1.94x BF16's capacity
-            # (benchmarks/results/kv_quant_sim_int8_groups_gemma3.json), and the grouped kernel
-            # measured faster there too. At head size 128 the grouped decode kernel measured
-            # slower than one scale per head, with no accuracy gain measured (benchmarks/results),
-            # so head sizes <= 128 keep one scale per (token, kv-head) and its kernels.
+            # head cost +0.51% perplexity through the cache, one per 64 channels +0.14% at 1.94x
+            # BF16's capacity (benchmarks/results/accuracy_gemma3*.json), and the grouped decode
+            # kernel measured faster there too. At head size 128 it measured slower than one scale
+            # per head (the int8_g64 rows of benchmarks/results/kernels_int4.json against
+            # kernels.json), with no accuracy gain measured, so head sizes <= 128 keep one scale
+            # per (token, kv-head) and its kernels.
             group_size=64,
             grouped_above=128,
             description="INT8, symmetric, dynamic fp16 scale per (token, kv-head), per 64 channels "

@@ -325,3 +325,36 @@ def test_paired_runs_table_lists_each_turn_pair(tmp_path) -> None:
     assert table[10] == (
         "| all calls | 1024 | median of 4 | A = `auto_fa2`, B = `int8` | | | **1.10x** |"
     )
+
+
+def test_dtype_choice_takes_a_dtypes_cells_from_the_first_file_of_its_model_that_has_it(
+    tmp_path,
+) -> None:
+    def acc(name: str, rows: list[dict]) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"model": "gemma-3-270m", "corpus": "c.txt", "tokens": 5,
+                                    "gpu": "G", "command": name, "date": "d",
+                                    "git_commit": "a" * 40, "rows": rows}))  # fmt: skip
+        return path
+
+    decoded = acc("chunk16.json", [
+        _accuracy_row("auto", "auto", "pages", 0.0, 1000),
+        _accuracy_row("int8", "int8", "pages", 0.14, 1940),
+    ])  # fmt: skip
+    prompts = acc("chunk512.json", [
+        _accuracy_row("auto", "auto", "pages", 0.0, 1000),
+        # the dtype's older format, kept for the record: never a cell
+        _accuracy_row("int8_scale_per_head", "int8", "pages", 0.51, 1980) | {"format": "old"},
+        _accuracy_row("int8_static", "int8_static", "pages", 1.8, 2000),
+    ])  # fmt: skip
+    kernels = tmp_path / "kernels.json"
+    kernels.write_text(json.dumps({"gpu": "G", "command": "x", "peak_bw_gbs": 1.0, "rows": [
+        row("decode", "bf16_fa2", 8, 8192, 2.0), row("decode", "int8", 8, 8192, 1.0)]}))  # fmt: skip
+    table = _report().dtype_choice_table(((decoded, prompts),), kernels, tmp_path / "none.json")
+    cells = {line.split(" | ")[0][3:-1]: line.split(" | ")[2:5] for line in table.splitlines()
+             if line.startswith("| `")}  # fmt: skip
+    assert cells["int8"] == ["1.94x", "+0.140% ± 0.010", "0.500 ± 0.020"]
+    assert cells["int8_static"] == ["2.00x", "+1.800% ± 0.010", "0.500 ± 0.020"]
+    assert (
+        "[`chunk16.json`]" in table and "where it has no row of a dtype, [`chunk512.json`]" in table
+    )
