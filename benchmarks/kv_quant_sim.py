@@ -40,6 +40,16 @@ every query. The tail (at most 64 BF16 tokens per sequence and kv-head) and the 
 fixed count per sequence and are not counted in the bytes; ``int4_no_tail_v_g<G>`` is the same
 format with every token read back quantized.
 
+Tail rows with ``_varnorm`` normalize each K page tile (64 tokens x D channels of one kv-head)
+before its 4-bit quantization, Sinkhorn-style as KVarN does: ``VARNORM_ITERS`` times, divide every
+token (row) by its root-mean-square over the channels, then every channel (column) by its
+root-mean-square over the tokens. The normalized tile is quantized per channel as in the plain
+row; the per-channel factors fold into the channel's fp16 (scale, zero) (stored folded, so they
+cost nothing), the per-token factors cannot and are one more fp16 per (token, kv-head): 2 bytes,
+counted in the bytes column. A token that is large in every channel (as attention sinks' keys are)
+no longer sets every channel's range in its page. V is unchanged: its groups are per token, so a
+per-token factor is already absorbed by its scale.
+
 Every window starts with the model's BOS when its tokenizer adds one (Gemma 3: ``<bos>``; without
 it a chunk cut from the corpus scores about twice the perplexity), as in ``benchmarks/accuracy.py``;
 SmolLM2's tokenizer adds none. Sliding-window layers (Gemma 3) get their sliding mask: the
@@ -52,8 +62,12 @@ attention function is registered with transformers' SDPA mask builder under its 
 Writes ``--out`` (default ``benchmarks/results/kv_quant_sim.json``) through ``common.write_json``:
 ``{"gpu", "model", "corpus", "tokens", "window", "bos", "device", "command", "seconds", "rows":
 [{"variant", "ppl", "delta_pct", "delta_se_pct", "kv_bytes_per_token_head",
-"capacity_vs_bf16"}]}`` plus its date and commit (K + V bytes; ΔPPL vs the first variant, the
-unquantized ``bf16``; its standard error from the per-window differences).
+"capacity_vs_bf16", "top1_agreement", "kl_mean"}]}`` plus its date and commit (K + V bytes;
+ΔPPL vs the first variant, the unquantized ``bf16``; its standard error from the per-window
+differences). ``top1_agreement`` and ``kl_mean`` compare every scored position's next-token
+distribution with ``bf16``'s on the same window: the fraction whose argmax is the same, and the
+mean KL(P_bf16 || Q) in nats over the full vocabulary (greedy decoding diverges at the first
+position whose argmax differs, so top-1 agreement is the simulator's proxy for greedy agreement).
 """
 
 from __future__ import annotations
@@ -72,6 +86,8 @@ from int8kv_kernels.reference import quantize_int8
 from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 
 SINK_TOKENS = 4
+# Sinkhorn rounds of the K tile normalization: rows' and columns' RMS are near 1 after a few
+VARNORM_ITERS = 4
 # the rebuilt int4's page: the catalogue's page_tokens, and the BF16 tail's length
 TAIL_PAGE = 64
 
@@ -106,6 +122,7 @@ class Variant:
     sink_bits: int = 16  # the sinks' storage: 16 (BF16, unquantized) or 8 (per-token int8)
     tail: bool = False  # the query's own, unfinished page of TAIL_PAGE tokens read unquantized
     group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
+    k_varnorm: bool = False  # K page tiles normalized per token and channel (see above)
 
     def for_k(self) -> Variant:
         """The variant K is stored with."""
@@ -120,7 +137,7 @@ class Variant:
     def bytes_per_token_head(self, d: int) -> float:
         """Bytes of one (token, kv-head) K + V pair in the page (scales included)."""
         if self.k_mode == "channel":  # nibbles + fp16 (scale, zero) per channel per page of tokens
-            k = d / 2 + 4.0 * d / self.k_page
+            k = d / 2 + 4.0 * d / self.k_page + (2.0 if self.k_varnorm else 0.0)
         else:
             k = _bytes(self.for_k().bits, self.group, d, self.group8)
         return k + _bytes(self.bits, self.group, d, self.group8)
@@ -138,12 +155,16 @@ def _bytes(bits: int, group: int, d: int, group8: int = 0) -> float:
     return d / 2 + 4.0 * (d // _group(group, d))  # nibbles + fp16 (scale, zero) per group
 
 
-def _tail_variant(group: int, sinks: int = 0, sink_bits: int = 16) -> Variant:
+def _tail_variant(
+    group: int, sinks: int = 0, sink_bits: int = 16, k_varnorm: bool = False
+) -> Variant:
     """The rebuilt int4: K per (64-token page, channel), V per (token, ``group``), no rotation,
-    BF16 tail; ``sinks`` first tokens kept in ``sink_bits``."""
+    BF16 tail; ``sinks`` first tokens kept in ``sink_bits``; ``k_varnorm``: K tiles normalized."""
     name = f"int4_tail_v_g{group or 'D'}"
     if sinks:
         name += f"_sinks{sinks}" + ("" if sink_bits == 16 else f"_int{sink_bits}")
+    if k_varnorm:
+        name += "_varnorm"
     return Variant(
         name,
         4,
@@ -154,6 +175,7 @@ def _tail_variant(group: int, sinks: int = 0, sink_bits: int = 16) -> Variant:
         sinks=sinks,
         sink_bits=sink_bits,
         tail=True,
+        k_varnorm=k_varnorm,
     )
 
 
@@ -194,6 +216,7 @@ VARIANTS = [
     *(replace(_tail_variant(g), name=f"int4_no_tail_v_g{g or 'D'}", tail=False) for g in (128, 0)),
     *(_tail_variant(g) for g in TAIL_GROUPS),
     *(_tail_variant(g, TAIL_PAGE, bits) for g in TAIL_GROUPS for bits in (16, 8)),
+    *(_tail_variant(g, k_varnorm=True) for g in TAIL_GROUPS),
 ]
 CLIP = 0.85
 
@@ -221,7 +244,7 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
         if k_mode == "sym":
             r = _symmetric_int4(r, group // 2)
         elif k_mode == "channel":
-            r = _per_channel_int4(r, v.k_page)
+            r = _per_channel_int4(r, v.k_page, v.k_varnorm)
         else:
             if k_mode == "clip":
                 r = _clip_groups(r, group)
@@ -293,12 +316,49 @@ def _clip_groups(r: torch.Tensor, group: int) -> torch.Tensor:
     return torch.minimum(torch.maximum(g, mid - half), mid + half).flatten(-2)
 
 
-def _per_channel_int4(r: torch.Tensor, page: int) -> torch.Tensor:
+def varnorm_factors(tile: torch.Tensor, iters: int = VARNORM_ITERS):
+    """Sinkhorn-style factors of tiles [..., tokens, D]: (row [..., tokens, 1], col [..., 1, D]),
+    fp16 values (as they would be stored) such that ``tile / (row * col)`` has rows and columns
+    of root-mean-square near 1. Each round divides the rows by their RMS over the channels, then
+    the columns by theirs over the tokens: Sinkhorn-Knopp on the squared tile, which converges
+    (the std about the mean does not settle on both axes when the channels have offsets, as K's
+    do). An all-zero row or column keeps its factor; factors stay within fp16's normal range, so
+    none rounds to zero when stored."""
+
+    def rms(y: torch.Tensor, dim: int) -> torch.Tensor:
+        s = y.pow(2).mean(dim=dim, keepdim=True).sqrt()
+        return torch.where(s > 0, s, 1.0)
+
+    x = tile.float()
+    row = torch.ones_like(x[..., :1])
+    col = torch.ones_like(x[..., :1, :])
+    for _ in range(iters):
+        row = (row * rms(x / (row * col), -1)).clamp(2.0**-14, 2.0**15)
+        col = (col * rms(x / (row * col), -2)).clamp(2.0**-14, 2.0**15)
+    return row.to(torch.float16).float(), col.to(torch.float16).float()
+
+
+def varnorm_int4(pages: torch.Tensor, quantize: bool = True) -> torch.Tensor:
+    """K page tiles [..., tokens, D] normalized (``varnorm_factors``), quantized 4-bit per channel
+    over the tile's tokens, dequantized with the column factors folded into the fp16 (scale, zero)
+    and the row factors multiplied back: what attention would read. ``quantize=False`` skips the
+    4-bit step, leaving only the normalization and its inverse."""
+    row, col = varnorm_factors(pages)
+    n = pages.float() / (row * col)
+    if not quantize:
+        return n * col * row
+    codes, scale, zero = quantize_int4(n.transpose(-1, -2).contiguous(), n.shape[-2])
+    c = col.transpose(-1, -2)  # [..., D, 1]: one per channel, as the (scale, zero) groups
+    scale, zero = (scale.float() * c).to(torch.float16), (zero.float() * c).to(torch.float16)
+    return dequantize_int4(codes, scale, zero).transpose(-1, -2) * row
+
+
+def _per_channel_int4(r: torch.Tensor, page: int, varnorm: bool = False) -> torch.Tensor:
     """Asymmetric 4-bit per (page of ``page`` consecutive tokens, channel), dequantized.
 
     r [..., tokens, D]: the reference's groups run along the last dim, so each page is transposed
     to [..., D, page] and quantized with one group per channel; a last, partial page is one group
-    of the tokens it has.
+    of the tokens it has. ``varnorm``: each page tile normalized first (``varnorm_int4``).
     """
     t = r.shape[-2]
     full = t - t % page
@@ -306,7 +366,11 @@ def _per_channel_int4(r: torch.Tensor, page: int) -> torch.Tensor:
     for chunk, size in ((r[..., :full, :], page), (r[..., full:, :], t - full)):
         if chunk.shape[-2] == 0:
             continue
-        pages = chunk.unflatten(-2, (chunk.shape[-2] // size, size)).transpose(-1, -2)
+        pages = chunk.unflatten(-2, (chunk.shape[-2] // size, size))
+        if varnorm:
+            parts.append(varnorm_int4(pages).flatten(-3, -2))
+            continue
+        pages = pages.transpose(-1, -2)
         codes, scale, zero = quantize_int4(pages.contiguous(), size)
         parts.append(dequantize_int4(codes, scale, zero).transpose(-1, -2).flatten(-3, -2))
     return torch.cat(parts, dim=-2)
@@ -344,20 +408,43 @@ def install(variant_ref: list[Variant]) -> str:
     return "int8kv_sim"
 
 
-def window_nll(model: torch.nn.Module, ids: torch.Tensor, chunk: int = 256) -> tuple[float, int]:
-    """Summed negative log-likelihood of ``ids[1:]`` and how many tokens that is.
+def window_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The model's logits [tokens - 1, vocab] predicting ``ids[1:]`` (in the model's dtype)."""
+    with torch.inference_mode():
+        return model(ids[None]).logits[0, :-1]
+
+
+def window_nll(
+    model: torch.nn.Module, ids: torch.Tensor, chunk: int = 256, logits: torch.Tensor | None = None
+) -> tuple[float, int]:
+    """Summed negative log-likelihood of ``ids[1:]`` and how many tokens that is (``logits``:
+    ``window_logits``' when already computed).
 
     The cross-entropy is taken in ``chunk`` positions at a time: Gemma 3's 262K-entry vocabulary
     makes a window's fp32 logits 2 GB."""
-    with torch.inference_mode():
-        logits = model(ids[None]).logits[0, :-1]
-        targets = ids[1:]
-        total = 0.0
-        for i in range(0, targets.numel(), chunk):
-            part = logits[i : i + chunk].float()
-            ce = torch.nn.functional.cross_entropy(part, targets[i : i + chunk], reduction="sum")
-            total += ce.item()
+    if logits is None:
+        logits = window_logits(model, ids)
+    targets = ids[1:]
+    total = 0.0
+    for i in range(0, targets.numel(), chunk):
+        part = logits[i : i + chunk].float()
+        ce = torch.nn.functional.cross_entropy(part, targets[i : i + chunk], reduction="sum")
+        total += ce.item()
     return total, ids.numel() - 1
+
+
+def next_token_agreement(
+    ref: torch.Tensor, logits: torch.Tensor, chunk: int = 256
+) -> tuple[int, float]:
+    """Over positions [positions, vocab]: how many have the same argmax in both, and the summed
+    KL(P_ref || Q) in nats, P and Q the full softmaxes of ``ref`` and ``logits``."""
+    same, kl = 0, 0.0
+    for i in range(0, ref.shape[0], chunk):
+        p = torch.log_softmax(ref[i : i + chunk].float(), dim=-1)
+        q = torch.log_softmax(logits[i : i + chunk].float(), dim=-1)
+        same += int((p.argmax(-1) == q.argmax(-1)).sum())
+        kl += float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum"))
+    return same, kl
 
 
 def load_windows(
@@ -418,15 +505,23 @@ def main(argv: list[str] | None = None) -> None:
     d = model.config.head_dim
 
     tokens = sum(w.numel() - 1 for w in windows)  # scored: every token but each window's first
-    per_window: dict[str, list[float]] = {}
+    per_window: dict[str, list[float]] = {v.name: [] for v in variants}
+    same = dict.fromkeys(per_window, 0)
+    kl = dict.fromkeys(per_window, 0.0)
     start = time.time()
-    for v in variants:
-        current[0] = v
-        nll = []
-        for w in tqdm(windows, desc=v.name, file=sys.stderr):
-            total, count = window_nll(model, w)
-            nll.append(total / count)
-        per_window[v.name] = nll
+    # window by window, so that only one window's bf16 logits are kept to compare with
+    for w in tqdm(windows, desc="windows", file=sys.stderr):
+        ref = None
+        for v in variants:
+            current[0] = v
+            logits = window_logits(model, w)
+            total, count = window_nll(model, w, logits=logits)
+            per_window[v.name].append(total / count)
+            if ref is None:
+                ref = logits
+            matches, divergence = next_token_agreement(ref, logits)
+            same[v.name] += matches
+            kl[v.name] += divergence
     base = per_window[variants[0].name]
     rows = []
     for v in variants:
@@ -444,9 +539,14 @@ def main(argv: list[str] | None = None) -> None:
                 "delta_se_pct": None if se is None else round(se, 3),
                 "kv_bytes_per_token_head": v.bytes_per_token_head(d),
                 "capacity_vs_bf16": round(4 * d / v.bytes_per_token_head(d), 2),
+                "top1_agreement": round(same[v.name] / tokens, 4),
+                "kl_mean": round(kl[v.name] / tokens, 5),
             }
         )
-        print(f"{v.name:24s} ppl {ppl:8.4f}  Δ {rows[-1]['delta_pct']:+7.3f}% ± {se or 0:.3f}")
+        print(
+            f"{v.name:32s} ppl {ppl:8.4f}  Δ {rows[-1]['delta_pct']:+7.3f}% ± {se or 0:.3f}"
+            f"  top-1 {rows[-1]['top1_agreement']:.4f}  KL {rows[-1]['kl_mean']:.5f}"
+        )
     on_gpu = args.device.startswith("cuda")
     result = {
         "gpu": torch.cuda.get_device_name() if on_gpu else None,

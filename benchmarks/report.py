@@ -1034,19 +1034,27 @@ def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     """ΔPPL of simulated cache formats (benchmarks/kv_quant_sim.py)."""
     result = _load(path)
     bos = "" if result.get("bos") is None else f", each led by BOS id {result['bos']}"
+    # files written before the agreement metrics keep their table; rows without them print "-"
+    agreement = any("top1_agreement" in row for row in result["rows"])
     lines = [
         f"{result['model']} on `{result['corpus']}` ({result['tokens']} tokens, windows of "
         f"{result['window']}{bos}), {result['device']}, {_provenance(result)}, "
         f"`{_short(result['command'])}`.",
         "",
-        "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |",
-        "|---|---|---|---|---|---|",
+        "| variant | PPL | ΔPPL | ± (s.e.) | K+V bytes per token and head | capacity vs BF16 |"
+        + (" top-1 agreement with BF16 | KL(BF16 ‖ variant), nats |" if agreement else ""),
+        "|---|---|---|---|---|---|" + ("---|---|" if agreement else ""),
     ]
     for row in result["rows"]:
         lines.append(
             f"| `{row['variant']}` | {row['ppl']:.3f} | {row['delta_pct']:+.2f}% "
             f"| {_num(row['delta_se_pct'], '.2f')} | {row['kv_bytes_per_token_head']:g} "
             f"| {row['capacity_vs_bf16']:.2f}x |"
+            + (
+                f" {_num(row.get('top1_agreement'), '.4f')} | {_num(row.get('kl_mean'), '.5f')} |"
+                if agreement
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -1118,6 +1126,10 @@ TABLES = {
         RESULTS / "kv_quant_sim_tail_gemma3.json"
     ),
     "int4_tail_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_tail.json"),
+    "int4_varnorm_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_varnorm.json"),
+    "int4_varnorm_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_varnorm_gemma3.json"
+    ),
     "int8_group_simulation_gemma3": lambda: kv_quant_sim_table(
         RESULTS / "kv_quant_sim_int8_groups_gemma3.json"
     ),

@@ -49,6 +49,8 @@ WHERE = {
     "int4_format_simulation_gemma3": RESULTS,
     "int4_tail_simulation_gemma3": RESULTS,
     "int4_tail_simulation": RESULTS,
+    "int4_varnorm_simulation": RESULTS,
+    "int4_varnorm_simulation_gemma3": RESULTS,
     "int8_group_simulation_gemma3": RESULTS,
     "int8_group_simulation": RESULTS,
     "gpu_test_runs": RESULTS,

@@ -193,13 +193,18 @@ def test_every_scored_window_starts_with_the_models_bos(sim, tmp_path, monkeypat
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(100)))
     seen = []
+    run = sim.window_logits
     scored = sim.window_nll
 
-    def spy(model, ids, chunk=256):
+    def spy(model, ids):
         seen.append(ids.tolist())
-        return scored(model, ids, chunk=5)  # chunks shorter than a window: the sum is the same
+        return run(model, ids)
 
-    monkeypatch.setattr(sim, "window_nll", spy)
+    def in_chunks(model, ids, chunk=256, logits=None):
+        return scored(model, ids, chunk=5, logits=logits)  # shorter than a window: the same sum
+
+    monkeypatch.setattr(sim, "window_logits", spy)
+    monkeypatch.setattr(sim, "window_nll", in_chunks)
     out = tmp_path / "sim.json"
     variants = "bf16,int4,int4_k_per_channel_b64_no_rotation_sinks64"
     sim.main(["--model", str(folder), "--corpus", str(corpus), "--window", "16", "--windows",
@@ -210,12 +215,14 @@ def test_every_scored_window_starts_with_the_models_bos(sim, tmp_path, monkeypat
         windows = [[2, *body[i * 15 : (i + 1) * 15]] for i in range(3)]
     else:
         windows = [body[i * 16 : (i + 1) * 16] for i in range(3)]
-    assert seen == windows * 3  # every variant scores the same windows
+    assert seen == [w for w in windows for _ in range(3)]  # every variant, the same windows
     assert doc["bos"] == (2 if with_bos else None)
     assert doc["tokens"] == 3 * 15 and doc["window"] == 16 and doc["gpu"] is None
     assert [r["variant"] for r in doc["rows"]] == variants.split(",")
     assert doc["rows"][0]["delta_pct"] == 0 and doc["rows"][1]["delta_pct"] != 0
     assert doc["rows"][1]["capacity_vs_bf16"] == 3.56  # head size 256: 1024 / (144 + 144)
+    assert doc["rows"][0]["top1_agreement"] == 1 and doc["rows"][0]["kl_mean"] == 0
+    assert doc["rows"][1]["kl_mean"] > 0 and 0 <= doc["rows"][1]["top1_agreement"] <= 1
     assert len(doc["git_commit"]) >= 7 and doc["date"]
     assert doc["command"].startswith("python")
 
@@ -375,3 +382,55 @@ def test_int8_groups_scale_each_group_of_channels_on_its_own(sim) -> None:
     # D = 64: 64 bytes and an fp16 scale per group, for K and V
     assert by_name["int8_g32"].bytes_per_token_head(64) == 2 * (64 + 4)
     assert by_name["int8_g64"].bytes_per_token_head(64) == by_name["int8"].bytes_per_token_head(64)
+
+
+def test_next_token_agreement_counts_argmax_matches_and_sums_kl(sim) -> None:
+    ref = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    other = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    same, kl = sim.next_token_agreement(ref, other, chunk=2)  # chunks across the positions
+    assert same == 2  # the second position's argmax differs
+    p, q = ref.softmax(-1), other.softmax(-1)
+    assert abs(kl - (p * (p.log() - q.log())).sum().item()) < 1e-5
+    assert sim.next_token_agreement(ref, ref) == (3, 0.0)
+
+
+def _pages_with_a_loud_token(seed: int) -> torch.Tensor:
+    """Two 64-token K pages of one kv-head, per-channel offsets, one token in each page ten times
+    larger than the rest in every channel (as an attention sink's key is)."""
+    torch.manual_seed(seed)
+    x = torch.randn(1, 1, 128, 64) + 3 * torch.randn(1, 1, 1, 64)
+    x[..., 0, :] *= 10
+    x[..., 70, :] *= 10
+    return x.to(torch.bfloat16)
+
+
+def test_varnorm_without_quantization_round_trips_exactly(sim) -> None:
+    x = _pages_with_a_loud_token(5).unflatten(-2, (2, 64))
+    row, col = sim.varnorm_factors(x)
+    assert not torch.equal(row, torch.ones_like(row)) and not torch.equal(col, torch.ones_like(col))
+    assert torch.equal(sim.varnorm_int4(x, quantize=False).to(x.dtype), x)
+    # the factors are fp16 values, so the stored tile is what the simulation divides by
+    assert torch.equal(row.to(torch.float16).float(), row)
+    # normalized, every row and column has a root-mean-square near 1
+    n = x.float() / (row * col)
+    for dim in (-1, -2):
+        assert (n.pow(2).mean(dim=dim).sqrt() - 1).abs().max() < 0.05
+
+
+def test_varnorm_k_is_closer_on_a_page_with_a_loud_token_and_costs_a_factor_per_token(sim) -> None:
+    x = _pages_with_a_loud_token(6)
+    quiet = [t for t in range(128) if t not in (0, 70)]
+
+    def err(name: str) -> float:
+        return (_k(sim, x, name) - x).float()[..., quiet, :].pow(2).mean().item()
+
+    assert err("int4_tail_v_gD_varnorm") < 0.5 * err("int4_tail_v_gD")
+    # V is stored as without the normalization
+    assert torch.equal(
+        sim.fake_quant(x, _variant(sim, "int4_tail_v_gD_varnorm")),
+        sim.fake_quant(x, _variant(sim, "int4_tail_v_gD")),
+    )
+    # one fp16 row factor per (token, kv-head); the column factors are folded into the scales
+    for d in (64, 128, 256):
+        plain = _variant(sim, "int4_tail_v_g128").bytes_per_token_head(d)
+        assert _variant(sim, "int4_tail_v_g128_varnorm").bytes_per_token_head(d) == plain + 2
