@@ -126,6 +126,41 @@ def _to_dot(x, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
+                  K_SZ: tl.constexpr, DOT_F32: tl.constexpr):  # fmt: skip
+    """K's per-channel (scale, zero) of a page and kv-head, each as its low and high nibble halves
+    [D/2]: the scales fp16 (dot operands; fp32 under the interpreter), the zeros fp32."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    c = tl.arange(0, HALF)
+    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
+    s_lo = tl.load(sz + c)
+    s_hi = tl.load(sz + HALF + c)
+    if DOT_F32:
+        s_lo = s_lo.to(tl.float32)
+        s_hi = s_hi.to(tl.float32)
+    z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
+    z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
+    return s_lo, s_hi, z_lo, z_hi
+
+
+@triton.jit
+def _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, g: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_SZ: tl.constexpr,
+                  MASKED: tl.constexpr):  # fmt: skip
+    """V's per-token (scale, zero) of group g for a page's keys, [B] fp32. Keys past the end of a
+    page's visible part are zeroed when MASKED: a flagged (NaN) scale there would otherwise
+    survive p = 0 as 0 * NaN."""
+    r = tl.arange(0, BLOCK_SIZE)
+    sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
+    sc = tl.load(sz + 2 * g * BLOCK_SIZE + r).to(tl.float32)
+    z = tl.load(sz + (2 * g + 1) * BLOCK_SIZE + r).to(tl.float32)
+    if MASKED:
+        sc = tl.where(key_ok, sc, 0.0)
+        z = tl.where(key_ok, z, 0.0)
+    return sc, z
+
+
+@triton.jit
 def _page_scores(
     cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, q16_lo, q16_hi, row_scale,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
@@ -137,14 +172,8 @@ def _page_scores(
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
-    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
-    s_lo = tl.load(sz + c)
-    s_hi = tl.load(sz + HALF + c)
-    if DOT_F32:
-        s_lo = s_lo.to(tl.float32)
-        s_hi = s_hi.to(tl.float32)
-    z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
-    z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
+    s_lo, s_hi, z_lo, z_hi = _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ,
+                                           DOT_F32)  # fmt: skip
     kb = tl.load(
         cache_ptr
         + page * stride_block
@@ -181,17 +210,14 @@ def _page_pv(
         + r[:, None]
     )  # fmt: skip  [B, D/2], keys contiguous (key-major V)
     v_lo, v_hi = _nibbles(vb, DOT_F32)
-    sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
-    # keys past the end of a page's visible part are zeroed: a flagged (NaN) scale there would
-    # otherwise survive p = 0 as 0 * NaN
-    sc0 = tl.where(key_ok, tl.load(sz + r).to(tl.float32), 0.0)
-    z0 = tl.where(key_ok, tl.load(sz + BLOCK_SIZE + r).to(tl.float32), 0.0)
+    sc0, z0 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 0, BLOCK_SIZE, NGV, V_SZ,
+                            True)  # fmt: skip
     ps_lo = _to_dot(p * sc0[None, :], DOT_F32)
     acc_lo += tl.dot(ps_lo, v_lo)
     az_lo += tl.sum(p * z0[None, :], axis=1)
     if NGV == 2:
-        sc1 = tl.where(key_ok, tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32), 0.0)
-        z1 = tl.where(key_ok, tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32), 0.0)
+        sc1, z1 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 1, BLOCK_SIZE, NGV,
+                                V_SZ, True)  # fmt: skip
         acc_hi += tl.dot(_to_dot(p * sc1[None, :], DOT_F32), v_hi)
         az_hi += tl.sum(p * z1[None, :], axis=1)
     else:
@@ -210,14 +236,8 @@ def _page_scores_t(
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
-    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
-    s_lo = tl.load(sz + c)
-    s_hi = tl.load(sz + HALF + c)
-    if DOT_F32:
-        s_lo = s_lo.to(tl.float32)
-        s_hi = s_hi.to(tl.float32)
-    z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
-    z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
+    s_lo, s_hi, z_lo, z_hi = _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ,
+                                           DOT_F32)  # fmt: skip
     kb = tl.load(
         cache_ptr
         + page * stride_block
@@ -253,23 +273,15 @@ def _page_pv_t(
         + r[None, :]
     )  # fmt: skip  [D/2, B], keys contiguous: the dot's K dimension
     v_lo, v_hi = _nibbles(vb, DOT_F32)
-    sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
-    # keys past the end of a page's visible part are zeroed: a flagged (NaN) scale there would
-    # otherwise survive p = 0 as 0 * NaN (unmasked steps have none)
-    sc0 = tl.load(sz + r).to(tl.float32)
-    z0 = tl.load(sz + BLOCK_SIZE + r).to(tl.float32)
-    if MASKED:
-        sc0 = tl.where(key_ok, sc0, 0.0)
-        z0 = tl.where(key_ok, z0, 0.0)
+    # (unmasked steps have no keys past the end to zero)
+    sc0, z0 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 0, BLOCK_SIZE, NGV, V_SZ,
+                            MASKED)  # fmt: skip
     ps_lo = _to_dot(p * sc0[:, None], DOT_F32)
     acc_lo = tl.dot(v_lo, ps_lo, acc_lo)
     az_lo += p * z0[:, None]
     if NGV == 2:
-        sc1 = tl.load(sz + 2 * BLOCK_SIZE + r).to(tl.float32)
-        z1 = tl.load(sz + 3 * BLOCK_SIZE + r).to(tl.float32)
-        if MASKED:
-            sc1 = tl.where(key_ok, sc1, 0.0)
-            z1 = tl.where(key_ok, z1, 0.0)
+        sc1, z1 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 1, BLOCK_SIZE, NGV,
+                                V_SZ, MASKED)  # fmt: skip
         acc_hi = tl.dot(v_hi, _to_dot(p * sc1[:, None], DOT_F32), acc_hi)
         az_hi += p * z1[:, None]
     else:
