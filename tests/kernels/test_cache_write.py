@@ -66,17 +66,22 @@ def test_write_matches_reference_bitwise(
 _GROUP_MAGNITUDES = (100.0, 1.0, 0.01, 10.0)
 
 
+def _write_group_magnitudes(head_size: int, device, nkv: int = 2, bs: int = 16, n: int = 8):
+    """int8 pages of n tokens whose 64-channel slices differ in magnitude by _GROUP_MAGNITUDES
+    (V's in the reverse order), written bit-exactly as the reference writes them."""
+    mags = torch.tensor(_GROUP_MAGNITUDES[: head_size // 64], device=device).repeat_interleave(64)
+    key = (torch.randn(n, nkv, head_size, device=device) * mags).to(torch.bfloat16)
+    value = (torch.randn(n, nkv, head_size, device=device) * mags.flip(0)).to(torch.bfloat16)
+    cache, ref = _write_both(key, value, 1, bs, torch.arange(n, device=device), "int8", device)
+    assert torch.equal(cache, ref)
+    return key, value, cache, PageLayout("int8", bs, nkv, head_size)
+
+
 @pytest.mark.parametrize("head_size", [256])
 def test_group_scales_follow_each_groups_magnitude(head_size, device, launch):
     nkv, bs, n = 2, 16, 8
     ng = head_size // 64
-    mags = torch.tensor(_GROUP_MAGNITUDES[:ng], device=device).repeat_interleave(64)
-    key = (torch.randn(n, nkv, head_size, device=device) * mags).to(torch.bfloat16)
-    value = (torch.randn(n, nkv, head_size, device=device) * mags.flip(0)).to(torch.bfloat16)
-    slots = torch.arange(n, device=device)
-    cache, ref = _write_both(key, value, 1, bs, slots, "int8", device)
-    assert torch.equal(cache, ref)
-    lay = PageLayout("int8", bs, nkv, head_size)
+    key, value, cache, lay = _write_group_magnitudes(head_size, device, nkv, bs, n)
     scales = cache[0, lay.k_scale : lay.v_scale].view(torch.float16).view(nkv, ng, bs)[:, :, :n]
     want = key.float().unflatten(-1, (ng, 64)).abs().amax(-1).transpose(0, 1) / 127
     torch.testing.assert_close(scales.transpose(1, 2).float(), want, rtol=2**-10, atol=0)
@@ -97,13 +102,7 @@ def test_group_scales_follow_each_groups_magnitude(head_size, device, launch):
 def test_head_sizes_up_to_128_store_one_scale_per_token_head(head_size, device, launch):
     # the groups' magnitudes as above, but one scale over the whole vector: absmax / 127
     nkv, bs, n = 2, 16, 8
-    mags = torch.tensor(_GROUP_MAGNITUDES[: head_size // 64], device=device).repeat_interleave(64)
-    key = (torch.randn(n, nkv, head_size, device=device) * mags).to(torch.bfloat16)
-    value = (torch.randn(n, nkv, head_size, device=device) * mags.flip(0)).to(torch.bfloat16)
-    slots = torch.arange(n, device=device)
-    cache, ref = _write_both(key, value, 1, bs, slots, "int8", device)
-    assert torch.equal(cache, ref)
-    lay = PageLayout("int8", bs, nkv, head_size)
+    key, value, cache, lay = _write_group_magnitudes(head_size, device, nkv, bs, n)
     # the scale regions hold exactly one fp16 per (token, kv-head) slot of the page, K and V
     assert lay.v_scale - lay.k_scale == lay.page_bytes - lay.v_scale == 2 * nkv * bs
     for x, lo, hi in ((key, lay.k_scale, lay.v_scale), (value, lay.v_scale, lay.page_bytes)):
