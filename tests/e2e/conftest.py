@@ -44,6 +44,12 @@ def gemma3_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def e2e_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh folder, or ``INT8KV_E2E_WORKDIR``, where engines run in an earlier pytest process
+    with the same spec are not run again (``e2e_support.reusable_result``)."""
+    if os.environ.get("INT8KV_E2E_WORKDIR"):
+        path = Path(os.environ["INT8KV_E2E_WORKDIR"])
+        path.mkdir(parents=True, exist_ok=True)
+        return path
     return tmp_path_factory.mktemp("int8kv-e2e")
 
 

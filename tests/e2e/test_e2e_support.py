@@ -114,3 +114,34 @@ def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
         e2e_support.assert_like_control(cmp(39, 33), control, "ours", "control")  # 0.542
     with pytest.raises(AssertionError, match="real mismatches at \\[p0@t0\\]"):
         e2e_support.assert_like_control(cmp(71, 0, 1), control, "ours", "control")
+
+
+def test_engine_results_are_reused_only_for_the_same_spec_in_a_kept_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+
+    def fake_child(cmd, env, timeout_s, log):
+        calls.append(cmd)
+        Path(cmd[-1]).write_text(json.dumps({"phases": {"ref": len(calls)}}))
+        Path(log).write_text("ok")
+        return 0, 1.0, ""
+
+    monkeypatch.setattr(e2e_support.common, "run_child", fake_child)
+    monkeypatch.delenv("OUT", raising=False)
+    kw, phases = {"model": "m"}, [{"name": "ref"}]
+
+    def run(**over):
+        args = {"llm_kwargs": kw, "phases": phases, "shim": True, "env": None} | over
+        return e2e_support.run_vllm("e", workdir=tmp_path, **args)
+
+    monkeypatch.delenv("INT8KV_E2E_WORKDIR", raising=False)
+    assert run()["phases"]["ref"] == 1
+    assert run()["phases"]["ref"] == 2  # a fresh workdir per session: always run
+    monkeypatch.setenv("INT8KV_E2E_WORKDIR", str(tmp_path))
+    got = run()
+    assert got["phases"]["ref"] == 2 and got["reused"] and len(calls) == 2
+    assert run(shim=False)["phases"]["ref"] == 3
+    assert run(env={"INT8KV_PREFILL": "triton"})["phases"]["ref"] == 4
+    assert run(llm_kwargs={"model": "n"})["phases"]["ref"] == 5
+    assert run(llm_kwargs={"model": "n"})["reused"] and len(calls) == 5
