@@ -109,6 +109,10 @@ CASES = [
      {"sliding_window": 70, "num_splits": 2}),
     ("sliding_window_prefill", [100, 1], [180, 129], 4, 2, 64, {"sliding_window": 50}),
     ("soft_cap", [1, 30], [150, 90], 4, 1, 128, {"soft_cap": 3.0}),
+    # a short continuation on the decode configuration (2 tokens x 4 heads <= 16 rows) at head
+    # size 256, one kv head, with a window: Gemma 3's shape
+    ("decode_config_continuation_d256_window", [1, 2], [700, 640], 4, 1, 256,
+     {"sliding_window": 512, "num_splits": 4}),
 ]  # fmt: skip
 
 
@@ -204,6 +208,11 @@ GPU_CASES = [
     ("decode_d64_g3", [1] * 4, [2048, 1000, 3000, 5], 9, 3, 64, {}),
     ("prefill_2k_on_8k", [2048], [8192 + 7], 32, 8, 128, {}),
     ("mixed", [1, 300, 1, 77, 513], [5000, 300, 900, 1077, 2000], 32, 8, 128, {}),
+    # the step a Gemma 3 int4 engine died on (illegal memory access, 2026-12-02): decodes at 8K
+    # and a 2-token continuation completing page 127, on a full and on a sliding-window layer
+    ("gemma3_step_full_layer", [1, 1, 1, 2], [8193, 8193, 8192, 8192], 4, 1, 256, {}),
+    ("gemma3_step_window_layer", [1, 1, 1, 2], [8193, 8193, 8192, 8192], 4, 1, 256,
+     {"sliding_window": 512}),
 ]  # fmt: skip
 
 

@@ -275,6 +275,42 @@ def test_int4_write_real_size_gpu():
     _write_gpu(pool, k, v, q_lens, seq_lens, table, list(range(32)), [0] * 30 + [1, 0])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 512])
+def test_int4_write_gemma3_step_gpu(window):
+    # the write of the step a Gemma 3 int4 engine died on: decodes at 8K, a 2-token continuation
+    # completing page 127 from its tail, new prompts of 8192 and 8187 tokens; a sliding layer's
+    # table holds vLLM's null block 0 below the window
+    _write_gemma3_step(window, "cuda")
+
+
+def test_int4_write_gemma3_step_shape_small():
+    # the same structure at 1/8 of the length, on the CPU
+    _write_gemma3_step(64, "cpu", scale=8)
+
+
+def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:
+    pool = Pool(nkv=1, d=256, num_blocks=800, num_slots=32)
+    if device != "cpu":
+        for name in ("cache", "tail", "tail_page"):
+            setattr(pool, name, getattr(pool, name).to(device))
+    n8k = 8192 // scale
+    q_lens = [1, 1, 1, 2, n8k, n8k - 5]
+    seq_lens = [n8k + 1, n8k + 1, n8k, n8k, n8k, n8k - 5]
+    cols = 8448 // scale // B + 1
+    table = (torch.randperm(799)[: 6 * cols] + 1).view(6, cols)
+    for r in range(4):  # rows with cached tokens: their tail holds their current page
+        if window:
+            table[r, : (seq_lens[r] - q_lens[r] - window + 1) // B] = 0
+        pool.tail_page[[5, 7, 9, 11][r]] = int(table[r, (seq_lens[r] - q_lens[r]) // B])
+    k, v = _kv(sum(q_lens), pool)
+    slots, new = [5, 7, 9, 11, 2, 3], [0, 0, 0, 0, 1, 1]
+    if device == "cpu":
+        _write(pool, k, v, q_lens, seq_lens, table.tolist(), slots, new)
+    else:
+        _write_gpu(pool, k.to(device), v.to(device), q_lens, seq_lens, table, slots, new)
+
+
 def _write_gpu(pool, key, value, q_lens, seq_lens, table, slots, new):
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(q_lens).cumsum(0)

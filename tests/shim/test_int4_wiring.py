@@ -26,7 +26,7 @@ def test_int4_builder_and_impl_wiring() -> None:
     pool = "int8kv-shim: int4 tail pool: 4 slots (max_num_seqs) x 1 layers, 0.1 MiB in all"
     assert log.count(pool) == 1, log[-4000:]
     experimental = (
-        "--kv-cache-dtype int4 is experimental: its kernels match their torch reference on"
+        "--kv-cache-dtype int4 is experimental: its kernels match their torch reference, but"
     )
     assert log.count(experimental) == 1 and "(README, Limitations)" in log, log[-4000:]
 
