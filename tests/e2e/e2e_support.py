@@ -242,9 +242,37 @@ def assert_like_control(
 ) -> None:
     """No real mismatch, and at most SLACK of the prompts fewer identical than the control."""
     print(f"{what}: {ours.summary()}\n  control, {control_what}: {control.summary()}")
-    assert not ours.mismatch, f"{what}: {ours.summary()}"
     floor = control.identical_fraction - SLACK
+    record_comparison(what, ours, control_what, control, ok=not ours.mismatch
+                      and ours.identical_fraction >= floor)  # fmt: skip
+    assert not ours.mismatch, f"{what}: {ours.summary()}"
     assert ours.identical_fraction >= floor, (
         f"{what}: {ours.identical}/{ours.total} identical, control {control_what} "
         f"{control.identical}/{control.total} (slack {SLACK})"
     )
+
+
+def _comparison_fields(c: Comparison) -> dict[str, Any]:
+    return {
+        "identical": c.identical,
+        "prompts": c.total,
+        "tokens": c.n,
+        "real_mismatches": len(c.mismatch),
+        "largest_near_tie_gap_nats": max(c.margin.values(), default=0.0),
+    }
+
+
+def record_comparison(
+    what: str, ours: Comparison, control_what: str, control: Comparison, *, ok: bool
+) -> None:
+    """On a device run (``$OUT`` set), append the judgement to ``$OUT/logs/e2e_comparisons.jsonl``
+    as it is made: a call cut off by its time limit keeps the comparisons of the tests that got
+    that far, which pytest's summary (printed at the end) does not."""
+    if not os.environ.get("OUT"):
+        return
+    path = Path(os.environ["OUT"]) / "logs" / "e2e_comparisons.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = {"what": what, **_comparison_fields(ours), "passed": ok,
+           "control": {"what": control_what, **_comparison_fields(control)}}  # fmt: skip
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -101,7 +101,11 @@ def _fake_tokenizer(path: Path) -> None:
     fast.save_pretrained(str(path))
 
 
-def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
+def test_assert_like_control_allows_slack_but_no_mismatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path))
+
     def cmp(identical: int, near: int, mismatch: int = 0) -> Comparison:
         c = Comparison(n=32, identical=identical)
         c.near_tie, c.mismatch = list(range(near)), list(range(near, near + mismatch))
@@ -114,6 +118,16 @@ def test_assert_like_control_allows_slack_but_no_mismatch() -> None:
         e2e_support.assert_like_control(cmp(39, 33), control, "ours", "control")  # 0.542
     with pytest.raises(AssertionError, match="real mismatches at \\[p0@t0\\]"):
         e2e_support.assert_like_control(cmp(71, 0, 1), control, "ours", "control")
+    # every judgement is on disk as it is made, failed ones included
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "e2e_comparisons.jsonl").open()]
+    assert [(r["identical"], r["real_mismatches"], r["passed"]) for r in rows] == [
+        (40, 0, True),
+        (39, 0, False),
+        (71, 1, False),
+    ]
+    assert rows[0]["control"] == {"what": "control", "identical": 50, "prompts": 72,
+                                  "tokens": 32, "real_mismatches": 0,
+                                  "largest_near_tie_gap_nats": 0.0}  # fmt: skip
 
 
 def test_engine_results_are_reused_only_for_the_same_spec_in_a_kept_workdir(
