@@ -10,7 +10,11 @@
 #        time limit keeps the rows it timed
 #   bash benchmarks/run_gpu_e2e.sh tests [pytest args]   # tests/e2e but TP=2, gpu-marked: over one
 #        10-minute call on an H200; split it in three: -k "tiny or smollm2", -k "prefix or
-#        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min)
+#        cuda_graphs", -k preempt (~4 min) ("not preempt" in one call ran past 9 min). With
+#        INT8KV_E2E_WORKDIR=/tmp/e2e-work, a later call on the same host reuses every engine an
+#        earlier one finished (same spec), so tests/e2e/test_gemma3_e2e.py (about nine engines)
+#        spreads over calls; each greedy judgement lands in $OUT/logs/e2e_comparisons.jsonl as it
+#        is made. The step waits for any other process on the GPU to exit before it starts.
 #   bash benchmarks/run_gpu_e2e.sh alltests [args]       # every gpu-marked test in tests/
 #   bash benchmarks/run_gpu_e2e.sh accuracy [args]       # python -m benchmarks.accuracy (~4-6 min)
 #   bash benchmarks/run_gpu_e2e.sh throughput [args]     # python -m benchmarks.throughput (split it:
