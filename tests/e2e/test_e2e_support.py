@@ -151,7 +151,7 @@ def test_engine_results_are_reused_only_for_the_same_spec_in_a_kept_workdir(
 
     monkeypatch.delenv("INT8KV_E2E_WORKDIR", raising=False)
     assert run()["phases"]["ref"] == 1
-    assert run()["phases"]["ref"] == 2  # a fresh workdir per session: always run
+    assert run()["phases"]["ref"] == 2  # a fresh workdir per pytest process: always run
     monkeypatch.setenv("INT8KV_E2E_WORKDIR", str(tmp_path))
     got = run()
     assert got["phases"]["ref"] == 2 and got["reused"] and len(calls) == 2
