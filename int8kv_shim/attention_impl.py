@@ -326,8 +326,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference, but it misses its speed and greedy-agreement targets and an engine on "
-                "a sliding-window model with 8K prompts has crashed on it (README, Limitations)",
+                "reference, but it misses its speed and greedy-agreement targets, and a Gemma 3 "
+                "engine given 8K-token prompts crashed on it (README, Limitations)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads
