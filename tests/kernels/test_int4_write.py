@@ -71,31 +71,40 @@ class Pool:
     num_blocks: int = 16
     num_slots: int = 4
     dtype: torch.dtype = torch.bfloat16
+    device: str = "cpu"
     cache: torch.Tensor = field(init=False)
     tail: torch.Tensor = field(init=False)
     tail_page: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         pages = get_page_bytes("int4", B, self.nkv, self.d)
-        self.cache = torch.randint(-128, 128, (self.num_blocks, pages), dtype=torch.int8)
+        dev = self.device
+        self.cache = torch.randint(
+            -128, 128, (self.num_blocks, pages), dtype=torch.int8, device=dev
+        )
         shape = (self.num_slots, 2, self.nkv, B, self.d)
-        self.tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16).view(self.dtype)
-        self.tail_page = torch.full((self.num_slots,), -1, dtype=torch.int32)
+        tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=dev)
+        self.tail = tail.view(self.dtype)
+        self.tail_page = torch.full((self.num_slots,), -1, dtype=torch.int32, device=dev)
 
 
 def _write(pool: Pool, key, value, q_lens, seq_lens, table, slots, new, pad_rows: int = 0):
-    """One step through the kernel and through the reference (on copies); asserts they agree bit
-    for bit on the cache, the tail and tail_page, and leaves the kernel's result in ``pool``."""
+    """One step through the kernel and through the reference (on copies, on the pool's device);
+    asserts they agree bit for bit on the cache, the tail and tail_page, and leaves the kernel's
+    result in ``pool``. ``table``: a list of rows or a tensor."""
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(q_lens).cumsum(0)
+
+    def i32(x):
+        return torch.as_tensor(x, dtype=torch.int32).to(pool.device)
+
     kw = dict(
-        block_size=B, query_start_loc=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_table=torch.tensor(table, dtype=torch.int32),
+        block_size=B, query_start_loc=i32(qsl), seq_lens=i32(seq_lens), block_table=i32(table),
         # rows past the batch (CUDA-graph padding) hold garbage the kernels must not read
-        slot_of_seq=torch.tensor(slots + [3] * pad_rows, dtype=torch.int32),
-        slot_is_new=torch.tensor(new + [1] * pad_rows, dtype=torch.int32),
+        slot_of_seq=i32(slots + [3] * pad_rows), slot_is_new=i32(new + [1] * pad_rows),
         num_seqs=len(q_lens), max_query_len=max(q_lens),
     )  # fmt: skip
+    key, value = key.to(pool.device), value.to(pool.device)
     want = (pool.cache.clone(), pool.tail.clone(), pool.tail_page.clone())
     write_kv_cache_int4_ref(key, value, *want, **kw)
     write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
@@ -262,9 +271,7 @@ def test_int4_write_rejects_bad_tails_and_static_scales():
 @pytest.mark.gpu
 def test_int4_write_real_size_gpu():
     # decode rows reach 30 pages (64 * 30 tokens): a table of 30 columns, 32 * 30 distinct pages
-    pool = Pool(nkv=8, d=128, num_blocks=1000, num_slots=40)
-    for name in ("cache", "tail", "tail_page"):
-        setattr(pool, name, getattr(pool, name).cuda())
+    pool = Pool(nkv=8, d=128, num_blocks=1000, num_slots=40, device="cuda")
     q_lens = [1] * 30 + [1000, 333]
     seq_lens = [64 * (i + 1) - (i % 3) for i in range(30)] + [1000, 800]
     table = torch.randperm(1000)[: 32 * 30].view(32, 30)
@@ -272,7 +279,7 @@ def test_int4_write_real_size_gpu():
     k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     pool.tail_page[:30] = table[:30, 0].int().cuda()  # decode rows' own (garbage) tails
-    _write_gpu(pool, k, v, q_lens, seq_lens, table, list(range(32)), [0] * 30 + [1, 0])
+    _write(pool, k, v, q_lens, seq_lens, table, list(range(32)), [0] * 30 + [1, 0])
 
 
 @pytest.mark.gpu
@@ -290,10 +297,7 @@ def test_int4_write_gemma3_step_shape_small():
 
 
 def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:
-    pool = Pool(nkv=1, d=256, num_blocks=800, num_slots=32)
-    if device != "cpu":
-        for name in ("cache", "tail", "tail_page"):
-            setattr(pool, name, getattr(pool, name).to(device))
+    pool = Pool(nkv=1, d=256, num_blocks=800, num_slots=32, device=device)
     n8k = 8192 // scale
     q_lens = [1, 1, 1, 2, n8k, n8k - 5]
     seq_lens = [n8k + 1, n8k + 1, n8k, n8k, n8k, n8k - 5]
@@ -304,26 +308,4 @@ def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:
             table[r, : (seq_lens[r] - q_lens[r] - window + 1) // B] = 0
         pool.tail_page[[5, 7, 9, 11][r]] = int(table[r, (seq_lens[r] - q_lens[r]) // B])
     k, v = _kv(sum(q_lens), pool)
-    slots, new = [5, 7, 9, 11, 2, 3], [0, 0, 0, 0, 1, 1]
-    if device == "cpu":
-        _write(pool, k, v, q_lens, seq_lens, table.tolist(), slots, new)
-    else:
-        _write_gpu(pool, k.to(device), v.to(device), q_lens, seq_lens, table, slots, new)
-
-
-def _write_gpu(pool, key, value, q_lens, seq_lens, table, slots, new):
-    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(q_lens).cumsum(0)
-    kw = dict(block_size=B, query_start_loc=qsl.cuda(),
-              seq_lens=torch.tensor(seq_lens, dtype=torch.int32).cuda(),
-              block_table=table.int().cuda(), slot_of_seq=torch.tensor(slots).int().cuda(),
-              slot_is_new=torch.tensor(new).int().cuda(), num_seqs=len(q_lens),
-              max_query_len=max(q_lens))  # fmt: skip
-    want = (pool.cache.clone(), pool.tail.clone(), pool.tail_page.clone())
-    write_kv_cache_int4_ref(key, value, *want, **kw)
-    write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
-                   tail_page=pool.tail_page, **kw)  # fmt: skip
-    assert torch.equal(pool.cache, want[0])
-    # the tail's untouched rows are random bits, NaN patterns among them: compare bits
-    assert torch.equal(pool.tail.view(torch.int16), want[1].view(torch.int16))
-    assert torch.equal(pool.tail_page, want[2])
+    _write(pool, k, v, q_lens, seq_lens, table, [5, 7, 9, 11, 2, 3], [0, 0, 0, 0, 1, 1])
