@@ -26,7 +26,7 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
-``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p99``, ``output_tok_s``,
+``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``, ``output_tok_s``,
 ``kv_cache_tokens``, ``engine_start_s``, and ``jit_compiles``: the Triton compiles the server
 logged during the point, from ``--jit-monitor-verbose``) after EVERY point, so a run cut off keeps what it measured,
 and a plot beside it (``serving.png``: median TPOT against concurrency, one panel per model and
@@ -89,6 +89,8 @@ ROW_KEYS = [
     "ttft_ms_p99",
     "tpot_ms_p50",
     "tpot_ms_p99",
+    # the median step: a step without a prefill chunk in it, where TPOT averages over those with
+    "itl_ms_p50",
     "itl_ms_p99",
     "output_tok_s",
     "kv_cache_tokens",
@@ -527,6 +529,7 @@ def result_to_row(
         "ttft_ms_p99": ms("p99_ttft_ms"),
         "tpot_ms_p50": ms("median_tpot_ms"),
         "tpot_ms_p99": ms("p99_tpot_ms"),
+        "itl_ms_p50": ms("median_itl_ms"),
         "itl_ms_p99": ms("p99_itl_ms"),
         "output_tok_s": round(float(result["output_throughput"]), 1),
         "kv_cache_tokens": kv_cache_tokens,

@@ -236,6 +236,7 @@ def test_result_json_becomes_a_row() -> None:
         "ttft_ms_p99": 55.5,
         "tpot_ms_p50": 3.046,
         "tpot_ms_p99": 3.5,
+        "itl_ms_p50": 3.0,
         "itl_ms_p99": 7.25,
         "output_tok_s": 655.4,
         "kv_cache_tokens": 1234567,
