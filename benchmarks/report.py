@@ -729,24 +729,28 @@ def serving_table(path: Path = RESULTS / "serving.json") -> str:
         "`--ignore-eos`, greedy.",
         "",
         "| model | input | concurrency | dtype | prompts | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-        "| ITL p99 ms | output tok/s | TTFT vs `auto_fa2` | TPOT vs `auto_fa2` | KV tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ITL p50 / p99 ms | output tok/s | TTFT vs `auto_fa2` | TPOT vs `auto_fa2` "
+        "| ITL p50 vs `auto_fa2` | KV tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
     for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9))):
         model, input_len, conc, dtype = key
         r = rows[key]
         base = rows.get((model, input_len, conc, "auto_fa2"))
+        keys = ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50")
         vs = (
-            (_ratio(r, base, "ttft_ms_p50"), _ratio(r, base, "tpot_ms_p50"))
-            if dtype != "auto_fa2" else ("reference", "reference")
+            [_ratio(r, base, k) for k in keys] if dtype != "auto_fa2" else ["reference"] * 3
         )  # fmt: skip
         lines.append(
             f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
             f"{r['num_prompts']} | {r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f} | "
-            f"{r['tpot_ms_p50']:.2f} / {r['tpot_ms_p99']:.2f} | {r['itl_ms_p99']:.1f} | "
-            f"{r['output_tok_s']:.0f} | {vs[0]} | {vs[1]} | {r['kv_cache_tokens']} |"
+            f"{r['tpot_ms_p50']:.2f} / {r['tpot_ms_p99']:.2f} | "
+            f"{_num(r.get('itl_ms_p50'), '.2f')} / {r['itl_ms_p99']:.1f} | "
+            f"{r['output_tok_s']:.0f} | {vs[0]} | {vs[1]} | {vs[2]} | {r['kv_cache_tokens']} |"
         )
+    if result.get("not_measured"):
+        lines += ["", f"Not measured in this run: {result['not_measured']}."]
     return "\n".join(lines)
 
 
@@ -770,7 +774,8 @@ def serving_starts_table(path: Path = RESULTS / "serving.json") -> str:
 
 
 def serving_rerun_table(
-    path: Path = RESULTS / "serving_2026-12-02.json", before: Path = RESULTS / "serving.json"
+    path: Path = RESULTS / "serving_2026-12-02.json",
+    before: Path = RESULTS / "serving_2026-12-01.json",
 ) -> str:
     """A later run's points beside the same points of ``before`` (same model, dtype, input and
     concurrency), ``before``'s FlashAttention-2 at that point for scale, then the later run's
@@ -1116,7 +1121,6 @@ TABLES = {
     "throughput_1k_paired": paired_runs_table,
     "serving": serving_table,
     "serving_starts": serving_starts_table,
-    "serving_int8_rerun": serving_rerun_table,
     "reliability": reliability_table,
     "int4_format_simulation": kv_quant_sim_table,
     "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(
@@ -1137,6 +1141,9 @@ TABLES = {
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
+    "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
+    "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
+    "serving_int8_rerun": serving_rerun_table,
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "int4_decode_one_page_steps": lambda: int4_decode_table(RESULTS / "kernels_int4_3411932.json"),
     "throughput_1k_repeats": repeat_runs_table,

@@ -326,8 +326,9 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference, but it misses its speed and greedy-agreement targets, and a Gemma 3 "
-                "engine given 8K-token prompts crashed on it (README, Limitations)",
+                "reference, but it misses its speed and greedy-agreement targets, and on an H200 "
+                "its attention kernel faults on short multi-token queries, ending the engine "
+                "(README, Limitations)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads
@@ -436,10 +437,10 @@ class Int8KVAttentionImpl(AttentionImpl):
         if split is not None:
             try:
                 return self._forward_split(query, key, value, kv_cache, md, split, output)
-            except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+            except flash_prefill.FlashAttentionFailed as e:
                 # Raised before `output` was written (argument checks; the context gather may
                 # have run, into its own buffer): our kernels redo those rows.
-                flash_prefill.disable(e)
+                flash_prefill.disable(e.__cause__ or e)
                 self._flash_attention = None
         self._paged(query[lo:n], kv_cache, output[lo:n], md, qsl, seq_lens, block_table,
                     md.max_query_len, slots)  # fmt: skip

@@ -307,8 +307,10 @@ def forward_split(
     on ``paged`` (our kernels: ``paged(q, out, subset)``).
 
     ``gather_context(new_k, new_v, flash_subset) -> (k, v)`` builds the keys of flash sequences
-    with context (``gather_kv_context`` bound to the layer's cache). Raises before any kernel ran
-    when the arguments are refused, so the caller can redo every row on our kernels.
+    with context (``gather_kv_context`` bound to the layer's cache). Raises
+    :class:`FlashAttentionFailed` when FlashAttention refuses the call, before ``output`` was
+    written, so the caller can redo every row on our kernels; errors of our kernels propagate as
+    they are.
     """
     # Contiguous rows are views (FlashAttention and our kernels take row strides), so the usual
     # batch costs no gather of q/k/v and no scatter of the output.
@@ -317,8 +319,14 @@ def forward_split(
     if flash.context_tokens:
         k, v = gather_context(k, v, flash)
     out = flash.output_rows(output, q)
-    flash_attention(q, k, v, out, flash.query_start_loc, flash.key_start_loc, flash.max_query_len,
-                    flash.max_key_len, softmax_scale, sliding_window, soft_cap)  # fmt: skip
+    try:
+        flash_attention(q, k, v, out, flash.query_start_loc, flash.key_start_loc,
+                        flash.max_query_len, flash.max_key_len, softmax_scale, sliding_window,
+                        soft_cap)  # fmt: skip
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        # Only FlashAttention's own refusals: an error of our kernels (the gather above, the
+        # launches below) is theirs to report, not a reason to route prefills elsewhere.
+        raise FlashAttentionFailed(e) from e
     flash.put_rows(output, out)
     for rest in split.our_kernels():
         q = rest.rows(query)
@@ -326,6 +334,10 @@ def forward_split(
         paged(q, out, rest)
         rest.put_rows(output, out)
     return output
+
+
+class FlashAttentionFailed(RuntimeError):
+    """FlashAttention-2 raised on a split batch (its ``__cause__``), before writing ``output``."""
 
 
 _failure: str | None = None

@@ -213,6 +213,12 @@ GPU_CASES = [
     ("gemma3_step_full_layer", [1, 1, 1, 2], [8193, 8193, 8192, 8192], 4, 1, 256, {}),
     ("gemma3_step_window_layer", [1, 1, 1, 2], [8193, 8193, 8192, 8192], 4, 1, 256,
      {"sliding_window": 512}),
+    # The full-layer case above faulted on the H200 (2026-12-02) in the decode configuration's
+    # 16-row variant (queries of 2+ tokens, at most 16 rows: short continuations, speculative
+    # tokens), the one int4 variant whose dots Triton compiles to Hopper's wgmma (4 warps; sm80
+    # gets mma.sync). The same variant at head sizes 128 (wgmma too) and 64 (2 warps: mma.sync):
+    ("decode_16_rows_d128", [2, 3, 1, 4], [8192, 4100, 8193, 300], 32, 8, 128, {}),
+    ("decode_16_rows_d64", [2, 5, 1], [8192, 4100, 300], 9, 3, 64, {}),
 ]  # fmt: skip
 
 

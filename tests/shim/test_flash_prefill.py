@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from int8kv_shim import flash_prefill
 from int8kv_shim.environment_variables import prefill_mode
 from int8kv_shim.flash_prefill import (
+    FlashAttentionFailed,
     computed_tokens_cpu,
     forward_split,
     make_subset,
@@ -428,3 +429,34 @@ def test_decodes_after_a_prefill_get_a_decode_launch_of_their_own() -> None:
     qsl = b["qsl"].tolist()
     ours = [t for s in (1, 3, 4) for t in range(qsl[s], qsl[s + 1])]
     assert _within(out[ours], paged[ours].float())
+
+
+def _split_with(b: dict, flash_attention, paged) -> None:
+    split = split_batch(b["qsl"], torch.tensor([c for _, c in b["mixed"]]), len(b["mixed"]),
+                        b["seq_lens"], b["table"], MIXED_BUDGET, 2)  # fmt: skip
+    assert split is not None and split.our_kernels()
+    forward_split(
+        b["query"], b["key"], b["value"], torch.empty_like(b["query"]), split,
+        flash_attention=flash_attention, gather_context=lambda k, v, s: (k, v), paged=paged,
+        softmax_scale=D**-0.5, sliding_window=None, soft_cap=None,
+    )  # fmt: skip
+
+
+def test_only_flash_attention_errors_are_reported_as_its_failure() -> None:
+    """The impl falls back to our kernels on FlashAttentionFailed alone: an error of our own
+    kernels (an illegal address in a launch after FlashAttention's) is not FlashAttention's and
+    must reach vLLM as it is, not reroute every later prefill and be logged under its name."""
+    b = _mixed_batch("int8", "int8")
+
+    def refusing(*args: object) -> None:
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    def ours_fault(q: torch.Tensor, out: torch.Tensor, s: object) -> None:
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    with pytest.raises(FlashAttentionFailed) as failed:
+        _split_with(b, refusing, lambda q, out, s: None)
+    assert "Ampere" in str(failed.value.__cause__)
+    with pytest.raises(RuntimeError, match="illegal memory access") as ours:
+        _split_with(b, lambda *args: None, ours_fault)
+    assert not isinstance(ours.value, FlashAttentionFailed)
