@@ -24,6 +24,10 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    # every interpreted launch of our kernels stays inside its tensors (tests/kernels/)
+    import interpreter_bounds
+
+    interpreter_bounds.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
