@@ -34,7 +34,7 @@ input length, one line per dtype; needs matplotlib, ``--plot-only`` redraws it f
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.
 Raw ``vllm bench serve`` results, server and client logs and ``serve_bench_runs.json`` (commands,
-start-up phases from the server log, errors) go to ``--logdir`` (``$OUT/serve_bench`` on a device
+start-up phases from the server log, errors, the exception an engine core died of) go to ``--logdir`` (``$OUT/serve_bench`` on a device
 run), never into the repository.
 
 Models (``--models``): ``smollm2`` ($SMOLLM2_DIR), ``gemma3`` ($GEMMA3_DIR), ``llama3-8b-shape``: a
@@ -477,6 +477,21 @@ def kv_cache_tokens_from_log(text: str) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+# The exception a vLLM engine core died of, as its traceback's last line ("(EngineCore pid=N)
+# ERROR ... [core.py:1231] FileNotFoundError: ..."); the API server only says "Engine core
+# initialization failed. See root cause above".
+ENGINE_ERROR_RE = re.compile(
+    r"^\(EngineCore[^)]*\)(?: ERROR [^\]]*\])? +((?:[\w.]+\.)?\w*(?:Error|Exception)\b: .*)$",
+    re.MULTILINE,
+)
+
+
+def engine_error_from_log(text: str) -> str | None:
+    """The last exception line an engine core process logged (its root cause), or None."""
+    found = ENGINE_ERROR_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
 def startup_phases_from_log(text: str) -> dict[str, float]:
     out = {}
     for key, rx in STARTUP_PHASES.items():
@@ -825,7 +840,10 @@ def run_server(
     except RuntimeError as e:
         info["error"] = str(e)[-1500:]
         run.failures += 1
-        print(f"serve_bench: {tag}: {str(e)[-600:]}", file=sys.stderr, flush=True)
+        cause = engine_error_from_log(server.tail(10**9))
+        if cause:
+            info["engine_error"] = cause
+        print(f"serve_bench: {tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
     info["server_log_tail"] = server.tail(1500)
     run.save()
 

@@ -113,6 +113,32 @@ def test_kv_cache_line_parser() -> None:
     assert sb.kv_cache_tokens_from_log("INFO nothing here") is None
 
 
+def test_engine_error_is_the_engine_cores_last_exception_line() -> None:
+    # as a server whose engine core died at start-up logged it (2026-12-02, a Triton launcher
+    # build that found no C compiler), trimmed: the API server names no cause of its own
+    log = (
+        "(EngineCore pid=4389) ERROR 12-02 21:12:24 [core.py:1231] Traceback (most recent call "
+        "last):\n"
+        "(EngineCore pid=4389) ERROR 12-02 21:12:24 [core.py:1231]     available_gpu_memory = "
+        "self.model_executor.determine_available_memory()\n"
+        "(EngineCore pid=4389) ERROR 12-02 21:12:24 [core.py:1231] FileNotFoundError: [Errno 2] "
+        "No such file or directory: '128,32'\n"
+        "(EngineCore pid=4389) Process EngineCore:\n"
+        "(EngineCore pid=4389) FileNotFoundError: [Errno 2] No such file or directory: '128,32'\n"
+        "(APIServer pid=4324) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {}\n"
+    )
+    cause = "FileNotFoundError: [Errno 2] No such file or directory: '128,32'"
+    assert sb.engine_error_from_log(log) == cause
+    dotted = "(EngineCore pid=7) torch.AcceleratorError: CUDA error: an illegal memory access\n"
+    assert (
+        sb.engine_error_from_log(dotted)
+        == "torch.AcceleratorError: CUDA error: an illegal memory access"
+    )
+    assert sb.engine_error_from_log("(APIServer pid=1) RuntimeError: Engine core failed") is None
+    assert sb.engine_error_from_log("(EngineCore pid=1) INFO all well") is None
+
+
 def test_jit_compile_parser() -> None:
     source = (VLLM_DIR / "triton_utils" / "jit_monitor.py").read_text()
     # the two messages of vLLM's JIT monitor: once per kernel name, and every compile when verbose
@@ -607,7 +633,11 @@ def test_taken_port_is_refused(fake: dict) -> None:
 
 
 def test_server_that_dies_is_reported(fake: dict) -> None:
-    dying = shlex.join([sys.executable, "-c", "import sys; print('boom: CUDA error'); sys.exit(3)"])
+    script = (
+        "import sys; print('boom: CUDA error'); "
+        "print('(EngineCore pid=9) ValueError: no room for the KV cache'); sys.exit(3)"
+    )
+    dying = shlex.join([sys.executable, "-c", script])
     argv = _argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--startup-timeout-s", "60")
     argv[argv.index("--vllm") + 1] = dying
     assert sb.main(argv) == 1
@@ -615,6 +645,7 @@ def test_server_that_dies_is_reported(fake: dict) -> None:
     runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
     assert "exited with 3" in runs["servers"][0]["error"]
     assert "boom" in runs["servers"][0]["server_log_tail"]
+    assert runs["servers"][0]["engine_error"] == "ValueError: no room for the KV cache"
 
 
 def test_real_vllm_bench_serve_against_fake_server(
