@@ -40,6 +40,10 @@
 #   bash benchmarks/run_gpu_e2e.sh serve [args]          # python -m benchmarks.serve_bench: one
 #        model per call, --time-budget-s under the call's limit, --append after the first call
 #
+#   bash benchmarks/run_gpu_e2e.sh fa2precompile [args] # python -m benchmarks.fa2_precompile: the
+#        FlashAttention-2 variants of SmolLM2 and Gemma 3, PTX-compiled once per fresh H200 host
+#        (150 s with 16 at a time, 2026-12-02), before any timed BF16 run
+#
 #   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
 #        returns at most 8 files: end every call with this)
 #
@@ -48,16 +52,19 @@
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve) ;;
+case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile) ;;
   pack)
     OUT=${OUT:-/tmp/int8kv-out}
     tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
     exit $? ;;
-  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|pack [args]"; exit 2 ;;
+  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
 OUT=${OUT:-/tmp/int8kv-out}; export OUT
+# FlashAttention-2's PTX, compiled by the driver on an H200 (fa2_precompile.py), outgrows the
+# compute cache's 256 MiB default
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 mkdir -p "$OUT/logs"
 
 # shellcheck disable=SC1090,SC1091
@@ -137,6 +144,7 @@ case "$step" in
   throughput) run python3 -m benchmarks.throughput "$@"; rc=$? ;;
   soak) run python3 -m benchmarks.soak "$@"; rc=$? ;;
   serve) run python3 -m benchmarks.serve_bench "$@"; rc=$? ;;
+  fa2precompile) run python3 -m benchmarks.fa2_precompile "$@"; rc=$? ;;
   longctx) run python3 -m benchmarks.long_context "$@"; rc=$? ;;
   # NVLink multicast stays off for the TP=2 engines (shared host; the test sets these too)
   tp2) NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \
