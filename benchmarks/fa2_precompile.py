@@ -7,8 +7,10 @@ vLLM 0.24.0's FlashAttention-2 library carries sm_80 machine code and sm_80 PTX 
 (``benchmarks/results/fa2_cuda_archs.json``). On the H200 that stands in for Ampere the driver
 compiles the PTX of each kernel the first time it is launched, into its compute cache
 (``~/.nv/ComputeCache``; ``CUDA_CACHE_MAXSIZE`` must be above its 256 MiB default in every process
-that uses it, or the cache evicts what was compiled: ``run_gpu_e2e.sh`` sets 4 GiB): a BF16 FlashAttention-2 server's first start on a fresh host once took 388 s,
-161 s of it in CUDA-graph capture. Ampere GPUs run the shipped sm_80 code and need none of this.
+that uses it, or the cache evicts what was compiled: ``run_gpu_e2e.sh`` sets 4 GiB): a BF16
+FlashAttention-2 server's first start on a fresh host once took 388 s, 161 s of it in CUDA-graph
+capture. Ampere GPUs run the shipped sm_80 code and need none of this. Each variant's log goes to
+``$OUT/logs`` (``/tmp`` without ``$OUT``).
 
 Each variant (head shape, window, launch kind) runs in a process of its own, ``--jobs`` at a time:
 the driver compiles on the launching thread, so separate processes compile in parallel. The kinds:
@@ -23,9 +25,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 from benchmarks import common
 
@@ -125,25 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     env = common.with_repo_on_path(dict(os.environ))
     # the driver's default cache (256 MiB) would evict what the variants compile
     env.setdefault("CUDA_CACHE_MAXSIZE", str(CACHE_BYTES))
+    logdir = Path(os.environ["OUT"]) / "logs" if os.environ.get("OUT") else Path("/tmp")
+    logdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
-    def run(v: tuple[int, int, int, int, str]) -> tuple[tuple, int, float, str]:
-        start = time.monotonic()
-        try:
-            done = subprocess.run(_child(v), env=env, capture_output=True, text=True,
-                                  timeout=args.timeout_s)  # fmt: skip
-            rc, err = done.returncode, done.stderr.strip().splitlines()[-1:] or [""]
-        except subprocess.TimeoutExpired:
-            rc, err = -9, ["timeout"]
-        return v, rc, time.monotonic() - start, err[0]
+    def run(v: tuple[int, int, int, int, str]) -> tuple[int, float, str]:
+        log = logdir / f"fa2_precompile_{'_'.join(map(str, v))}.log"
+        return common.run_child(_child(v), env, args.timeout_s, log)
 
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for v, rc, seconds, err in pool.map(run, todo):
+        for v, (rc, seconds, tail) in zip(todo, pool.map(run, todo), strict=True):
             nq, nkv, d, window, kind = v
             what = f"{nq}/{nkv}/{d}{f' window {window}' if window else ''} {kind}"
-            print(f"fa2_precompile: {what}: {'ok' if rc == 0 else f'rc={rc} {err}'} "
-                  f"({seconds:.0f} s)", flush=True)  # fmt: skip
+            status = "ok" if rc == 0 else f"rc={rc} {common.error_summary(tail)}"
+            print(f"fa2_precompile: {what}: {status} ({seconds:.0f} s)", flush=True)
             failed += rc != 0
     print(f"fa2_precompile: {len(todo)} variants in {time.monotonic() - t0:.0f} s, "
           f"{failed} failed", flush=True)  # fmt: skip

@@ -26,16 +26,16 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
-``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``, ``output_tok_s``,
-``kv_cache_tokens``, ``engine_start_s``, and ``jit_compiles``: the Triton compiles the server
+``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``,
+``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, and ``jit_compiles``: the Triton compiles the server
 logged during the point, from ``--jit-monitor-verbose``) after EVERY point, so a run cut off keeps what it measured,
 and a plot beside it (``serving.png``: median TPOT against concurrency, one panel per model and
 input length, one line per dtype; needs matplotlib, ``--plot-only`` redraws it from the JSON).
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.
 Raw ``vllm bench serve`` results, server and client logs and ``serve_bench_runs.json`` (commands,
-start-up phases from the server log, errors, the exception an engine core died of) go to ``--logdir`` (``$OUT/serve_bench`` on a device
-run), never into the repository.
+start-up phases from the server log, errors, the exception an engine core died of) go to
+``--logdir`` (``$OUT/serve_bench`` on a device run), never into the repository.
 
 Models (``--models``): ``smollm2`` ($SMOLLM2_DIR), ``gemma3`` ($GEMMA3_DIR), ``llama3-8b-shape``: a
 random-weight Llama with Llama-3-8B's attention and MLP shape (32 q / 8 kv heads of 128, hidden

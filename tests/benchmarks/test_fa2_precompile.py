@@ -30,10 +30,25 @@ def test_dry_run_prints_one_child_per_variant(capsys: pytest.CaptureFixture[str]
 
 
 def test_a_variant_needs_a_gpu() -> None:
-    pytest.importorskip("torch")
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         fp.main(["--one", "9", "3", "64", "0", "dense"])
+
+
+def test_failed_variants_are_reported_with_their_error(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert fp.main(["--models", "smollm2", "--jobs", "6"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in lines if "needs a CUDA GPU" in ln]) == len(fp.KINDS), lines
+    assert lines[-1].startswith(f"fa2_precompile: {len(fp.KINDS)} variants in ")
+    assert lines[-1].endswith(f"{len(fp.KINDS)} failed")
+    assert len(list((tmp_path / "logs").glob("fa2_precompile_*.log"))) == len(fp.KINDS)

@@ -6,9 +6,10 @@ load and store a kernel of ``int8kv_kernels`` makes (the lanes its mask lets thr
 inside the storage of one of that launch's tensor arguments, or the launch raises
 :class:`OutOfBounds`. Other kernels (vLLM's, under the shim tests) are not checked.
 
-It hooks two internals of Triton's interpreter (``GridExecutor._init_args_hst``, where the
-launch's tensors are bound, and ``InterpreterBuilder.create_masked_load`` / ``_store``), so it
-refuses to install where they are missing rather than silently checking nothing.
+It hooks internals of Triton's interpreter (``GridExecutor._init_args_hst``, where the launch's
+tensors are bound, ``GridExecutor.__call__``, where the launch ends, and
+``InterpreterBuilder.create_masked_load`` / ``_store``), so it refuses to install where they are
+missing rather than silently checking nothing.
 """
 
 from __future__ import annotations
