@@ -36,6 +36,7 @@ from int8kv_kernels.catalogue import INT8_DTYPES, get_dtype  # noqa: E402
 from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
 
 SM80 = GPUTarget("cuda", 80, 32)
+SM90 = GPUTarget("cuda", 90, 32)
 # pointer arguments of attention.py's _attn_fwd (bf16 queries; decode_issue_budget.py uses them too)
 ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_ptr": "*fp16",
              "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -51,7 +52,7 @@ FLOAT_ARGS = {"softmax_scale", "soft_cap"}
 
 def compile_one(
     fn, ptrs: dict[str, str], consts: dict, num_warps: int, num_stages: int = 3,
-    max_shared: int | None = MAX_SHARED_BYTES,
+    max_shared: int | None = MAX_SHARED_BYTES, target: GPUTarget = SM80,
 ):  # fmt: skip
     sig = {}
     for name in fn.arg_names:
@@ -68,8 +69,12 @@ def compile_one(
     aligned = [n for n in fn.arg_names if n in ptrs or n.startswith("stride")]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=cexpr, attrs=attrs)
-    k = triton.compile(src, target=SM80, options={"num_warps": num_warps, "num_stages": num_stages})
+    k = triton.compile(
+        src, target=target, options={"num_warps": num_warps, "num_stages": num_stages}
+    )
     ptx = k.asm["ptx"]
+    if target != SM80:  # sm90 compiles (compile_int4_decode_sm90) check their own code
+        return k
     assert ".target sm_80" in ptx
     assert "wgmma" not in ptx and "cp.async.bulk" not in ptx  # nothing Hopper-only
     assert "e4m3x2" not in ptx  # no FP8 conversion instruction (sm89+); the E4M3 codec is bit ops
@@ -242,6 +247,9 @@ def compile_int4() -> int:
         ("bf16", 9, 3, 64, 1, True, True, True),
         ("bf16", 16, 2, 256, 1, False, False, True),
         ("bf16", 4, 1, 256, 1, True, True, True),
+        # the decode configuration's 16-row variant (short continuations, speculative tokens)
+        ("bf16", 4, 1, 256, 2, True, False, True),
+        ("bf16", 32, 8, 128, 2, False, False, True),
         ("bf16", 32, 8, 128, 2048, False, False, False),
         ("bf16", 9, 3, 64, 512, True, True, False),
         ("fp16", 8, 8, 256, 512, False, False, False),
@@ -274,6 +282,36 @@ def compile_int4() -> int:
                 num_warps=4,
             )  # fmt: skip
             n += 1
+    return n + compile_int4_decode_sm90()
+
+
+def compile_int4_decode_sm90() -> int:
+    """The int4 decode configuration as choose_config_int4 sets it for sm90 (the H200 that stands
+    in for Ampere) compiles to mma.sync, not Hopper's wgmma.
+
+    Its dots take a register operand unpacked from the codes by inline PTX (keys on the MMA's M
+    side). With four warps Triton 3.6 made the 16-row variant's dots wgmma for sm90; on the H200
+    that code failed every GPU case (CUDA illegal memory access, or output rows never written),
+    at head sizes 128 and 256, while the same kernel as mma.sync (two warps, or
+    DISABLE_MMA_V3=1) passed them (2026-12-03)."""
+    n = 0
+    for nq, nkv, d, mq in ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1)):
+        lay = Int4PageLayout(64, nkv, d)
+        group = nq // nkv
+        cfg = choose_config_int4(group, d, mq, cc_major=9)
+        k = compile_one(
+            _attn_int4_fwd, ATTN_INT4_PTRS,
+            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+                 USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, DOT_F32=False,
+                 **lay.kernel_constexprs()),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_shared=None, target=SM90,
+        )  # fmt: skip
+        ptx = k.asm["ptx"]
+        assert ".target sm_90" in ptx
+        assert "wgmma" not in ptx, f"int4 decode {nq}/{nkv}/{d} rows {cfg.block_m}: wgmma on sm90"
+        n += 1
+        print("ok attention int4 decode sm90", nq, nkv, d, mq, cfg.block_m, cfg.num_warps,
+              flush=True)  # fmt: skip
     return n
 
 

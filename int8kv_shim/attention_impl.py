@@ -326,8 +326,7 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference, but it misses its speed and greedy-agreement targets, and on an H200 "
-                "its attention kernel faults on short multi-token queries, ending the engine "
+                "reference, but it misses its speed and greedy-agreement targets "
                 "(README, Limitations)",
                 kv_cache_dtype,
             )

@@ -618,7 +618,9 @@ def choose_config_int4(
 ) -> LaunchConfig:
     """Prefill / mixed: tiles of one page (64 keys: its K scales fold into q once per tile).
     Decode: two pages a step with keys on the MMA's M side (_decode_pages), the GQA group's rows
-    (padded to 8, the smallest MMA N) on N, 4 warps."""
+    (padded to 8, the smallest MMA N) on N, 4 warps (2 at head size 64, and for the 16-row
+    variant on sm90+, where four made Triton compile its dots to wgmma: see
+    benchmarks/compile_sm80.py's compile_int4_decode_sm90)."""
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = next_power_of_2(group * max_query_len)
         if block_m <= 16:
@@ -628,7 +630,9 @@ def choose_config_int4(
             # a stage (two pages of codes and scales) is 9 KiB at head size 64, 18 at 128, 36 at
             # 256: about the bytes in flight of one page a stage at 6, 4 and 3 stages before
             stages = {64: 3}.get(head_size, 2)
-            warps = 2 if head_size == 64 else 4
+            # on sm90+, four warps make Triton 3.6 compile the 16-row variant's dots to wgmma,
+            # which faulted on the H200; two keep them mma.sync, as on sm80
+            warps = 2 if head_size == 64 or (block_m == 16 and cc_major >= 9) else 4
             return LaunchConfig(block_m, tile_n=128, num_warps=warps, num_stages=stages, split=True)
         # a group of more than 16 query heads: one page a tile, as prefill
         stages = {64: 6, 128: 4}.get(head_size, 3)
