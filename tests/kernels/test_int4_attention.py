@@ -215,8 +215,8 @@ GPU_CASES = [
      {"sliding_window": 512}),
     # The full-layer case above faulted on the H200 (2026-12-02) in the decode configuration's
     # 16-row variant (queries of 2+ tokens, at most 16 rows: short continuations, speculative
-    # tokens), the one int4 variant whose dots Triton compiles to Hopper's wgmma (4 warps; sm80
-    # gets mma.sync). The same variant at head sizes 128 (wgmma too) and 64 (2 warps: mma.sync):
+    # tokens) while Triton compiled its dots to Hopper's wgmma (4 warps; it runs on 2 on sm90+
+    # since, mma.sync as on sm80). The same variant at head sizes 128 and 64:
     ("decode_16_rows_d128", [2, 3, 1, 4], [8192, 4100, 8193, 300], 32, 8, 128, {}),
     ("decode_16_rows_d64", [2, 5, 1], [8192, 4100, 300], 9, 3, 64, {}),
 ]  # fmt: skip
