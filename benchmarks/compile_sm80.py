@@ -1,4 +1,5 @@
-"""Compile every kernel specialisation for sm80 (needs no GPU, only ptxas), and check the code.
+"""Compile every kernel specialisation for sm80 (needs no GPU, only ptxas), and check the code;
+and the int4 decode configuration for sm90, which must not become wgmma there.
 
     python -m benchmarks.compile_sm80
 
