@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common, soak
+from benchmarks import common, profile_summary, soak
 
 DEFAULT_OUT = common.RESULTS_DIR / "serving.json"
 DEFAULT_WORKDIR = Path("/tmp/int8kv-serve-bench")
@@ -136,6 +136,8 @@ JIT_RE = re.compile(
 )
 WARMUP_OUTPUT_TOKENS = 16
 STOP_GRACE_S = 30.0  # the engine core's own shutdown, after the API server has exited
+# the worker writes its trace after /stop_profile has returned: hundreds of MB of JSON at 8K
+PROFILE_WRITE_TIMEOUT_S = 180.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -486,6 +488,11 @@ ENGINE_ERROR_RE = re.compile(
 )
 
 
+def shim_lines(text: str, limit: int = 40) -> list[str]:
+    """The server log's int8kv-shim lines (which prefill route ran, warnings), first ``limit``."""
+    return [line.strip() for line in text.splitlines() if "int8kv-shim:" in line][:limit]
+
+
 def engine_error_from_log(text: str) -> str | None:
     """The last exception line an engine core process logged (its root cause), or None."""
     found = ENGINE_ERROR_RE.findall(text)
@@ -744,18 +751,42 @@ def plan_points(
     ]
 
 
+def profile_dir(args: argparse.Namespace, spec: ModelSpec, dtype: str) -> Path:
+    return Path(args.logdir) / "profile" / f"{spec.name}_{dtype}"
+
+
+def profiler_args(trace_dir: Path) -> list[str]:
+    """``vllm serve`` flags for its torch profiler: CUDA kernels and host operators, no Python
+    stacks (they multiply the trace), the engine's worker only (``ignore_frontend``)."""
+    config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(trace_dir),
+        "torch_profiler_with_stack": False,
+        "ignore_frontend": True,
+        # its key_averages table of a long trace takes minutes; the summary does the sums
+        "torch_profiler_dump_cuda_time_total": False,
+    }
+    return ["--profiler-config", json.dumps(config, separators=(",", ":"))]
+
+
 def make_server(
     args: argparse.Namespace, spec: ModelSpec, dtype: str, max_len: int, startup_timeout_s: float
 ) -> Server:
+    env = vllm_serve_dtype_env(dtype, not args.shim_only_where_needed)
+    extra = ["--jit-monitor-verbose", *args.serve_args]
+    if args.profile_concurrency:
+        extra += profiler_args(profile_dir(args, spec, dtype))
+        # vLLM's step ranges in the trace (V1 model runner); no cost when not profiling
+        env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     return Server(
         args.vllm,
         str(spec.path),
         dtype,
         port=args.port,
-        env=vllm_serve_dtype_env(dtype, not args.shim_only_where_needed),
+        env=env,
         max_model_len=max_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        extra_args=["--jit-monitor-verbose", *args.serve_args],
+        extra_args=extra,
         log_path=Path(args.logdir) / f"server_{spec.name}_{dtype}.log",
         startup_timeout_s=startup_timeout_s,
         seed=args.seed,
@@ -774,9 +805,13 @@ def point_argv(
     input_len: int,
     concurrency: int,
     num_prompts: int,
+    profiled: bool = False,
 ) -> tuple[list[str], Path]:
-    """The ``vllm bench serve`` command of one point and where it saves its result."""
-    result = Path(args.logdir) / "raw" / f"{point_name(spec, dtype, input_len, concurrency)}.json"
+    """The ``vllm bench serve`` command of one point and where it saves its result (a profiled
+    point: ``--profile``, its own seed and file)."""
+    name = point_name(spec, dtype, input_len, concurrency) + ("_profiled" if profiled else "")
+    result = Path(args.logdir) / "raw" / f"{name}.json"
+    extra = [*args.bench_args, *(["--profile"] if profiled else [])]
     argv = bench_argv(
         args.vllm,
         server.base_url,
@@ -785,10 +820,10 @@ def point_argv(
         args.output_len,
         concurrency,
         num_prompts,
-        point_seed(args.seed, input_len, concurrency),
+        point_seed(args.seed, input_len, concurrency) + (1 if profiled else 0),
         result.parent,
         result.name,
-        args.bench_args,
+        extra,
     )
     return argv, result
 
@@ -844,6 +879,7 @@ def run_server(
         if cause:
             info["engine_error"] = cause
         print(f"serve_bench: {tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
+    info["shim_log"] = shim_lines(server.tail(10**9))
     info["server_log_tail"] = server.tail(1500)
     run.save()
 
@@ -896,7 +932,87 @@ def measure_length(
         if "error" in point:
             run.failures += 1
         run.save()
+    if args.profile_concurrency and not budget.exhausted() and server.alive():
+        profile = run_profiled_point(run, server, spec, dtype, input_len, budget)
+        info.setdefault("profiles", []).append(profile)
+        if "error" in profile:
+            run.failures += 1
+        run.save()
     return True
+
+
+def wait_for_traces(trace_dir: Path, before: set[Path], timeout_s: float) -> list[Path]:
+    """The trace files the profiler wrote after ``before`` was taken, once their sizes stop
+    changing (the engine writes them after ``/stop_profile`` returns)."""
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[Path, int] = {}
+    stable = 0
+    while time.monotonic() < deadline:
+        new = sorted(set(trace_dir.glob("*.json*")) - before) if trace_dir.is_dir() else []
+        now = {path: path.stat().st_size for path in new}
+        stable = stable + 1 if now and now == sizes else 0
+        if stable >= 2:
+            return new
+        sizes = now
+        time.sleep(2.0)
+    return sorted(sizes)
+
+
+def run_profiled_point(
+    run: Run, server: Server, spec: ModelSpec, dtype: str, input_len: int, budget: Budget
+) -> dict[str, Any]:
+    """One more point at ``--profile-concurrency`` under the server's torch profiler (not a
+    row: the profiler slows what it records), its traces summarised by
+    ``benchmarks/profile_summary.py`` into ``PROFILE_DIR.summary.json``."""
+    args = run.args
+    c = args.profile_concurrency
+    prompts = args.profile_prompts or num_prompts_for(c, args.prompts_per_concurrency, 1)
+    trace_dir = profile_dir(args, spec, dtype)
+    before = set(trace_dir.glob("*.json*")) if trace_dir.is_dir() else set()
+    argv, _ = point_argv(args, server, spec, dtype, input_len, c, prompts, profiled=True)
+    env = dict(os.environ)
+    env.pop(common.SHIM_ENV, None)
+    name = point_name(spec, dtype, input_len, c) + "_profiled"
+    rc, secs, tail = common.run_child(
+        argv, env, budget.cap(args.point_timeout_s), Path(args.logdir) / "bench" / f"{name}.log"
+    )
+    profile: dict[str, Any] = {
+        "input_len": input_len,
+        "concurrency": c,
+        "num_prompts": prompts,
+        "command": shlex.join(argv),
+        "rc": rc,
+        "wall_s": round(secs, 1),
+    }
+    if rc != 0:
+        profile["error"] = "timeout" if rc == -9 else common.error_summary(tail)
+        return profile
+    traces = wait_for_traces(trace_dir, before, budget.cap(PROFILE_WRITE_TIMEOUT_S))
+    if not traces:
+        profile["error"] = f"no trace written under {trace_dir}"
+        return profile
+    for attempt in range(3):
+        try:
+            summary = profile_summary.summarize_files(traces)
+            break
+        except (EOFError, OSError, ValueError) as e:  # a trace still being written
+            if attempt == 2:
+                profile["error"] = f"trace unreadable: {e!r}"[:500]
+                return profile
+            time.sleep(10.0)
+    path = trace_dir.parent / f"{name}.summary.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    profile |= {"traces": [str(t) for t in traces], "summary": str(path)}
+    if not args.keep_traces:
+        for t in traces:
+            t.unlink()
+    for doc in summary.values():
+        print(
+            f"serve_bench: {name}: GPU kernels {doc['kernel_us_by_category']} us, busy "
+            f"{doc['gpu_busy_fraction']} of {doc['gpu_span_us'] / 1e6:.2f} s, {doc['steps']} steps",
+            flush=True,
+        )
+    return profile
 
 
 def run_point(
@@ -995,6 +1111,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=shlex.join([sys.executable, "-m", "vllm.entrypoints.cli.main"]),
         help="the vllm command (for serve and bench serve)",
     )
+    p.add_argument(
+        "--profile-concurrency",
+        type=int,
+        default=0,
+        help="after the timed points of each input length, one more point at this concurrency "
+        "under the server's torch profiler, summarised (benchmarks/profile_summary.py); 0: none",
+    )
+    p.add_argument("--profile-prompts", type=int, default=0, help="default: as a timed point")
+    p.add_argument("--keep-traces", action="store_true", help="keep the raw profiler traces")
     p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` flags")
     p.add_argument(
@@ -1050,6 +1175,14 @@ def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
                 if c == min(args.concurrency) and args.warmup_prompts:
                     print(f"# warm-up: {args.warmup_prompts} requests of {n} random token ids")
                 print(shlex.join(point_argv(args, server, spec, dtype, n, c, prompts)[0]))
+            if args.profile_concurrency:
+                c = args.profile_concurrency
+                prompts = args.profile_prompts or num_prompts_for(
+                    c, args.prompts_per_concurrency, 1
+                )
+                for n in lens:
+                    argv = point_argv(args, server, spec, dtype, n, c, prompts, profiled=True)[0]
+                    print(f"# profiled: {shlex.join(argv)}")
     return 0
 
 

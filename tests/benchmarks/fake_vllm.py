@@ -2,24 +2,54 @@
 
 ``fake_vllm.py serve MODEL --host H --port P ...``: logs what vLLM logs at start-up (the KV cache
 line among them), then serves on H:P ``/health``, ``/v1/completions`` (streamed as vLLM streams it,
-or one JSON answer) and nothing else (``/tokenize`` is a 404, which ``vllm bench serve`` skips).
+or one JSON answer) and nothing else (``/tokenize`` is a 404, which ``vllm bench serve`` skips);
+with ``--profiler-config``, also ``/start_profile`` and ``/stop_profile``, the stop writing a small
+gzipped trace (two kernels in one step) into its ``torch_profiler_dir`` half a second later.
 
 ``fake_vllm.py bench serve ...``: with ``FAKE_VLLM_REAL_BENCH=1``, the real ``vllm bench serve``
 (installed vLLM) with the same arguments; otherwise it writes a ``--save-result`` JSON with the
-fields vLLM writes, after ``FAKE_BENCH_S`` seconds.
+fields vLLM writes, after ``FAKE_BENCH_S`` seconds (with ``--profile``, between a POST of
+``/start_profile`` and one of ``/stop_profile`` to ``--base-url``).
 
 Every call appends ``{"argv", "pid", "shim"}`` to the JSON-lines file ``$FAKE_VLLM_RECORD``.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
+import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KV_TOKENS = "1,234,567"
+TRACE_DIR: str | None = None  # the server's torch_profiler_dir, when it has --profiler-config
+TRACE = {
+    "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: forward", "ts": 0,
+         "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 1,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 2, "dur": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "_attn_fwd", "ts": 10, "dur": 30,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": 40, "dur": 20,
+         "args": {"correlation": 2}},
+    ]
+}  # fmt: skip
+
+
+def write_trace() -> None:
+    time.sleep(0.5)  # as vLLM's worker does, after the stop request has been answered
+    os.makedirs(TRACE_DIR, exist_ok=True)
+    path = os.path.join(TRACE_DIR, f"fake_worker.{time.time_ns()}.pt.trace.json.gz")
+    with gzip.open(path + ".tmp", "wt") as f:
+        json.dump(TRACE, f)
+    os.replace(path + ".tmp", path)
 
 
 def record(argv: list[str]) -> None:
@@ -45,7 +75,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path in ("/start_profile", "/stop_profile") and TRACE_DIR:
+            self.send_response(200)
+            self.end_headers()
+            if self.path == "/stop_profile":
+                threading.Thread(target=write_trace).start()
+            return
         if self.path != "/v1/completions":
             self.send_response(404)
             self.end_headers()
@@ -82,6 +118,9 @@ def serve(argv: list[str]) -> None:
           f"{KV_TOKENS} tokens", flush=True)  # fmt: skip
     print("(EngineCore pid=1) INFO 01-01 00:00:02 [core.py:345] init engine (profile, create kv "
           "cache, warmup model) took 12.34 s", flush=True)  # fmt: skip
+    global TRACE_DIR
+    if flag(argv, "--profiler-config"):
+        TRACE_DIR = json.loads(flag(argv, "--profiler-config"))["torch_profiler_dir"]
     host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8000"))
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
@@ -89,7 +128,16 @@ def serve(argv: list[str]) -> None:
 def bench(argv: list[str]) -> None:
     if os.environ.get("FAKE_VLLM_REAL_BENCH") == "1":
         os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv])
+
+    def post(path: str) -> None:
+        request = urllib.request.Request(flag(argv, "--base-url") + path, data=b"{}")
+        urllib.request.urlopen(request, timeout=10).read()
+
+    if "--profile" in argv:
+        post("/start_profile")
     time.sleep(float(os.environ.get("FAKE_BENCH_S", "0")))
+    if "--profile" in argv:
+        post("/stop_profile")
     n, c = int(flag(argv, "--num-prompts")), int(flag(argv, "--max-concurrency"))
     inp, out = int(flag(argv, "--random-input-len")), int(flag(argv, "--random-output-len"))
     base = 1.0 + c / 100  # latencies grow with concurrency

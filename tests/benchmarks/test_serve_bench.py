@@ -703,3 +703,42 @@ def test_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError):
         sb.plot({"rows": []}, tmp_path / "empty.png")
+
+
+def test_profiled_point_is_summarised_and_not_a_row(fake: dict) -> None:
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "int8", "--input-lens", "1K", "--concurrency", "1,4"),
+            *("--profile-concurrency", "4", "--profile-prompts", "3"),
+        )
+    )
+    assert rc == 0
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert [(r["concurrency"], r["num_prompts"]) for r in rows] == [(1, 2), (4, 4)]
+    recs = _records(fake)
+    server = next(r["argv"] for r in recs if r["argv"][0] == "serve")
+    trace_dir = fake["tmp"] / "logs" / "profile" / "fake_int8"
+    config = json.loads(_flag(server, "--profiler-config"))
+    assert config["profiler"] == "torch" and config["torch_profiler_dir"] == str(trace_dir)
+    assert config["torch_profiler_with_stack"] is False and config["ignore_frontend"] is True
+    benches = [r["argv"] for r in recs if r["argv"][:2] == ["bench", "serve"]]
+    assert ["--profile" in b for b in benches] == [False, False, True]
+    profiled, timed = benches[2], benches[1]
+    assert _flag(profiled, "--num-prompts") == "3" and _flag(profiled, "--max-concurrency") == "4"
+    assert int(_flag(profiled, "--seed")) == int(_flag(timed, "--seed")) + 1
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    (profile,) = runs["servers"][0]["profiles"]
+    assert profile["rc"] == 0 and "error" not in profile
+    assert not any(Path(t).exists() for t in profile["traces"])  # summarised, then removed
+    (summary,) = json.loads(Path(profile["summary"]).read_text()).values()
+    assert summary["kernel_us_by_category"]["ours"] == 30
+    assert summary["by_step_kind"]["eager"]["gpu_us_mean_total"] == 50
+    _assert_all_gone(recs)
+
+
+def test_shim_lines() -> None:
+    log = "INFO a\n(EngineCore) INFO [x.py:1] int8kv-shim: first step with prefills: 1 on FA2\nb\n"
+    assert sb.shim_lines(log) == ["(EngineCore) INFO [x.py:1] int8kv-shim: first step with "
+                                  "prefills: 1 on FA2"]  # fmt: skip
+    assert sb.shim_lines("int8kv-shim: x\n" * 50, limit=3) == ["int8kv-shim: x"] * 3

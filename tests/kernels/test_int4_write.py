@@ -71,7 +71,9 @@ class Pool:
     num_blocks: int = 16
     num_slots: int = 4
     dtype: torch.dtype = torch.bfloat16
-    device: str = "cpu"
+    # the kernels' device: the GPU where there is one (without the interpreter, Triton launches
+    # nothing on CPU tensors), else the CPU under TRITON_INTERPRET=1
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
     cache: torch.Tensor = field(init=False)
     tail: torch.Tensor = field(init=False)
     tail_page: torch.Tensor = field(init=False)
@@ -122,7 +124,7 @@ def _page_bytes_of(pool: Pool, k: torch.Tensor, v: torch.Tensor) -> list[torch.T
 def _assert_page(pool: Pool, block: int, k: torch.Tensor, v: torch.Tensor) -> None:
     views = page_views(pool.cache, Int4PageLayout(B, pool.nkv, pool.d))
     for got, want in zip((x[block] for x in views), _page_bytes_of(pool, k, v), strict=True):
-        assert torch.equal(_bits(got), _bits(want))
+        assert torch.equal(_bits(got).cpu(), _bits(want).cpu())
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +133,8 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 def _kv(n: int, pool: Pool, scale: float = 1.0):
     k = (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
-    return k, (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
+    v = (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
+    return k.to(pool.device), v.to(pool.device)
 
 
 def test_decode_fills_a_page_token_by_token_until_it_flushes():
@@ -243,9 +246,8 @@ def test_constant_and_huge_values_stay_finite():
     v = (torch.randn(64, 1, 64) * 1e6).to(torch.bfloat16)  # beyond fp16's range: saturates
     _write(pool, k, v, [64], [64], [[0]], [0], [1])
     kk, vv = dequantize_cache_int4(pool.cache, block_size=B, num_kv_heads=1, head_size=64)
-    assert torch.equal(
-        kk[0], k.float()
-    )  # a constant channel: scale 0, dequantizes to its zero exactly
+    # a constant channel: scale 0, dequantizes to its zero exactly
+    assert torch.equal(kk[0].cpu(), k.float())
     assert vv[0].isfinite().all()  # (the other pages hold random bytes)
 
 
@@ -291,9 +293,9 @@ def test_int4_write_gemma3_step_gpu(window):
     _write_gemma3_step(window, "cuda")
 
 
-def test_int4_write_gemma3_step_shape_small():
-    # the same structure at 1/8 of the length, on the CPU
-    _write_gemma3_step(64, "cpu", scale=8)
+def test_int4_write_gemma3_step_shape_small(device):
+    # the same structure at 1/8 of the length (CPU-sized)
+    _write_gemma3_step(64, device, scale=8)
 
 
 def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:

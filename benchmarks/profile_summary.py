@@ -1,0 +1,205 @@
+"""What a torch profiler trace of a vLLM engine spent its GPU and host time on.
+
+Reads the Chrome-trace JSON (``.json`` or ``.json.gz``) that vLLM's torch profiler writes
+(``vllm serve --profiler-config '{"profiler": "torch", ...}'`` and ``vllm bench serve
+--profile``) and sums:
+
+* the GPU kernels by category: ``ours`` (int8kv-shim's Triton kernels), ``flash_attention``
+  (FlashAttention-2), ``gemm`` and ``other``, and the top kernels by total time;
+* how busy the GPU was: the union of the kernels' intervals against the span from the first
+  kernel to the last (idle time there is the host's, or a wait);
+* the host time of the operators vLLM calls (``cpu_op`` events, top ones by total time), the
+  attention op among them, and the CUDA graph replays (``cudaGraphLaunch``);
+* where the trace has vLLM's step annotation (``gpu_model_runner: forward``, V1 model runner with
+  ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``), per kind of step: ``graph`` (one whole-step CUDA graph
+  replay: vLLM captures uniform decode batches) or ``eager`` (prompt chunks and mixed batches, at
+  most piecewise graphs), the count, the host time of the range and the mean GPU time of each
+  category; a kernel belongs to the step whose range holds the host call that launched it
+  (matched by the trace's ``correlation`` ids).
+
+Two traces of the same load (``auto`` on FlashAttention-2 against ``int8``) then say which kernels,
+or the host, make it slower.
+
+    python -m benchmarks.profile_summary TRACE.json.gz [--out summary.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+STEP_ANNOTATION = "gpu_model_runner: forward"
+GRAPH_LAUNCH = "cudaGraphLaunch"
+
+CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "ours",
+        re.compile(
+            r"^_(attn_fwd|attn_int4_fwd|write_kv_kernel|gather_kv_kernel|flush_pages_kernel"
+            r"|store_tail_kernel)|^merge_splits"
+        ),
+    ),
+    ("flash_attention", re.compile(r"flash", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul", re.IGNORECASE)),
+)
+
+
+NAMES = (*(name for name, _ in CATEGORIES), "other")
+
+
+def category(kernel_name: str) -> str:
+    for name, pattern in CATEGORIES:
+        if pattern.search(kernel_name):
+            return name
+    return "other"
+
+
+def load_trace(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, Mapping) else doc
+    return [e for e in events if isinstance(e, Mapping) and e.get("ph") == "X"]
+
+
+def _correlation(event: Mapping[str, Any]) -> int | None:
+    value = (event.get("args") or {}).get("correlation")
+    return int(value) if value is not None else None
+
+
+def busy_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def _ranked(totals: Mapping[str, list[float]], top: int, with_category: bool) -> list[dict]:
+    rows = []
+    for name, (count, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        row: dict[str, Any] = {"name": name[:160], "count": int(count), "total_us": round(total, 1)}
+        if with_category:
+            row["category"] = category(name)
+        rows.append(row)
+    return rows
+
+
+def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, Any]:
+    """The summary of one trace's complete ("X") events (see the module docstring)."""
+    steps: list[tuple[float, float]] = []
+    launches: dict[int, tuple[float, str]] = {}  # correlation -> (host ts, runtime call)
+    kernels: list[Mapping[str, Any]] = []
+    host_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        cat = e.get("cat", "")
+        if cat == "kernel":
+            kernels.append(e)
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            corr = _correlation(e)
+            if corr is not None:
+                launches[corr] = (float(e["ts"]), str(e.get("name", "")))
+        elif e.get("name") == STEP_ANNOTATION:
+            steps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+        elif cat == "cpu_op":
+            host_ops[str(e.get("name", ""))][0] += 1
+            host_ops[str(e.get("name", ""))][1] += float(e.get("dur", 0.0))
+    steps.sort()
+    starts = [s for s, _ in steps]
+
+    def step_of(ts: float) -> int | None:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i if i >= 0 and ts <= steps[i][1] else None
+
+    graph_launches = [0] * len(steps)
+    for ts, name in launches.values():
+        if name == GRAPH_LAUNCH:
+            i = step_of(ts)
+            if i is not None:
+                graph_launches[i] += 1
+    per_step: list[dict[str, float]] = [defaultdict(float) for _ in steps]
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    by_category: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        dur = float(k.get("dur", 0.0))
+        name = str(k.get("name", ""))
+        totals[name][0] += 1
+        totals[name][1] += dur
+        by_category[category(name)] += dur
+        launch = launches.get(_correlation(k) or -1)
+        i = step_of(launch[0]) if launch else None
+        if i is not None:
+            per_step[i][category(name)] += dur
+    kinds: dict[str, Any] = {}
+    for kind in ("eager", "graph"):
+        # one replay = a whole-step graph; piecewise steps replay one graph per layer segment
+        idx = [i for i in range(len(steps)) if (graph_launches[i] == 1) == (kind == "graph")]
+        if not idx:
+            continue
+        host = [steps[i][1] - steps[i][0] for i in idx]
+        gpu = {c: round(sum(per_step[i].get(c, 0.0) for i in idx) / len(idx), 1) for c in NAMES}
+        kinds[kind] = {
+            "steps": len(idx),
+            "host_forward_us_p50": round(statistics.median(host), 1),
+            "host_forward_us_mean": round(statistics.fmean(host), 1),
+            "gpu_us_mean": gpu,
+            "gpu_us_mean_total": round(sum(gpu.values()), 1),
+        }
+    span = (
+        max(float(k["ts"]) + float(k.get("dur", 0.0)) for k in kernels)
+        - min(float(k["ts"]) for k in kernels)
+        if kernels
+        else 0.0
+    )
+    busy = busy_us((float(k["ts"]), float(k["ts"]) + float(k.get("dur", 0.0))) for k in kernels)
+    attention_ops = {n: v for n, v in host_ops.items() if "attention" in n.lower()}
+    return {
+        "kernels": len(kernels),
+        "kernel_us_total": round(sum(by_category.values()), 1),
+        "kernel_us_by_category": {c: round(by_category.get(c, 0.0), 1) for c in NAMES},
+        "gpu_span_us": round(span, 1),
+        "gpu_busy_us": round(busy, 1),
+        "gpu_busy_fraction": round(busy / span, 4) if span else None,
+        "graph_replays": sum(1 for _, n in launches.values() if n == GRAPH_LAUNCH),
+        "host_attention_ops": _ranked(attention_ops, top, with_category=False),
+        "top_host_ops": _ranked(host_ops, top, with_category=False),
+        "top_kernels": _ranked(totals, top, with_category=True),
+        "steps": len(steps),
+        "by_step_kind": kinds,
+    }
+
+
+def summarize_files(paths: Sequence[Path], top: int = 25) -> dict[str, Any]:
+    """One summary per trace file (the engine's worker writes one; vLLM's front end another,
+    which has no GPU kernels)."""
+    return {str(p): summarize(load_trace(p), top) for p in paths}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", nargs="+", type=Path)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    doc = summarize_files(args.traces, args.top)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
