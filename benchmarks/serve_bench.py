@@ -723,12 +723,18 @@ class Run:
     rows: list[dict[str, Any]] = field(default_factory=list)
     servers: list[dict[str, Any]] = field(default_factory=list)
     failures: int = 0
+    profiles: list[dict[str, Any]] = field(default_factory=list)  # rows of profile_path()
 
     def save(self) -> None:
         # a run that measured nothing leaves an existing file alone, --append or not
         if self.rows:
             doc = merged_doc(self.previous, self.gpu, self.command, self.rows)
             common.write_json(doc, self.args.out)
+        if self.profiles:
+            path = profile_path(self.args.out)
+            before = load_previous(path, self.gpu) if self.args.append else None
+            doc = merged_doc(before, self.gpu, self.command, self.profiles)
+            common.write_json(doc, path)
         details = {
             "gpu": self.gpu,
             "command": self.command,
@@ -941,6 +947,11 @@ def measure_length(
     return True
 
 
+def profile_path(out: Path) -> Path:
+    """Where the profiled points' summaries go: ``serving_profile.json`` beside ``serving.json``."""
+    return out.with_name(f"{out.stem}_profile.json")
+
+
 def wait_for_traces(trace_dir: Path, before: set[Path], timeout_s: float) -> list[Path]:
     """The trace files the profiler wrote after ``before`` was taken, once their sizes stop
     changing (the engine writes them after ``/stop_profile`` returns)."""
@@ -1003,6 +1014,15 @@ def run_profiled_point(
     path = trace_dir.parent / f"{name}.summary.json"
     path.write_text(json.dumps(summary, indent=1) + "\n")
     profile |= {"traces": [str(t) for t in traces], "summary": str(path)}
+    # the engine worker's trace (the one with the GPU kernels) becomes a row of the profile file
+    worker = max(summary.values(), key=lambda doc: doc["kernels"])
+    keep = {k: v for k, v in worker.items() if k != "top_host_ops"}
+    run.profiles = common.merge_rows(
+        run.profiles,
+        [{"model": spec.name, "dtype": dtype, "input_len": input_len, "concurrency": c,
+          "num_prompts": prompts, **keep}],
+        ROW_KEY,
+    )  # fmt: skip
     if not args.keep_traces:
         for t in traces:
             t.unlink()

@@ -734,6 +734,18 @@ def test_profiled_point_is_summarised_and_not_a_row(fake: dict) -> None:
     (summary,) = json.loads(Path(profile["summary"]).read_text()).values()
     assert summary["kernel_us_by_category"]["ours"] == 30
     assert summary["by_step_kind"]["eager"]["gpu_us_mean_total"] == 50
+    # and a row of serving_profile.json, beside serving.json
+    doc = json.loads((fake["tmp"] / "serving_profile.json").read_text())
+    assert doc["gpu"] and doc["command"].startswith("python -m benchmarks.serve_bench")
+    (row,) = doc["rows"]
+    assert (row["model"], row["dtype"], row["input_len"], row["concurrency"]) == (
+        "fake",
+        "int8",
+        1024,
+        4,
+    )
+    assert row["num_prompts"] == 3 and row["kernel_us_by_category"]["ours"] == 30
+    assert "top_host_ops" not in row and row["top_kernels"][0]["name"] == "_attn_fwd"
     _assert_all_gone(recs)
 
 
