@@ -754,6 +754,51 @@ def serving_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
+def serving_profile_table(*paths: Path) -> str:
+    """The profiled serving points (``serve_bench --profile-concurrency``): GPU kernel time by
+    category over the whole point, how busy the GPU was, the attention op's host time, and the
+    attention kernels' time per call, one line per dtype (a file per run)."""
+    lines = [
+        "| run | model | input | concurrency | dtype | prompts | GPU kernel ms: ours / "
+        "FlashAttention-2 / GEMM / other / total | GPU busy | attention op: calls, host ms "
+        "| largest attention kernels: ms in all (calls) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        result = _load(path)
+        run = f"{result['gpu']}, {_provenance(result)}"
+        for r in result["rows"]:
+            c = r["kernel_us_by_category"]
+            ms = " / ".join(
+                f"{v / 1e3:.0f}"
+                for v in (*(c[k] for k in PROFILE_CATEGORIES), r["kernel_us_total"])
+            )
+            (op,) = r["host_attention_ops"] or [{"count": 0, "total_us": 0.0}]
+            attention = [
+                k for k in r["top_kernels"] if k["category"] in ("ours", "flash_attention")
+            ][:4]
+            top = ", ".join(
+                f"`{_kernel_name(k['name'])}` {k['total_us'] / 1e3:.0f} ({k['count']})"
+                for k in attention
+            )
+            lines.append(
+                f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} | {r['input_len']} "
+                f"| {r['concurrency']} | `{r['dtype']}` | {r['num_prompts']} | {ms} | "
+                f"{r['gpu_busy_fraction']:.0%} of {r['gpu_span_us'] / 1e6:.1f} s | "
+                f"{op['count']}, {op['total_us'] / 1e3:.0f} | {top} |"
+            )
+    return "\n".join(lines)
+
+
+PROFILE_CATEGORIES = ("ours", "flash_attention", "gemm", "other")
+
+
+def _kernel_name(name: str) -> str:
+    """``flash_fwd_splitkv_kernel`` of ``void flash::flash_fwd_splitkv_kernel<...>(...)``."""
+    base = name.split("<")[0].split("(")[0].strip()
+    return base.split()[-1].split("::")[-1]
+
+
 def serving_starts_table(path: Path = RESULTS / "serving.json") -> str:
     """Every ``vllm serve`` start of the serving runs: time to healthy and where it went (phases
     from the server log)."""
@@ -1121,6 +1166,9 @@ TABLES = {
     "throughput_1k_paired": paired_runs_table,
     "serving": serving_table,
     "serving_starts": serving_starts_table,
+    "serving_profile": lambda: serving_profile_table(
+        *sorted(RESULTS.glob("serving_*_profile.json"))
+    ),
     "reliability": reliability_table,
     "int4_format_simulation": kv_quant_sim_table,
     "int4_format_simulation_gemma3": lambda: kv_quant_sim_table(

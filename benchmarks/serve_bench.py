@@ -42,6 +42,11 @@ random-weight Llama with Llama-3-8B's attention and MLP shape (32 q / 8 kv heads
 4096, intermediate 14336, ``--llama-layers`` layers, 40960 positions) and SmolLM2's tokenizer, made
 on first use under ``--workdir``; or ``NAME=FOLDER``.
 
+``--profile-concurrency C``: after the timed points of each input length, one more point at
+``C`` under the server's torch profiler (``--profiler-config``, ``vllm bench serve --profile``),
+not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json``
+(beside ``--out``), and the raw trace is deleted unless ``--keep-traces``.
+
 ``--time-budget-s``: no new point (or server) starts after it, and no child runs past it.
 ``--dry-run`` prints every command without running anything.
 

@@ -43,6 +43,7 @@ WHERE = {
     "throughput_1k_paired": RESULTS,
     "serving": RESULTS,
     "serving_starts": RESULTS,
+    "serving_profile": RESULTS,
     "reliability": RESULTS,
     "int4_format_simulation": RESULTS,
     "int4_format_simulation_gemma3": RESULTS,
