@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
 from int8kv_kernels.catalogue import CATALOGUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -788,9 +789,6 @@ def serving_profile_table(*paths: Path) -> str:
                 f"{op['count']}, {op['total_us'] / 1e3:.0f} | {top} |"
             )
     return "\n".join(lines)
-
-
-PROFILE_CATEGORIES = ("ours", "flash_attention", "gemm", "other")
 
 
 def _kernel_name(name: str) -> str:

@@ -729,6 +729,7 @@ class Run:
     servers: list[dict[str, Any]] = field(default_factory=list)
     failures: int = 0
     profiles: list[dict[str, Any]] = field(default_factory=list)  # rows of profile_path()
+    previous_profiles: dict[str, Any] | None = None  # --append: the profile file as it was
 
     def save(self) -> None:
         # a run that measured nothing leaves an existing file alone, --append or not
@@ -736,10 +737,8 @@ class Run:
             doc = merged_doc(self.previous, self.gpu, self.command, self.rows)
             common.write_json(doc, self.args.out)
         if self.profiles:
-            path = profile_path(self.args.out)
-            before = load_previous(path, self.gpu) if self.args.append else None
-            doc = merged_doc(before, self.gpu, self.command, self.profiles)
-            common.write_json(doc, path)
+            doc = merged_doc(self.previous_profiles, self.gpu, self.command, self.profiles)
+            common.write_json(doc, profile_path(self.args.out))
         details = {
             "gpu": self.gpu,
             "command": self.command,
@@ -974,6 +973,24 @@ def wait_for_traces(trace_dir: Path, before: set[Path], timeout_s: float) -> lis
     return sorted(sizes)
 
 
+def run_bench(
+    args: argparse.Namespace, argv: Sequence[str], name: str, budget: Budget
+) -> tuple[int, float, str]:
+    """One ``vllm bench serve`` child, its log under ``--logdir``/bench: (rc, seconds, tail)."""
+    env = dict(os.environ)
+    env.pop(common.SHIM_ENV, None)  # the client is plain vLLM
+    log = Path(args.logdir) / "bench" / f"{name}.log"
+    return common.run_child(list(argv), env, budget.cap(args.point_timeout_s), log)
+
+
+def profiled_prompts(args: argparse.Namespace) -> int:
+    """Prompts of the profiled point: ``--profile-prompts``, else as many as a timed point."""
+    c = args.profile_concurrency
+    return args.profile_prompts or num_prompts_for(
+        c, args.prompts_per_concurrency, args.min_prompts
+    )
+
+
 def run_profiled_point(
     run: Run, server: Server, spec: ModelSpec, dtype: str, input_len: int, budget: Budget
 ) -> dict[str, Any]:
@@ -981,17 +998,12 @@ def run_profiled_point(
     row: the profiler slows what it records), its traces summarised by
     ``benchmarks/profile_summary.py`` into ``PROFILE_DIR.summary.json``."""
     args = run.args
-    c = args.profile_concurrency
-    prompts = args.profile_prompts or num_prompts_for(c, args.prompts_per_concurrency, 1)
+    c, prompts = args.profile_concurrency, profiled_prompts(args)
     trace_dir = profile_dir(args, spec, dtype)
     before = set(trace_dir.glob("*.json*")) if trace_dir.is_dir() else set()
     argv, _ = point_argv(args, server, spec, dtype, input_len, c, prompts, profiled=True)
-    env = dict(os.environ)
-    env.pop(common.SHIM_ENV, None)
     name = point_name(spec, dtype, input_len, c) + "_profiled"
-    rc, secs, tail = common.run_child(
-        argv, env, budget.cap(args.point_timeout_s), Path(args.logdir) / "bench" / f"{name}.log"
-    )
+    rc, secs, tail = run_bench(args, argv, name, budget)
     profile: dict[str, Any] = {
         "input_len": input_len,
         "concurrency": c,
@@ -1056,12 +1068,8 @@ def run_point(
     argv, result_path = point_argv(args, server, spec, dtype, input_len, concurrency, num_prompts)
     result_path.unlink(missing_ok=True)
     seed = point_seed(args.seed, input_len, concurrency)
-    env = dict(os.environ)
-    env.pop(common.SHIM_ENV, None)  # the client is plain vLLM
     log_before = len(server.tail(10**9))
-    rc, secs, tail = common.run_child(
-        argv, env, budget.cap(args.point_timeout_s), Path(args.logdir) / "bench" / f"{name}.log"
-    )
+    rc, secs, tail = run_bench(args, argv, name, budget)
     compiles = jit_compiles_from_log(server.tail(10**9)[log_before:])
     point: dict[str, Any] = {
         "input_len": input_len,
@@ -1201,10 +1209,7 @@ def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
                     print(f"# warm-up: {args.warmup_prompts} requests of {n} random token ids")
                 print(shlex.join(point_argv(args, server, spec, dtype, n, c, prompts)[0]))
             if args.profile_concurrency:
-                c = args.profile_concurrency
-                prompts = args.profile_prompts or num_prompts_for(
-                    c, args.prompts_per_concurrency, 1
-                )
+                c, prompts = args.profile_concurrency, profiled_prompts(args)
                 for n in lens:
                     argv = point_argv(args, server, spec, dtype, n, c, prompts, profiled=True)[0]
                     print(f"# profiled: {shlex.join(argv)}")
@@ -1229,6 +1234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = common.gpu_name()
     previous = load_previous(args.out, gpu) if args.append else None
     run = Run(args, gpu, args.command, previous)
+    if args.append:
+        run.previous_profiles = load_previous(profile_path(args.out), gpu)
     budget = Budget(args.time_budget_s)
     # SIGTERM (a device call's timeout) must still take the server down: exit through finally
     old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
