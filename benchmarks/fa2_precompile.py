@@ -1,7 +1,7 @@
 """Launch every FlashAttention-2 kernel variant the serving runs use once, so that a GPU without
 machine code for them compiles their PTX before anything is timed.
 
-    python -m benchmarks.fa2_precompile [--models smollm2,gemma3] [--jobs 16] [--dry-run]
+    python -m benchmarks.fa2_precompile [--models smollm2,gemma3,llama3-8b-shape] [--jobs 16] [--dry-run]
 
 vLLM 0.24.0's FlashAttention-2 library carries sm_80 machine code and sm_80 PTX only
 (``benchmarks/results/fa2_cuda_archs.json``). On the H200 that stands in for Ampere the driver
@@ -31,10 +31,12 @@ from pathlib import Path
 
 from benchmarks import common
 
-# (name, query heads, kv heads, head size, sliding window or 0) of the bundle's real models
+# (query heads, kv heads, head size, sliding window or 0) of each model serve_bench runs
 SHAPES = {
     "smollm2": [(9, 3, 64, 0)],
     "gemma3": [(4, 1, 256, 0), (4, 1, 256, 512)],
+    # serve_bench's random-weight model of Llama-3-8B's attention
+    "llama3-8b-shape": [(32, 8, 128, 0)],
 }
 KINDS = ["dense", "paged_prefill", "decode1", "decode8", "decode32", "decode128"]
 BLOCK = 16  # vLLM's FlashAttention-2 block size
