@@ -19,13 +19,38 @@ torch specification in reference_int4.py. Launch planning shared by both attenti
 attention_plan.py.
 """
 
-from .attention import AttentionWorkspace, choose_num_splits, make_workspace, paged_attention
-from .attention_int4 import paged_attention_int4
-from .cache_write import write_kv_cache
-from .cache_write_int4 import write_kv_cache_int4
-from .catalogue import INT4_DTYPES, INT8_DTYPES, V_FORMATS
-from .context_gather import gather_kv_context
-from .page_layout import Int4PageLayout, PageLayout, get_page_bytes
+if __name__ == "kernels":
+    # This folder is the package int8kv_kernels. It was imported as the top-level name `kernels`
+    # because the checkout's root is on sys.path (pytest, `python -m benchmarks.NAME` run from the
+    # checkout), where it shadows PyPI's `kernels`, which transformers imports when that is
+    # installed. Hand the name to the next `kernels` on sys.path, or fail as a missing one would.
+    import importlib.machinery as _machinery
+    import importlib.util as _util
+    import os as _os
+    import sys as _sys
+
+    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    _others = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _root]
+    _spec = _machinery.PathFinder.find_spec(__name__, _others)
+    if _spec is None or _spec.loader is None:
+        raise ImportError(
+            f"No module named {__name__!r} (the checkout's {__name__}/ is int8kv_kernels)"
+        )
+    _module = _util.module_from_spec(_spec)
+    _sys.modules[__name__] = _module
+    try:
+        _spec.loader.exec_module(_module)
+    except BaseException:
+        del _sys.modules[__name__]
+        raise
+else:
+    from .attention import AttentionWorkspace, choose_num_splits, make_workspace, paged_attention
+    from .attention_int4 import paged_attention_int4
+    from .cache_write import write_kv_cache
+    from .cache_write_int4 import write_kv_cache_int4
+    from .catalogue import INT4_DTYPES, INT8_DTYPES, V_FORMATS
+    from .context_gather import gather_kv_context
+    from .page_layout import Int4PageLayout, PageLayout, get_page_bytes
 
 __all__ = [
     "INT4_DTYPES",
