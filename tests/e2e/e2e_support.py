@@ -241,9 +241,8 @@ def assert_like_control(
     ours: Comparison, control: Comparison, what: str, control_what: str
 ) -> None:
     """No real mismatch, and at most SLACK of the prompts fewer identical than the control."""
-    print(f"{what}: {ours.summary()}\n  control, {control_what}: {control.summary()}")
     floor = control.identical_fraction - SLACK
-    record_comparison(what, ours, control_what, control, ok=not ours.mismatch
+    report_comparison(what, ours, control_what, control, ok=not ours.mismatch
                       and ours.identical_fraction >= floor)  # fmt: skip
     assert not ours.mismatch, f"{what}: {ours.summary()}"
     assert ours.identical_fraction >= floor, (
@@ -262,12 +261,22 @@ def _comparison_fields(c: Comparison) -> dict[str, Any]:
     }
 
 
+def report_comparison(
+    what: str, ours: Comparison, control_what: str, control: Comparison, *, ok: bool | None = None
+) -> None:
+    """Print a comparison beside its control and record it (:func:`record_comparison`); ``ok``:
+    the judgement, None for a comparison recorded for information only."""
+    print(f"{what}: {ours.summary()}\n  control, {control_what}: {control.summary()}")
+    record_comparison(what, ours, control_what, control, ok=ok)
+
+
 def record_comparison(
-    what: str, ours: Comparison, control_what: str, control: Comparison, *, ok: bool
+    what: str, ours: Comparison, control_what: str, control: Comparison, *, ok: bool | None
 ) -> None:
     """On a device run (``$OUT`` set), append the judgement to ``$OUT/logs/e2e_comparisons.jsonl``
     as it is made: a call cut off by its time limit keeps the comparisons of the tests that got
-    that far, which pytest's summary (printed at the end) does not."""
+    that far, which pytest's summary (printed at the end) does not. ``passed`` is null for a
+    comparison recorded for information only."""
     if not os.environ.get("OUT"):
         return
     path = Path(os.environ["OUT"]) / "logs" / "e2e_comparisons.jsonl"

@@ -118,12 +118,15 @@ def test_assert_like_control_allows_slack_but_no_mismatch(
         e2e_support.assert_like_control(cmp(39, 33), control, "ours", "control")  # 0.542
     with pytest.raises(AssertionError, match="real mismatches at \\[p0@t0\\]"):
         e2e_support.assert_like_control(cmp(71, 0, 1), control, "ours", "control")
+    # a comparison reported for information only asserts nothing and is recorded without a verdict
+    e2e_support.report_comparison("ours", cmp(10, 62), "control", control)
     # every judgement is on disk as it is made, failed ones included
     rows = [json.loads(x) for x in (tmp_path / "logs" / "e2e_comparisons.jsonl").open()]
     assert [(r["identical"], r["real_mismatches"], r["passed"]) for r in rows] == [
         (40, 0, True),
         (39, 0, False),
         (71, 1, False),
+        (10, 0, None),
     ]
     assert rows[0]["control"] == {"what": "control", "identical": 50, "prompts": 72,
                                   "tokens": 32, "real_mismatches": 0,

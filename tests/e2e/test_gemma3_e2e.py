@@ -4,10 +4,11 @@ a 512-key sliding window in five of every six layers, QK-norm.
 Same rules as ``test_vllm_e2e.py`` (greedy, 32 tokens, EOS ignored; a divergence outside a near
 tie is a real mismatch and fails; identical counts judged against a control from the same run),
 on prompts cut from the corpus with Gemma's tokenizer, each starting with ``<bos>`` as Gemma must
-see every sequence. One extra phase: sixteen prompts of 8K tokens (sixteen windows of the sliding
+see every sequence. One extra phase: 32 prompts of 8K tokens (sixteen windows of the sliding
 layers), where every generated token's logprob must be finite and ``int8``'s agreement with BF16
-no worse than that of vLLM's other BF16 backend (FlashAttention-2 against Triton). About nine
-engines, two of them compiled (CUDA graphs): one 10-minute GPU call.
+no worse than that of upstream's INT8 cache, the control of every quantized-against-BF16 comparison
+here; the agreement of vLLM's other BF16 backend (FlashAttention-2 against Triton) is recorded
+beside it. About nine engines, two of them compiled (CUDA graphs): one 10-minute GPU call.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from e2e_support import (
     generation_phase,
     kv_settings,
     make_prompts,
+    report_comparison,
 )
 
 from benchmarks.common import ensure_scales
@@ -34,9 +36,10 @@ pytestmark = pytest.mark.gpu
 
 UPSTREAM = "int8_per_token_head"
 LONG_PROMPT_TOKENS = 8192  # 16 windows of 512
-# Four prompts (the first GPU run) could not tell int8 from the BF16-backend control: one prompt
-# is 25% of the identical fraction; sixteen bring one prompt under the comparison's slack.
-LONG_PROMPTS = 16
+# Four prompts (the first GPU run) could not tell int8 from its control: one prompt is 25% of the
+# identical fraction; sixteen brought one prompt to 6%, the slack to about one standard error of
+# the difference; 32 make it about 1.4.
+LONG_PROMPTS = 32
 MAX_MODEL_LEN = 8448  # the long prompts + 32 generated tokens, rounded up to a block multiple
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,
@@ -144,14 +147,23 @@ def test_gemma3_cuda_graphs_match_eager(engine, gemma3_dir, gemma_prompts) -> No
     )  # fmt: skip
 
 
-def test_gemma3_8k_prompts_no_nan_and_bf16_backend_level(engine, gemma3_dir, gemma_prompts) -> None:
+def test_gemma3_8k_prompts_no_nan_and_upstream_level(engine, gemma3_dir, gemma_prompts) -> None:
     ref = _gemma(engine, gemma3_dir, gemma_prompts, "auto")["phases"]["long"]
-    fa2 = _gemma(engine, gemma3_dir, gemma_prompts, "auto_fa2")["phases"]["long"]
     got = _gemma(engine, gemma3_dir, gemma_prompts, "int8")["phases"]["long"]
+    upstream = _gemma(engine, gemma3_dir, gemma_prompts, UPSTREAM)["phases"]["long"]
     for prompt, (ids, lps) in enumerate(zip(got["token_ids"], got["logprobs"], strict=True)):
         chosen = [dict((t, lp) for t, lp in pos)[tok] for tok, pos in zip(ids, lps, strict=True)]
         assert all(math.isfinite(lp) for lp in chosen), f"int8: non-finite logprob, prompt {prompt}"
+    ours = compare_greedy(ref, got, GEN_TOKENS)
+    # Not a bound: int8's prompts run on FlashAttention-2 (first chunks over fresh BF16 K/V), so
+    # its comparison with Triton BF16 holds this backend difference and the cache's rounding
+    # besides; recorded as the scale of a change of arithmetic alone.
+    fa2 = _gemma(engine, gemma3_dir, gemma_prompts, "auto_fa2")["phases"]["long"]
+    report_comparison(
+        "Gemma 3 int8 at 8K vs bf16", ours, "bf16 FlashAttention-2 vs Triton",
+        compare_greedy(ref, fa2, GEN_TOKENS),
+    )  # fmt: skip
     assert_like_control(
-        compare_greedy(ref, got, GEN_TOKENS), compare_greedy(ref, fa2, GEN_TOKENS), "Gemma 3 int8 at 8K vs bf16",
-        "bf16 FlashAttention-2 vs Triton",
+        ours, compare_greedy(ref, upstream, GEN_TOKENS), "Gemma 3 int8 at 8K vs bf16",
+        f"{UPSTREAM} at 8K vs bf16",
     )  # fmt: skip
