@@ -453,8 +453,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         md: Int8KVAttentionMetadata,
     ) -> None:
         """The step's new K/V into the int4 pages and this layer's tail (the kernels' contract:
-        a page that fills is quantized from its tail rows and the new tokens; the unfinished last
-        page goes to the tail in the model's dtype)."""
+        a page that fills is quantized from its tail rows and the new tokens; the last page goes
+        to the tail in the model's dtype, a full one too until the next token starts a page)."""
         write_kv_cache(
             key,
             value,
