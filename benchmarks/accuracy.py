@@ -10,9 +10,9 @@ novel (benchmarks/corpus/):
   tokens (512; vLLM's ``long_prefill_token_threshold``, with steps of up to 512 prompt tokens
   over all windows), and every chunk after the first attends to K/V that earlier steps wrote
   into the paged cache. ``int4`` quantizes a page when it fills, before the step's attention, so
-  a chunk's tokens read their own full pages quantized and only the chunk's last, partial page
-  from the BF16 tail; with ``--chunk 16`` three tokens in four read their own page from the tail,
-  as every decoded token but a page's last does.
+  a chunk's tokens read their own full pages quantized and only the chunk's last page (partial,
+  or completed by the chunk's last token) from the BF16 tail; with ``--chunk 16`` every token
+  reads its own page from the tail, as every decoded token does.
   Prompt-logprob requests never read the prefix cache (vLLM sets ``skip_reading_prefix_cache``
   for them), so every window is really computed.
 - Which K/V the scored tokens attend to is each row's ``prefill``. ``pages``: every token's

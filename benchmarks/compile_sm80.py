@@ -45,7 +45,8 @@ ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_
              "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 # of attention_int4.py's _attn_int4_fwd, bf16 queries and tail (compile_int4 swaps in fp16)
 ATTN_INT4_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8",
-                  "cache16_ptr": "*fp16", "tail_ptr": "*bf16", "block_table_ptr": "*i32",
+                  "cache16_ptr": "*fp16", "tail_ptr": "*bf16", "tail_page_ptr": "*i32",
+                  "block_table_ptr": "*i32",
                   "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "slot_of_seq_ptr": "*i32",
                   "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
@@ -235,7 +236,7 @@ def compile_int4() -> int:
             _store_tail_kernel,
             {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
              "tail_page_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-             "block_table_ptr": "*i32", "slot_of_seq_ptr": "*i32"},
+             "block_table_ptr": "*i32", "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
             dict(HEAD_SIZE=d, BLOCK_SIZE=64),
             num_warps=4,
         )  # fmt: skip

@@ -211,7 +211,7 @@ def attention_fn(
     tail = {}
     if impl in TAIL_DTYPES:
         slots = torch.arange(seq_lens.shape[0], dtype=torch.int32, device=DEV)
-        tail = dict(tail=cache.tail, slot_of_seq=slots)
+        tail = dict(tail=cache.tail, slot_of_seq=slots, tail_page=cache.tail_page)
     return lambda: K.paged_attention(
         q, cache.raw, out, kv_dtype=impl, block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
@@ -310,8 +310,8 @@ def int4_write_fn(
     qsl = torch.zeros(n + 1, dtype=torch.int32, device=DEV)
     qsl[1:] = torch.tensor(q_lens, device=DEV).cumsum(0)
     slots = torch.arange(n, dtype=torch.int32, device=DEV)
-    # each slot holds its sequence's last page; reset before every write, or replays after the
-    # first would find the flushed pages' slots emptied and skip them (the copy is timed too)
+    # each slot holds its sequence's last page; reset before every write, so that every replay
+    # flushes the same pages whatever the previous one left (the copy is timed too)
     holder = table[torch.arange(n, device=DEV), (torch.tensor(seq_lens, device=DEV) - 1) // bs]
     kw = dict(tail=c.tail, tail_page=c.tail_page, block_size=bs, query_start_loc=qsl,
               seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), block_table=table,

@@ -38,7 +38,9 @@ reading the pages back (``INT8KV_PREFILL=triton``) does the same for keys before
 sink rows keep the first page in BF16 (``_sinks64``) or per-token int8 (``_sinks64_int8``) for
 every query. The tail (at most 64 BF16 tokens per sequence and kv-head) and the sink page are a
 fixed count per sequence and are not counted in the bytes; ``int4_no_tail_v_g<G>`` is the same
-format with every token read back quantized.
+format with every token read back quantized, ``int4_tail_full_v_g<G>`` the same with the own page
+read unquantized at its last position too (the tail keeps a page its step completed, as ``int4``
+does since 2026-12-04).
 
 Tail rows with ``_varnorm`` normalize each K page tile (64 tokens x D channels of one kv-head)
 before its 4-bit quantization, Sinkhorn-style as KVarN does: ``VARNORM_ITERS`` times, divide every
@@ -121,6 +123,7 @@ class Variant:
     sinks: int = 0
     sink_bits: int = 16  # the sinks' storage: 16 (BF16, unquantized) or 8 (per-token int8)
     tail: bool = False  # the query's own, unfinished page of TAIL_PAGE tokens read unquantized
+    tail_full: bool = False  # ... and its own page at its last position too (reads_tail)
     group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
     k_varnorm: bool = False  # K page tiles normalized per token and channel (see above)
 
@@ -215,6 +218,10 @@ VARIANTS = [
     # rotation) with every token quantized, then with the BF16 tail, its sink pages on top
     *(replace(_tail_variant(g), name=f"int4_no_tail_v_g{g or 'D'}", tail=False) for g in (128, 0)),
     *(_tail_variant(g) for g in TAIL_GROUPS),
+    *(
+        replace(_tail_variant(g), name=f"int4_tail_full_v_g{g or 'D'}", tail_full=True)
+        for g in (128, 0)
+    ),
     *(_tail_variant(g, TAIL_PAGE, bits) for g in TAIL_GROUPS for bits in (16, 8)),
     *(_tail_variant(g, k_varnorm=True) for g in TAIL_GROUPS),
 ]
@@ -262,12 +269,16 @@ def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def reads_tail(tokens: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def reads_tail(
+    tokens: int, device: torch.device | str = "cpu", full_page: bool = False
+) -> torch.Tensor:
     """[query, key] True where the query reads the key from the BF16 tail: keys of the query's
-    own page, unless the query is that page's last token (the page is full and quantized)."""
+    own page, unless the query is that page's last token (the page is full and quantized) and
+    not ``full_page`` (the tail keeps the page its step completed)."""
     pos = torch.arange(tokens, device=device)
     i, j = pos[:, None], pos[None, :]
-    return (i // TAIL_PAGE == j // TAIL_PAGE) & (i % TAIL_PAGE != TAIL_PAGE - 1)
+    last = (i % TAIL_PAGE == TAIL_PAGE - 1) & (not full_page)
+    return (i // TAIL_PAGE == j // TAIL_PAGE) & ~last
 
 
 def tail_attention(
@@ -278,6 +289,7 @@ def tail_attention(
     value_q: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
+    full_page: bool = False,
 ) -> torch.Tensor:
     """Attention of a prefill of [batch, heads, tokens, D] in which each (query, key) pair reads
     the key and value unquantized (``key``, ``value``) where ``reads_tail`` says so and quantized
@@ -295,7 +307,7 @@ def tail_attention(
         allowed = attention_mask
     else:
         raise ValueError(f"expected a boolean SDPA mask, got {attention_mask.dtype}")
-    tail = reads_tail(t, query.device)
+    tail = reads_tail(t, query.device, full_page)
     mask = torch.cat([allowed & ~tail, allowed & tail], dim=-1)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
@@ -397,7 +409,7 @@ def install(variant_ref: list[Variant]) -> str:
         if kwargs.get("softcap") is not None or kwargs.get("dropout", 0.0):
             raise ValueError("the tail simulation has no soft cap or dropout")
         out = tail_attention(
-            query, key, value, key_q, value_q, attention_mask, kwargs.get("scaling")
+            query, key, value, key_q, value_q, attention_mask, kwargs.get("scaling"), v.tail_full
         )
         return out, None
 

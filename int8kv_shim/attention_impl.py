@@ -453,8 +453,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         md: Int8KVAttentionMetadata,
     ) -> None:
         """The step's new K/V into the int4 pages and this layer's tail (the kernels' contract:
-        a page that fills is quantized from its tail rows and the new tokens; the unfinished last
-        page goes to the tail in the model's dtype)."""
+        a page that fills is quantized from its tail rows and the new tokens; the last page goes
+        to the tail in the model's dtype, a full one too until the next token starts a page)."""
         write_kv_cache(
             key,
             value,
@@ -519,7 +519,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         (``slot_of_seq``: their tail slots, for dtypes with a tail pool)."""
         tail = {}
         if self.uses_tail:
-            tail = {"tail": self._attention_tail(), "slot_of_seq": slot_of_seq}
+            tail = {"tail": self._attention_tail(), "slot_of_seq": slot_of_seq,
+                    "tail_page": self.tail_page}  # fmt: skip
         paged_attention(
             query,
             kv_cache,
@@ -542,13 +543,14 @@ class Int8KVAttentionImpl(AttentionImpl):
         )
 
     def _attention_tail(self) -> torch.Tensor:
-        """This layer's tail pool, or, for a layer reading another layer's cache, that layer's."""
+        """This layer's tail pool, or, for a layer reading another layer's cache, that layer's
+        (with its ``tail_page``, which says which block each slot holds)."""
         if self.tail is None:
             from vllm.forward_context import get_forward_context
 
             layers = get_forward_context().no_compile_layers
             target = layers[self.kv_sharing_target_layer_name].impl
-            self.tail = target.tail
+            self.tail, self.tail_page = target.tail, target.tail_page
         return self.tail
 
     def do_kv_cache_update(

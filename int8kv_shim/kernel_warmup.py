@@ -192,8 +192,9 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
         )  # fmt: skip
         launches += 1
     return launches + _attention_launches(
-        key, kv_cache, block_table, softmax_scale, device, tail=tail, slot_of_seq=slot_of_seq
-    )
+        key, kv_cache, block_table, softmax_scale, device, tail=tail, tail_page=tail_page,
+        slot_of_seq=slot_of_seq,
+    )  # fmt: skip
 
 
 def _attention_launches(

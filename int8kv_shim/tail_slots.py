@@ -1,9 +1,10 @@
 """The tail pool's slots: which slot of every layer's tail holds each running request's newest page.
 
-``int4`` keeps the newest, not yet full page of every running sequence in the model's dtype, in a
-per-layer pool of ``num_slots`` slots (``tail``: ``[num_slots, 2, num_kv_heads, page_tokens,
-head_size]``, allocated by the attention impl). The write kernel quantizes a page into the cache
-when it fills. Which slot a sequence uses is decided here, once per worker process, for all layers:
+``int4`` keeps the newest page of every running sequence in the model's dtype, in a per-layer pool
+of ``num_slots`` slots (``tail``: ``[num_slots, 2, num_kv_heads, page_tokens, head_size]``, and
+``tail_page``, the block each slot holds, allocated by the attention impl). The write kernel
+quantizes a page into the cache when it fills, and the slot keeps it until the sequence's next
+token starts a new page (attention reads it from the slot until then). Which slot a sequence uses is decided here, once per worker process, for all layers:
 
 * a request gets a slot the first step it is scheduled and keeps it for its life, **keyed by its
   request id**: vLLM can leave a running request unscheduled for a step (the token budget ran out

@@ -12,8 +12,8 @@ Public API:
     V_FORMATS           values of the ``v_format`` keyword ("int8", "e4m3": FP8-E4M3 V, e4m3.py)
     INT8_DTYPES, INT4_DTYPES  the dtypes of each page layout (all dtype facts: catalogue.py)
 
-``kv_dtype="int4"`` (4-bit, K per channel of a 64-token page, V per token group, the unfinished
-page in a tail pool) goes through the same two entry points with its own keywords (tail,
+``kv_dtype="int4"`` (4-bit, K per channel of a 64-token page, V per token group, the last page
+in a tail pool) goes through the same two entry points with its own keywords (tail,
 tail_page, slot_of_seq, ...); its kernels live in cache_write_int4.py / attention_int4.py and its
 torch specification in reference_int4.py. Launch planning shared by both attention formats:
 attention_plan.py.

@@ -743,6 +743,7 @@ def paged_attention(
     v_format: str = "int8",
     tail: torch.Tensor | None = None,
     slot_of_seq: torch.Tensor | None = None,
+    tail_page: torch.Tensor | None = None,
 ) -> None:
     """Causal varlen attention of ``query`` over the INT8 paged cache, written into ``output``.
 
@@ -757,19 +758,20 @@ def paged_attention(
     dequantized as e4m3 value * v_scale. ``num_splits`` overrides the
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
     ``int4`` (attention_int4.py): no static scales, and ``tail`` [num_slots, 2, num_kv_heads, 64,
-    head_size] / ``slot_of_seq`` int32 [>= num_seqs]: the sequences' unfinished pages.
+    head_size] / ``slot_of_seq`` int32 [>= num_seqs] / ``tail_page`` int32 [num_slots]: the
+    sequences' last pages in the model's dtype and the block each slot holds.
     """
     if kv_dtype in INT4_DTYPES:
         if k_scale is not None or v_scale is not None:
             raise ValueError("int4 has no static scales: k_scale / v_scale must be None")
         check_v_format(kv_dtype, v_format)
-        if tail is None or slot_of_seq is None:
-            raise ValueError("int4 attention needs tail and slot_of_seq")
+        if tail is None or slot_of_seq is None or tail_page is None:
+            raise ValueError("int4 attention needs tail, tail_page and slot_of_seq")
         return paged_attention_int4(
             query, kv_cache, output, kv_dtype=kv_dtype, block_size=block_size,
             num_kv_heads=num_kv_heads, query_start_loc=query_start_loc, seq_lens=seq_lens,
             block_table=block_table, max_query_len=max_query_len, max_seq_len=max_seq_len,
-            softmax_scale=softmax_scale, tail=tail, slot_of_seq=slot_of_seq,
+            softmax_scale=softmax_scale, tail=tail, tail_page=tail_page, slot_of_seq=slot_of_seq,
             sliding_window=sliding_window, soft_cap=soft_cap, workspace=workspace,
             num_splits=num_splits,
         )  # fmt: skip
@@ -783,7 +785,7 @@ def paged_attention(
         kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
         sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
-        tail is None, slot_of_seq is None,  # int4's, unused here
+        tail is None, slot_of_seq is None, tail_page is None,  # int4's, unused here
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
                     static_v_ptr=v_scale):  # fmt: skip

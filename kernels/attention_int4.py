@@ -1,7 +1,11 @@
 """Paged attention over ``int4`` pages plus each sequence's tail (its unfinished page, model dtype).
 
-Keys of sequence r: positions [0, F) from int4 pages, F = (seq_len // 64) * 64, and [F, seq_len)
-from ``tail[slot_of_seq[r]]`` rows 0.. (slot -1: none of them). The same launch shapes as the int8
+Keys of sequence r: positions [0, F) from int4 pages and [F, seq_len) from
+``tail[slot_of_seq[r]]`` rows 0.. (slot -1: none of them), F = (seq_len // 64) * 64 but one page
+less when seq_len is a multiple of 64 and ``tail_page[slot]`` is the last page's block (the step
+that completed it left it in the tail, cache_write_int4.py: it is read exact until the sequence's
+next token starts a new page; a page another sequence's tail holds, or a prefix-cache page, is
+read from the cache). The same launch shapes as the int8
 kernel (attention_plan.py): decode packs the query heads of a GQA group into the rows of one
 program, so each page is read once per group, and long contexts are split across programs
 (flash-decoding) with the shared workspace and merge; prefill / mixed batches take blocks of query
@@ -431,6 +435,7 @@ def _attn_int4_fwd(
     cache_ptr,  # uint8 view of the cache
     cache16_ptr,  # fp16 view of the same storage
     tail_ptr,
+    tail_page_ptr,
     block_table_ptr,
     qsl_ptr,
     seq_lens_ptr,
@@ -513,7 +518,14 @@ def _attn_int4_fwd(
     score_scale = softmax_scale
     if not USE_SOFTCAP:
         score_scale = score_scale * LOG2E
-    full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are in int4 pages
+    full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are read from int4 pages
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
+    # a last page completed by the last step is still the tail's (split boundaries stay at pages)
+    if (full == seq_len) & (full > 0) & (slot >= 0):
+        held = tl.load(tail_page_ptr + tl.maximum(slot, 0))
+        if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
+            full = full - BLOCK_SIZE
     page_hi = tl.minimum(key_hi, full)
 
     # rows scaled by a power of two to max |q| <= 2^Q_EXP (q * s then fits fp16, see the docstring)
@@ -526,7 +538,6 @@ def _attn_int4_fwd(
     q16_hi = _to_dot(qn_hi, DOT_F32)
     row_scale = score_scale / q_unit
 
-    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc_lo = tl.zeros([BLOCK_M, HALF], tl.float32)  # output channels [0, D/2)
@@ -566,7 +577,6 @@ def _attn_int4_fwd(
             page = page_next
 
     # The tail: at most one page of keys [full, seq_len), rows 0.. of the sequence's slot.
-    slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
     if (key_hi > full) & (slot >= 0) & (key_lo < key_hi):
         key = full + offs_n
         key_ok = key < key_hi
@@ -656,6 +666,7 @@ def paged_attention_int4(
     max_seq_len: int,
     softmax_scale: float,
     tail: torch.Tensor,
+    tail_page: torch.Tensor,
     slot_of_seq: torch.Tensor,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
@@ -664,15 +675,16 @@ def paged_attention_int4(
 ) -> None:
     """``paged_attention`` over ``int4`` pages and the sequences' tails (module docstring): the
     same arguments and semantics, plus ``tail`` [num_slots, 2, num_kv_heads, 64, head_size]
-    (model dtype) and ``slot_of_seq`` int32 [>= num_seqs] (-1: the sequence's partial page is not
-    read). Runs after the step's ``write_kv_cache_int4``. Rows past query_start_loc[num_seqs]
+    (model dtype), ``tail_page`` int32 [num_slots] (the block each slot holds) and
+    ``slot_of_seq`` int32 [>= num_seqs] (-1: the sequence's partial page is not read, its
+    complete pages are read from the cache). Runs after the step's ``write_kv_cache_int4``. Rows past query_start_loc[num_seqs]
     (CUDA-graph padding) keep what they held. No host sync, CUDA-graph safe with ``workspace``.
     """
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     check_shapes(query, output, kv_cache, num_kv_heads)
-    check_tail(tail, None, layout)
+    check_tail(tail, tail_page, layout)
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads
@@ -690,6 +702,7 @@ def paged_attention_int4(
         kv_cache.view(torch.uint8),
         kv_cache.view(torch.float16),
         tail,
+        tail_page,
         block_table,
         query_start_loc,
         seq_lens,

@@ -9,14 +9,19 @@ Two launches per call, in this order:
    positions before this step, the sequence's tail rows -- only when those are the page's
    (``slot_is_new[r] == 0`` and ``tail_page[slot] == block``); otherwise the page is a full
    prefix-cache hit whose last token vLLM recomputes, and it is left as it is.
-2. **tail**, grid (sequences, kv-heads): the new tokens of a sequence's partial last page are stored
-   into its tail rows (unchanged, in the model's dtype), and ``tail_page[slot]`` is set: the block
-   of that page, or -1 once the last page is complete.
+2. **tail**, grid (sequences, kv-heads): the new tokens of a sequence's last page are stored into
+   its tail rows (unchanged, in the model's dtype), and ``tail_page[slot]`` is set to that page's
+   block. A last page this step completed stays there too, when the flush quantized it (it was
+   begun this step, or its earlier rows were the slot's): attention reads it in the model's dtype
+   until the sequence's next token starts a new page, while prefix-cache sharers and later steps
+   read its int4 page. A complete last page the flush left (a full prefix-cache hit whose last
+   token vLLM recomputes) sets -1: the slot holds nothing.
 
 The flush reads tail rows that the tail launch of the same step may overwrite (the same slot, a
 chunk that completes one page and ends inside the next) and reads ``tail_page`` that it writes:
-the launch order is what keeps every read before those writes. Programs of one launch never write
-what another program of it reads.
+the launch order is what keeps every read before those writes (the tail launch reads the
+``tail_page`` it overwrites only in its own program). Programs of one launch never write what
+another program of it reads.
 
 Page programs are numbered per sequence from ``qsl[r] // 64 + 2 r`` (a bound on the pages a
 sequence of q_len new tokens touches, ceil((q_len - 1) / 64) + 1, that needs no prefix sum); a
@@ -229,7 +234,7 @@ def _flush_pages_kernel(
 
 @triton.jit(  # as _flush_pages_kernel
     do_not_specialize=["num_seqs", "stride_bt"],
-    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr"],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr", "slot_is_new_ptr"],
 )
 def _store_tail_kernel(
     key_ptr,
@@ -240,6 +245,7 @@ def _store_tail_kernel(
     seq_lens_ptr,
     block_table_ptr,
     slot_of_seq_ptr,
+    slot_is_new_ptr,
     num_seqs,
     stride_kt,
     stride_kh,
@@ -263,10 +269,15 @@ def _store_tail_kernel(
         ctx = seq_len - q_len
         last = (seq_len - 1) // BLOCK_SIZE
         p0 = last * BLOCK_SIZE
-        if seq_len - p0 == BLOCK_SIZE:  # the last page filled: flushed, the slot holds nothing
-            if head == 0:
-                tl.store(tail_page_ptr + slot, -1)
-        else:
+        block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + last)
+        # A complete last page is kept when the flush quantized it: the flush's own condition, on
+        # tail_page as it was before this step. Every head's program reads it and head 0's
+        # rewrites it, which never flips the comparison: it stores block when equal, else -1.
+        keep = p0 >= ctx
+        if (seq_len - p0 == BLOCK_SIZE) & (p0 < ctx):
+            kept = tl.load(slot_is_new_ptr + seq) == 0
+            keep = kept & (tl.load(tail_page_ptr + slot) == block)
+        if (seq_len - p0 < BLOCK_SIZE) | keep:
             r = tl.arange(0, BLOCK_SIZE)
             pos = p0 + r
             m = (pos >= ctx) & (pos < seq_len)
@@ -281,8 +292,9 @@ def _store_tail_kernel(
             tl.store(dst[:, None] + stride_tkv + d[None, :], v.to(tail_ptr.dtype.element_ty),
                      mask=m[:, None])  # fmt: skip
             if head == 0:
-                block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + last)
                 tl.store(tail_page_ptr + slot, block)
+        elif head == 0:  # a prefix-cache page the flush left: the slot holds nothing
+            tl.store(tail_page_ptr + slot, -1)
 
 
 def int4_flush_launch(layout: Int4PageLayout) -> int:
@@ -327,8 +339,9 @@ def write_kv_cache_int4(
     max_query_len: int,
     kv_dtype: str = "int4",
 ) -> None:
-    """Write this step's K/V of ``int4`` sequences: complete pages into ``kv_cache``, partial last
-    pages into ``tail`` (module docstring; reference_int4.write_kv_cache_int4_ref is the spec).
+    """Write this step's K/V of ``int4`` sequences: complete pages into ``kv_cache``, last pages
+    into ``tail``, a complete one as well when this step's flush quantized it (module docstring;
+    reference_int4.write_kv_cache_int4_ref is the spec).
 
     key, value: [num_tokens, num_kv_heads, head_size] bf16/fp16, unit stride along head_size;
     sequence r's new tokens are rows [query_start_loc[r], query_start_loc[r + 1]) at positions
@@ -389,6 +402,7 @@ def write_kv_cache_int4(
         seq_lens,
         block_table,
         slot_of_seq,
+        slot_is_new,
         num_seqs,
         key.stride(0),
         key.stride(1),

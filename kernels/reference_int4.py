@@ -19,8 +19,13 @@ scale = zero = NaN, codes 0, so attention over it is NaN rather than plausible n
 The tail (``write_kv_cache_int4_ref``): a page is quantized when it is complete, from its tokens'
 K/V in the model's dtype -- the new ones from key/value, the older ones from the sequence's tail
 slot, valid only when the slot is not new this step and ``tail_page[slot]`` is that page's block.
-The partial last page of a sequence stays in the tail. Attention reads complete pages from the
-cache and the rest of the sequence from the tail (``int4_kv_slots``).
+The last page of a sequence stays in the tail, and ``tail_page[slot]`` names its block; a complete
+last page too when this step quantized it (it began this step, or its earlier rows were the
+slot's), so a sequence whose last token completed a page still reads that page exactly until its
+next token starts a new one. A complete last page the write left (a full prefix-cache hit) sets
+``tail_page[slot] = -1``. Attention reads the pages from the cache but the last one, which it reads
+from the tail when ``tail_page[slot]`` is that page's block or the page is partial
+(``int4_kv_slots``).
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ def write_kv_cache_int4_ref(
     qsl = query_start_loc.tolist()
     lens, slots, new = seq_lens.tolist(), slot_of_seq.tolist(), slot_is_new.tolist()
     # every complete page first (reading the tail as it was), then the tails
+    flushed = set()  # (row, page) pairs quantized this step
     for r in range(num_seqs):
         q0, q1, seq_len, slot = qsl[r], qsl[r + 1], lens[r], slots[r]
         ctx = seq_len - (q1 - q0)
@@ -148,14 +154,15 @@ def write_kv_cache_int4_ref(
                 t0 = q0 + p0 - ctx
                 k, v = key[t0 : t0 + b], value[t0 : t0 + b]
             kd[block], vd[block], ksz[block], vsz[block] = quantize_page(layout, k, v)
+            flushed.add((r, pg))
     for r in range(num_seqs):
         q0, q1, seq_len, slot = qsl[r], qsl[r + 1], lens[r], slots[r]
         if q1 <= q0 or slot < 0:
             continue
         ctx = seq_len - (q1 - q0)
         last = (seq_len - 1) // b
-        if seq_len % b == 0:
-            tail_page[slot] = -1
+        if seq_len % b == 0 and (r, last) not in flushed:
+            tail_page[slot] = -1  # a prefix-cache page: read from the cache
             continue
         p0 = last * b
         lo = max(ctx, p0)
@@ -188,20 +195,29 @@ def int4_kv_slots(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     slot_of_seq: torch.Tensor,
+    tail_page: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What attention reads, as fp32 K/V slots [num_blocks, B, H, D] for ``reference.attention_ref``
-    plus the readable key count of each sequence: its complete pages dequantized, its partial last
-    page's rows from ``tail[slot_of_seq[r]]`` (exact), none of them when the slot is -1.
+    plus the readable key count of each sequence: its pages dequantized, but its last page's rows
+    from ``tail[slot_of_seq[r]]`` (exact) when that page is partial or is the block
+    ``tail_page[slot]`` names; a partial page's rows are none of them when the slot is -1.
 
-    Each sequence's partial last page must be a block of its own (as vLLM allocates them)."""
+    Each sequence's last page read from the tail must be a block of its own (as vLLM allocates
+    them: a block another sequence shares is complete and held by no tail this step)."""
     nkv, d = tail.shape[2], tail.shape[4]
     k, v = dequantize_cache_int4(kv_cache, block_size=block_size, num_kv_heads=nkv, head_size=d)
     readable = []
     slots = slot_of_seq.tolist()  # may be longer than the batch (padding rows)
+    holders = tail_page.tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
         slot = slots[r]
         full, n = (seq_len // block_size) * block_size, seq_len % block_size
         readable.append(seq_len if slot >= 0 else full)
+        if not n and slot >= 0 and seq_len:
+            block = int(block_table[r, full // block_size - 1])
+            if holders[slot] == block:  # a page completed by the last step: still in the tail
+                k[block] = tail[slot, 0].transpose(0, 1).float()
+                v[block] = tail[slot, 1].transpose(0, 1).float()
         if n and slot >= 0:
             block = int(block_table[r, full // block_size])
             k[block, :n] = tail[slot, 0, :, :n].transpose(0, 1).float()

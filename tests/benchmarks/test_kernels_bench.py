@@ -240,4 +240,5 @@ def test_int4_rows_build_a_tail_and_read_it(bench):
         write()
         flushed = (wc.raw != 0).any(dim=1).sum()
         assert int(flushed) == 3
-        assert [int(wc.tail_page[i]) == -1 for i in range(8)] == [s % 64 == 0 for s in seq_lens]
+        # every slot still holds its last page, the ones this write completed too
+        assert (wc.tail_page[:8] >= 0).all(), wc.tail_page

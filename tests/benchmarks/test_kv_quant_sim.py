@@ -307,6 +307,15 @@ def test_reads_tail_is_the_own_page_except_its_last_token(sim) -> None:
         assert bool(tail[i, j]) is expected, (i, j)
 
 
+def test_reads_tail_full_page_is_the_own_page_at_its_last_token_too(sim) -> None:
+    tail = sim.reads_tail(200, full_page=True)
+    pos = torch.arange(200)
+    assert torch.equal(tail, pos[:, None] // 64 == pos[None, :] // 64)
+    assert not bool(sim.reads_tail(200)[63, 0]) and bool(tail[63, 0]) and not bool(tail[64, 63])
+    assert _variant(sim, "int4_tail_full_v_gD").tail_full
+    assert not _variant(sim, "int4_tail_v_gD").tail_full
+
+
 def _variant(sim, name: str):
     return {v.name: v for v in sim.VARIANTS}[name]
 

@@ -42,13 +42,23 @@ def random_tail(num_slots: int, nkv: int, d: int, device: str, dtype=torch.bfloa
     return tail
 
 
-def _poison_unused_tail_rows(tail, seq_lens, slots):
-    for n, s in zip(seq_lens, slots, strict=False):
-        if s >= 0:
+def _poison_unused_tail_rows(tail, seq_lens, slots, held=()):
+    for r, (n, s) in enumerate(zip(seq_lens, slots, strict=False)):
+        if s >= 0 and r not in held:
             tail[s, :, :, n % B :] = float("nan")
 
 
-def run_int4(b, cache, tail, slots, nkv, out=None, **kw):
+def tail_pages(b, seq_lens, slots, num_slots, held=(), device="cpu"):
+    """tail_page as the write leaves it: a partial last page's block; for a complete last page,
+    its block when the sequence's index is in ``held`` (the step completed it), else -1."""
+    tail_page = torch.full((num_slots,), -1, dtype=torch.int32)
+    for r, (n, s) in enumerate(zip(seq_lens, slots, strict=False)):
+        if s >= 0 and n and (n % B or r in held):
+            tail_page[s] = int(b.block_table[r, (n - 1) // B])
+    return tail_page.to(device)
+
+
+def run_int4(b, cache, tail, slots, nkv, out=None, tail_page=None, **kw):
     if out is None:
         out = torch.empty_like(b.query)
     out.fill_(float("nan"))
@@ -56,14 +66,21 @@ def run_int4(b, cache, tail, slots, nkv, out=None, **kw):
         b.query, cache, out, kv_dtype="int4", block_size=B, num_kv_heads=nkv,
         query_start_loc=b.query_start_loc, seq_lens=b.seq_lens, block_table=b.block_table,
         max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
-        softmax_scale=b.query.shape[-1] ** -0.5, tail=tail, slot_of_seq=slots, **kw,
+        softmax_scale=b.query.shape[-1] ** -0.5, tail=tail, slot_of_seq=slots,
+        tail_page=_no_held_page(tail) if tail_page is None else tail_page, **kw,
     )  # fmt: skip
     return out
 
 
-def reference_int4(b, cache, tail, slots, **kw):
+def _no_held_page(tail):
+    return torch.full((tail.shape[0],), -1, dtype=torch.int32, device=tail.device)
+
+
+def reference_int4(b, cache, tail, slots, tail_page=None, **kw):
+    tail_page = _no_held_page(tail) if tail_page is None else tail_page
     k, v, readable = int4_kv_slots(cache, tail, block_size=B, seq_lens=b.seq_lens.cpu(),
-                                   block_table=b.block_table.cpu(), slot_of_seq=slots.cpu())  # fmt: skip
+                                   block_table=b.block_table.cpu(), slot_of_seq=slots.cpu(),
+                                   tail_page=tail_page.cpu())  # fmt: skip
     kw = {n: x for n, x in kw.items() if n not in ("num_splits", "workspace")}
     ref = attention_ref(
         b.query, k.to(b.query.device), v.to(b.query.device), query_start_loc=b.query_start_loc,
@@ -73,17 +90,20 @@ def reference_int4(b, cache, tail, slots, **kw):
     return ref[: int(b.query_start_loc[-1])]
 
 
-def check(q_lens, seq_lens, nq, nkv, d, device, slots=None, q_std=1.0, pad_tokens=0, **kw):
+def check(q_lens, seq_lens, nq, nkv, d, device, slots=None, q_std=1.0, pad_tokens=0, held=(),
+          **kw):  # fmt: skip
+    """``held``: the sequences (indices) whose complete last page their tail still holds."""
     b = make_batch(q_lens, seq_lens, nq, d, B, device, q_std=q_std, pad_tokens=pad_tokens)
     if slots is None:
         slots = list(range(len(seq_lens)))
     num_slots = max([*slots, 0]) + 1
     cache = random_int4_cache(nkv, d, b.num_blocks, device)
     tail = random_tail(num_slots, nkv, d, device)
-    _poison_unused_tail_rows(tail, seq_lens, slots)
+    _poison_unused_tail_rows(tail, seq_lens, slots, held)
+    tail_page = tail_pages(b, seq_lens, slots, num_slots, held, device)
     slot_t = torch.tensor(slots + [0] * 3, dtype=torch.int32, device=device)  # + padding rows
-    out = run_int4(b, cache, tail, slot_t, nkv, **kw)
-    assert_close_bf16(out, reference_int4(b, cache, tail, slot_t, **kw))
+    out = run_int4(b, cache, tail, slot_t, nkv, tail_page=tail_page, **kw)
+    assert_close_bf16(out, reference_int4(b, cache, tail, slot_t, tail_page=tail_page, **kw))
     return out
 
 
@@ -113,6 +133,20 @@ CASES = [
     # size 256, one kv head, with a window: Gemma 3's shape
     ("decode_config_continuation_d256_window", [1, 2], [700, 640], 4, 1, 256,
      {"sliding_window": 512, "num_splits": 4}),
+    # a last page the step completed, still read from the tail (held); beside it sequences whose
+    # complete last page is read from the cache (a full prefix-cache hit)
+    ("decode_completes_page_tail_holds_it", [1, 1, 1], [128, 64, 192], 8, 2, 64,
+     {"held": (0, 1)}),
+    ("decode_completes_page_splits", [1, 1, 1], [256, 128, 320], 8, 2, 128,
+     {"held": (0, 1, 2), "num_splits": 3}),
+    ("decode_completes_page_window_d256", [1, 1], [448, 64], 4, 1, 256,
+     {"held": (0, 1), "sliding_window": 100, "num_splits": 2}),
+    ("decode_config_continuation_completes_page", [3, 2], [192, 130], 8, 2, 64,
+     {"held": (0,), "num_splits": 2}),
+    ("chunk16_completes_page", [16, 16, 16], [64, 192, 80], 4, 2, 64, {"held": (0, 1)}),
+    ("prefill_multiple_of_64_tail_holds_last", [128, 20], [128, 20], 4, 4, 64, {"held": (0,)}),
+    ("mixed_completes_page_d256_window", [1, 9, 40], [128, 192, 640], 4, 2, 256,
+     {"held": (0, 1, 2), "sliding_window": 100}),
 ]  # fmt: skip
 
 
@@ -129,6 +163,24 @@ def test_int4_slot_minus_one_reads_no_tail(device):
     out = check([1, 1, 3, 1], [100, 30, 150, 64], 4, 1, 64, device, slots=[1, -1, -1, -1])
     assert (out[1] == 0).all()
     check([1, 1], [100, 30], 4, 1, 64, device, slots=[-1, 0], num_splits=2)
+
+
+def test_int4_tail_holding_another_block_is_not_read(device):
+    # a complete last page whose slot holds another block (its previous page, or a block of
+    # nobody's) is read from the cache: every row of those slots is NaN, so reading one shows
+    nq, nkv, d = 4, 2, 64
+    seq_lens = [128, 192, 64]
+    b = make_batch([1, 16, 1], seq_lens, nq, d, B, device)
+    cache = random_int4_cache(nkv, d, b.num_blocks, device)
+    tail = random_tail(3, nkv, d, device)
+    tail.fill_(float("nan"))
+    tail_page = torch.tensor([int(b.block_table[0, 0]), b.num_blocks + 5, -1], dtype=torch.int32,
+                             device=device)  # fmt: skip
+    slots = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    for kw in ({}, {"num_splits": 2}):
+        out = run_int4(b, cache, tail, slots, nkv, tail_page=tail_page, **kw)
+        assert not out.isnan().any()
+        assert_close_bf16(out, reference_int4(b, cache, tail, slots, tail_page=tail_page, **kw))
 
 
 def test_int4_workspace_padding_tokens_and_empty_sequences(device):
@@ -153,7 +205,7 @@ def test_int4_fp16_queries(device):
 def test_int4_attention_needs_a_tail_and_refuses_static_scales(device):
     b = make_batch([1], [10], 4, 64, B, device)
     cache = random_int4_cache(1, 64, b.num_blocks, device)
-    with pytest.raises(ValueError, match="tail and slot_of_seq"):
+    with pytest.raises(ValueError, match="tail, tail_page and slot_of_seq"):
         paged_attention(b.query, cache, torch.empty_like(b.query), kv_dtype="int4", block_size=B,
                         num_kv_heads=1, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
                         block_table=b.block_table, max_query_len=1, max_seq_len=10,
@@ -191,14 +243,16 @@ def test_int4_through_the_write_stays_within_the_quantization_error(device):
         idx = b.block_table[s, pos // B].long() * B + pos % B
         k_slots.view(-1, nkv, d)[idx] = key[int(qsl[s]) : int(qsl[s]) + n]
         v_slots.view(-1, nkv, d)[idx] = value[int(qsl[s]) : int(qsl[s]) + n]
-    out = run_int4(b, cache, tail, slots, nkv).float()
+    out = run_int4(b, cache, tail, slots, nkv, tail_page=tail_page).float()
     exact = attention_ref(b.query, k_slots, v_slots, query_start_loc=b.query_start_loc,
                           seq_lens=b.seq_lens, block_table=b.block_table,
                           softmax_scale=d**-0.5)  # fmt: skip
     err = (out - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()
     assert err < 0.15, float(err)
-    # the 30-token sequence lives in its tail only: exact up to the output's bf16 rounding
-    assert_close_bf16(out[2:3], exact[2:3])
+    # the 64-token sequence's page, completed by this step, and the 30-token sequence live in
+    # their tails: exact up to the output's bf16 rounding
+    assert int(tail_page[0]) == int(b.block_table[1, 0])
+    assert_close_bf16(out[1:3], exact[1:3])
 
 
 GPU_CASES = [
@@ -219,6 +273,16 @@ GPU_CASES = [
     # since, mma.sync as on sm80). The same variant at head sizes 128 and 64:
     ("decode_16_rows_d128", [2, 3, 1, 4], [8192, 4100, 8193, 300], 32, 8, 128, {}),
     ("decode_16_rows_d64", [2, 5, 1], [8192, 4100, 300], 9, 3, 64, {}),
+    # complete last pages the step left in the tail: decode (split), a 16-token chunk, a 2-token
+    # continuation, Gemma 3's head size with and without a window
+    ("decode_b8_8k_tail_holds_last_page", [1] * 8, [8192] * 8, 32, 8, 128,
+     {"held": tuple(range(8))}),
+    ("chunk16_mixed_tail_holds_last_page", [1, 16, 16, 2], [4096, 4096, 8192, 640], 32, 8, 128,
+     {"held": (0, 1, 2, 3)}),
+    ("gemma3_step_window_layer_tail_holds_last_page", [1, 1, 1, 2], [8193, 8192, 8192, 8192], 4,
+     1, 256, {"sliding_window": 512, "held": (1, 3)}),
+    ("gemma3_step_full_layer_tail_holds_last_page", [1, 1, 1, 2], [8193, 8192, 8192, 8192], 4,
+     1, 256, {"held": (1, 3)}),
 ]  # fmt: skip
 
 

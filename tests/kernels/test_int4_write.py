@@ -147,12 +147,54 @@ def test_decode_fills_a_page_token_by_token_until_it_flushes():
             assert int(pool.tail_page[1]) == 5
             assert torch.equal(pool.tail[1, 0, :, : t + 1], k_all[: t + 1].transpose(0, 1))
             assert torch.equal(pool.tail[1, 1, :, : t + 1], v_all[: t + 1].transpose(0, 1))
-        elif t == 63:  # the 64th token: the page is quantized, the slot holds nothing
-            assert int(pool.tail_page[1]) == -1
+        elif t == 63:  # the 64th token: the page is quantized and still held by the tail
+            assert int(pool.tail_page[1]) == 5
             _assert_page(pool, 5, k_all[:64], v_all[:64])
-        else:
+            assert torch.equal(pool.tail[1, 0], k_all[:64].transpose(0, 1))
+            assert torch.equal(pool.tail[1, 1], v_all[:64].transpose(0, 1))
+        else:  # the next token starts page 9: the tail holds it, page 5 is read from the cache
             assert int(pool.tail_page[1]) == 9
     assert torch.equal(pool.tail[1, 0, :, :2], k_all[64:66].transpose(0, 1))
+    _assert_page(pool, 5, k_all[:64], v_all[:64])
+
+
+@pytest.mark.parametrize("end", [128, 192])
+def test_a_chunk_ending_on_a_page_boundary_leaves_its_last_page_in_the_tail(end):
+    # chunk 1 ends mid page 1; chunk 2 completes page 1 from the tail and new tokens (and, to 192,
+    # page 2 from new tokens only), ending on a page boundary: the last page is quantized and
+    # stays in the tail; the next step's token starts the next page
+    pool = Pool(nkv=2, d=64)
+    k, v = _kv(end + 1, pool)
+    table = [[1, 6, 8, 10]]
+    _write(pool, k[:100], v[:100], [100], [100], table, [3], [1])
+    _write(pool, k[100:end], v[100:end], [end - 100], [end], table, [3], [0])
+    last = end // B - 1
+    assert int(pool.tail_page[3]) == table[0][last]
+    assert torch.equal(pool.tail[3, 0], k[end - B : end].transpose(0, 1))
+    assert torch.equal(pool.tail[3, 1], v[end - B : end].transpose(0, 1))
+    for p in range(end // B):
+        _assert_page(pool, table[0][p], k[p * B : (p + 1) * B], v[p * B : (p + 1) * B])
+    _write(pool, k[end:], v[end:], [1], [end + 1], table, [3], [0])
+    assert int(pool.tail_page[3]) == table[0][last + 1]
+    assert torch.equal(pool.tail[3, 0, :, :1], k[end:].transpose(0, 1))
+    _assert_page(pool, table[0][last], k[end - B : end], v[end - B : end])
+
+
+def test_16_token_chunks_keep_every_last_page_in_the_tail():
+    # the accuracy harness's way of scoring: 16 tokens a step; after each, the sequence's last
+    # page (partial, or completed by that chunk) is the tail's
+    pool = Pool(nkv=2, d=64)
+    k, v = _kv(176, pool)
+    table = [[3, 7, 2]]
+    for end in range(16, 177, 16):
+        _write(pool, k[end - 16 : end], v[end - 16 : end], [16], [end], table, [0],
+               [int(end == 16)])  # fmt: skip
+        p0 = (end - 1) // B * B
+        assert int(pool.tail_page[0]) == table[0][p0 // B]
+        assert torch.equal(pool.tail[0, 0, :, : end - p0], k[p0:end].transpose(0, 1))
+        assert torch.equal(pool.tail[0, 1, :, : end - p0], v[p0:end].transpose(0, 1))
+    _assert_page(pool, 3, k[:64], v[:64])
+    _assert_page(pool, 7, k[64:128], v[64:128])
 
 
 @pytest.mark.parametrize(("nkv", "d", "dtype"), [(2, 64, torch.bfloat16), (1, 128, torch.float16),
@@ -193,14 +235,15 @@ def test_a_full_page_whose_tail_rows_are_not_its_own_is_left_untouched(case):
     pool = Pool(nkv=2, d=64)
     k, v = _kv(64, pool)
     _write(pool, k, v, [64], [64], [[4, 0]], [0], [1])  # the page, written whole
+    assert int(pool.tail_page[0]) == 4  # and held by its writer's slot
     before = pool.cache.clone()
     slot, new = {"slot_is_new": (2, 1), "tail_of_another_page": (2, 0), "no_slot": (-1, 0)}[case]
     pool.tail_page[2] = 4 if case == "slot_is_new" else 9
     k2, v2 = _kv(1, pool, scale=5.0)
     _write(pool, k2, v2, [1], [64], [[4, 0]], [slot], [new])
     assert torch.equal(pool.cache, before)
-    if slot >= 0:
-        assert int(pool.tail_page[slot]) == -1  # the last page is full: the slot holds nothing
+    if slot >= 0:  # the last page is full and was not written: the slot holds nothing
+        assert int(pool.tail_page[slot]) == -1
 
 
 def test_slot_minus_one_rows_write_nothing():
@@ -226,7 +269,8 @@ def test_sequences_without_new_tokens_and_mixed_batches():
     _write(pool, k, v, [64, 0, 1, 130], [64, 41, 41, 130], [[1, 0, 0], [12, 0, 0], [12, 0, 0], [3, 4, 5]],
            [0, 4, 5, 1], [1, 0, 0, 1])  # fmt: skip
     _assert_page(pool, 1, k[:64], v[:64])
-    assert pool.tail_page.tolist() == [-1, 5, -1, -1, -1, 12]
+    # seq 0's page 1, complete and written this step, stays in its tail
+    assert pool.tail_page.tolist() == [1, 5, -1, -1, -1, 12]
 
 
 def test_nan_flags_only_its_k_channel_and_v_token():

@@ -7,9 +7,10 @@ buffers the builder puts in the metadata, the write inside forward() before any 
 reading its target's tail, int8 beside it unchanged. Prints "wiring ok".
 
 ``main("kernels")``: the real int4 kernels (the tail-pool format) through the same glue over two
-steps (a history step, then a decode + first chunk + continuation), against attention over the
-unquantized K/V: exact within rounding for the sequences whose keys all sit in the tail, within
-4-bit error for the one with a full page. Prints "kernels ok".
+steps (a history step, then a decode + first chunk + two continuations), against attention over
+the unquantized K/V: exact within rounding for the sequences whose keys all sit in the tail (one
+of them a page this step completed, which the tail keeps), within 4-bit error for the one with a
+page before its last. Prints "kernels ok".
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> None:
         assert w["max_query_len"] == 9 and w["block_size"] == BS
         assert w["block_table"] is md.block_table and w["seq_lens"] is md.seq_lens
         paged = [c[1] for c in calls if c[0] == "paged"]
-        assert all(p["tail"] is impl.tail for p in paged)
+        assert all(p["tail"] is impl.tail and p["tail_page"] is impl.tail_page for p in paged)
         assert paged[0]["tokens"] == 1 and paged[0]["slot_of_seq"].tolist() == [1]
         if mode == "ours":
             assert kinds == ["write", "paged", "paged"], kinds
@@ -126,7 +127,7 @@ def main() -> None:
     with override_forward_context(context):
         shared.forward(None, q, k, k, torch.zeros(8, 1, dtype=torch.int8), md, out)
     assert [c[0] for c in calls] == ["paged", "paged"]
-    assert all(c[1]["tail"] is impl.tail for c in calls)
+    assert all(c[1]["tail"] is impl.tail and c[1]["tail_page"] is impl.tail_page for c in calls)
 
     # int8 beside it: no slots in its metadata, no tail keywords to its kernels
     calls.clear()
@@ -186,28 +187,30 @@ def kernels() -> None:
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
     builder.flash_prefill = False
     # s0: 39 cached + 1 decode (all in the tail); s1: a 9-token first chunk (tail); s2: 65 cached
-    # + 5 new (page 0 full and quantized, 6 tokens in the tail)
-    q_lens, seq_lens = [1, 9, 5], [40, 9, 70]
+    # + 5 new (page 0 full and quantized, 6 tokens in the tail); s3: 50 cached + 14 new, completing
+    # page 0 (quantized, and still read from the tail)
+    q_lens, seq_lens = [1, 9, 5, 14], [40, 9, 70, 64]
     num_blocks = 8
-    block_table = torch.tensor([[1, 0], [2, 0], [3, 4]], dtype=torch.int32)
+    block_table = torch.tensor([[1, 0], [2, 0], [3, 4], [5, 0]], dtype=torch.int32)
     kv_cache = torch.zeros(Int8KVAttentionBackend.get_kv_cache_shape(num_blocks, BS, NKV, D, "int4"),
                            dtype=torch.int8)  # fmt: skip
     k = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
     v = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
     # step 1: the history of s0 and s2 (new slots), through the impl like any step
-    slots.assign(["s0", "s2"])
-    hist = [seq_lens[0] - q_lens[0], seq_lens[2] - q_lens[2]]
-    md = builder.build(0, _common(hist, hist, block_table[[0, 2]].contiguous()))
-    hk = torch.cat([k[0][: hist[0]], k[2][: hist[1]]])
-    hv = torch.cat([v[0][: hist[0]], v[2][: hist[1]]])
+    slots.assign(["s0", "s2", "s3"])
+    old = [0, 2, 3]
+    hist = [seq_lens[s] - q_lens[s] for s in old]
+    md = builder.build(0, _common(hist, hist, block_table[old].contiguous()))
+    hk = torch.cat([k[s][:n] for s, n in zip(old, hist, strict=True)])
+    hv = torch.cat([v[s][:n] for s, n in zip(old, hist, strict=True)])
     scratch = torch.zeros(hk.shape[0], NQ, D, dtype=torch.bfloat16)
     impl.forward(None, scratch.clone(), hk, hv, kv_cache, md, scratch)
     # step 2: s0 and s2 continue on their slots, s1 is new; decodes first
-    slots.assign(["s0", "s1", "s2"])
+    slots.assign(["s0", "s1", "s2", "s3"])
     common = _common(q_lens, seq_lens, block_table)
     md = builder.build(0, common)
-    new_k = torch.cat([k[s][-q_lens[s] :] for s in range(3)])
-    new_v = torch.cat([v[s][-q_lens[s] :] for s in range(3)])
+    new_k = torch.cat([k[s][-q_lens[s] :] for s in range(4)])
+    new_v = torch.cat([v[s][-q_lens[s] :] for s in range(4)])
     query = torch.randn(new_k.shape[0], NQ, D, dtype=torch.bfloat16)
     output = torch.full_like(query, float("nan"))
     impl.forward(None, query, new_k, new_v, kv_cache, md, output)
@@ -222,10 +225,13 @@ def kernels() -> None:
                         seq_lens=common.seq_lens, block_table=block_table,
                         softmax_scale=D**-0.5)  # fmt: skip
     diff = (output.float() - ref).abs()
-    tail_only = diff[:10]  # s0 and s1: every key in the tail, in the model's dtype
-    assert (tail_only <= 4e-3 + 2.0**-7 * ref[:10].abs()).all(), tail_only.max()
-    assert diff[10:].max() < 0.15, diff[10:].max()  # s2 reads one 4-bit page
-    assert diff[10:].max() > 1e-4, "page 0 of s2 was read unquantized?"
+    # s0, s1 and s3: every key in the tail, in the model's dtype
+    tail_only = torch.cat([diff[:10], diff[15:]])
+    tail_ref = torch.cat([ref[:10], ref[15:]])
+    assert (tail_only <= 4e-3 + 2.0**-7 * tail_ref.abs()).all(), tail_only.max()
+    assert int(impl.tail_page[slots.slot_of("s3")]) == 5  # s3's page 0, quantized and kept
+    assert diff[10:15].max() < 0.15, diff[10:15].max()  # s2 reads one 4-bit page
+    assert diff[10:15].max() > 1e-4, "page 0 of s2 was read unquantized?"
     print(f"kernels ok (max abs error {diff.max().item():.2e})")
 
 

@@ -163,7 +163,8 @@ class Int4Tail:
 def tail_kw(tail: Int4Tail | None, start: int, end: int) -> dict:
     if tail is None:
         return {}
-    return {"tail": tail.tail, "slot_of_seq": tail.slots.slot_of_seq[start:end]}
+    return {"tail": tail.tail, "slot_of_seq": tail.slots.slot_of_seq[start:end],
+            "tail_page": tail.tail_page}  # fmt: skip
 
 
 def scales(shape: dict) -> dict:
