@@ -9,6 +9,7 @@ measured copy bandwidth counting the bytes the kernel must read. Used to pick _c
     python -m benchmarks.tune_decode --shape 4,1,256    # Gemma 3's heads: WIDE_CONFIGS
     python -m benchmarks.tune_decode --int4 --shape 4,1,256   # int4 (page tiles): warps, stages
     python -m benchmarks.tune_decode --best FILE.json   # T,W,S,C: best int8 config of a sweep
+    python -m benchmarks.tune_decode --int4-prefetch-ab  # int4 decode loops A/B, int8 beside
 """
 
 from __future__ import annotations
@@ -158,6 +159,45 @@ def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
     _save(log, nq, nkv, d, bw, "int4")
 
 
+# --int4-prefetch-ab: the model shapes and decode points of the A/B (benchmarks/kernels.py's rows)
+AB_SHAPES = [(32, 8, 128), (9, 3, 64), (4, 1, 256)]
+AB_BATCHES = (8, 32)
+AB_CTXS = (1024, 8192, 32768)
+
+
+def int4_prefetch_ab(bw: float, out: str) -> None:
+    """int4's decode loop as measured before (attention_int4.DECODE_PREFETCH False) and the
+    prefetching one (True), each in its own launch configuration (choose_config_int4) at the
+    heuristic's split count, with int8 timed beside as the anchor: benchmarks/kernels.py's decode
+    rows (bench_attention, CUDA-graph replays timed by do_bench), one process, each point's three
+    rows one after another."""
+    import int8kv_kernels.attention_int4 as A4
+    from benchmarks import kernels as KB
+
+    orig = A4.DECODE_PREFETCH
+    rows = []
+    try:
+        for nq, nkv, d in AB_SHAPES:
+            for batch in AB_BATCHES:
+                for ctx in AB_CTXS:
+                    line = []
+                    for impl, prefetch in (("int4", False), ("int4", True), ("int8", None)):
+                        A4.DECODE_PREFETCH = bool(prefetch)
+                        row = KB.bench_attention(impl, "decode", nq, nkv, d, batch, ctx, 1)
+                        row.update(prefetch=prefetch, frac=row["gbs"] / bw)
+                        rows.append(row)
+                        line.append(f"{impl}{'+pf' if prefetch else ''} {row['ms'] * 1e3:8.1f}us "
+                                    f"{row['frac'] * 100:5.1f}%bw")  # fmt: skip
+                        torch.cuda.empty_cache()
+                    print(f"{nq}/{nkv}/{d} b={batch} ctx={ctx}: " + " | ".join(line), flush=True)
+    finally:
+        A4.DECODE_PREFETCH = orig
+    command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
+    doc = dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw, rows=rows)
+    for path in write_json(doc, out):
+        print("wrote", path, flush=True)
+
+
 def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") -> None:
     if os.environ.get("OUT"):
         name = f"tune_decode{'_' + tag if tag else ''}_{nq}_{nkv}_{d}.json"
@@ -183,6 +223,9 @@ def main() -> None:
     nq, nkv, d = 32, 8, 128
     if "--shape" in sys.argv[1:]:
         nq, nkv, d = map(int, sys.argv[sys.argv.index("--shape") + 1].split(","))
+    if "--int4-prefetch-ab" in sys.argv[1:]:
+        out = os.path.join(os.environ.get("OUT") or "benchmarks/results", "int4_prefetch_ab.json")
+        return int4_prefetch_ab(bw, out)
     if "--int4" in sys.argv[1:]:
         return tune_int4(nq, nkv, d, bw)
     ws = make_workspace(128, nq, d, TUNE_MAX_SPLITS, device="cuda")
