@@ -138,14 +138,37 @@ def check_int4_pipelined(k) -> None:
     assert sum("xi8" in t for t in targets) >= 2, "int4 K/V loads are not asynchronous copies"
 
 
-def check_int4_prefetch(k) -> None:
+def main_loop_lines(ptx: str) -> list[str]:
+    """The PTX lines of the longest backward-branch loop in ``ptx`` (the K/V tile loop)."""
+    lines = ptx.splitlines()
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\$L__BB\d+_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = i
+    loop = None
+    for i, line in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if m and labels.get(m.group(1), i) < i:
+            if loop is None or i - labels[m.group(1)] > loop[1] - loop[0]:
+                loop = (labels[m.group(1)], i)
+    return lines[loop[0] : loop[1] + 1]
+
+
+def check_int4_prefetch(k, prefetch: int = 1) -> None:
     """The prefetching int4 decode loop (attention_int4.DECODE_PREFETCH) waits on its copies
     with some still in flight (a wait of 0 is the one-buffer loop, which waits at the start of
-    each step on copies issued at the end of the step before), and its codes have two buffers."""
+    each step on copies issued at the end of the step before), and its codes have two buffers.
+    2: the page ids are an asynchronous copy with two buffers too, and the loop loads none from
+    global memory (the scalar block-table loads are 32-bit ld.global right before the copies)."""
     ttgir = k.asm["ttgir"]
     waits = [int(n) for n in re.findall(r"ttg\.async_wait .*\{num = (\d+) : i32\}", ttgir)]
     assert any(waits), f"int4 decode prefetch: every asynchronous-copy wait is 0 ({waits})"
     assert re.search(r"memdesc<2x64x\d+xi8", ttgir), "int4 decode prefetch: one buffer of codes"
+    if prefetch == 2:
+        assert "memdesc<2x4xi32" in ttgir, "int4 decode prefetch 2: page ids not double-buffered"
+        loop = main_loop_lines(k.asm["ptx"])
+        assert not [ln for ln in loop if "ld.global.b32" in ln], "int4 decode: page id ld.global"
 
 
 def main() -> int:
@@ -268,7 +291,7 @@ def compile_int4() -> int:
         ("bf16", 64, 8, 128, 512, True, False, False),
     ]
     for (dt, nq, nkv, d, mq, window, softcap, split), prefetch in itertools.product(
-        cases, (False, True)
+        cases, (0, 1, 2)
     ):
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
@@ -288,9 +311,9 @@ def compile_int4() -> int:
         check_int4_pipelined(k)
         check_v_operand(k)
         if prefetch:
-            check_int4_prefetch(k)
+            check_int4_prefetch(k, prefetch)
         print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split,
-              "prefetch" if prefetch else "", k.metadata.shared, flush=True)  # fmt: skip
+              f"prefetch {prefetch}" if prefetch else "", k.metadata.shared, flush=True)  # fmt: skip
         if prefetch:  # the merge compiled once, without
             continue
         if cfg.split and split:
@@ -316,7 +339,7 @@ def compile_int4_decode_sm90() -> int:
     DISABLE_MMA_V3=1) passed them (2026-12-03)."""
     n = 0
     shapes = ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1), (32, 8, 128, 1))
-    for (nq, nkv, d, mq), prefetch in itertools.product(shapes, (False, True)):
+    for (nq, nkv, d, mq), prefetch in itertools.product(shapes, (0, 1, 2)):
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
         cfg = choose_config_int4(group, d, mq, cc_major=9, prefetch=prefetch)
@@ -332,7 +355,7 @@ def compile_int4_decode_sm90() -> int:
         assert "wgmma" not in ptx, f"int4 decode {nq}/{nkv}/{d} rows {cfg.block_m}: wgmma on sm90"
         n += 1
         print("ok attention int4 decode sm90", nq, nkv, d, mq, cfg.block_m, cfg.num_warps,
-              "prefetch" if prefetch else "", flush=True)  # fmt: skip
+              f"prefetch {prefetch}" if prefetch else "", flush=True)  # fmt: skip
     return n
 
 

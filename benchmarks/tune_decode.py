@@ -163,14 +163,17 @@ def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
 AB_SHAPES = [(32, 8, 128), (9, 3, 64), (4, 1, 256)]
 AB_BATCHES = (8, 32)
 AB_CTXS = (1024, 8192, 32768)
+# the page-id prefetching loop (DECODE_PREFETCH 2) is timed at the longer contexts only, which
+# keeps the whole A/B within about 3 minutes on an H200
+AB_CTXS_PF2 = (8192, 32768)
 
 
 def int4_prefetch_ab(bw: float, out: str) -> None:
-    """int4's decode loop as measured before (attention_int4.DECODE_PREFETCH False) and the
-    prefetching one (True), each in its own launch configuration (choose_config_int4) at the
-    heuristic's split count, with int8 timed beside as the anchor: benchmarks/kernels.py's decode
-    rows (bench_attention, CUDA-graph replays timed by do_bench), one process, each point's three
-    rows one after another."""
+    """int4's decode loop as measured before (attention_int4.DECODE_PREFETCH 0), the prefetching
+    one (1) and the one that prefetches the page ids too (2, at AB_CTXS_PF2 only), each in its
+    own launch configuration (choose_config_int4) at the heuristic's split count, with int8 timed
+    beside as the anchor: benchmarks/kernels.py's decode rows (bench_attention, CUDA-graph
+    replays timed by do_bench), one process, each point's rows one after another."""
     import int8kv_kernels.attention_int4 as A4
     from benchmarks import kernels as KB
 
@@ -181,13 +184,16 @@ def int4_prefetch_ab(bw: float, out: str) -> None:
             for batch in AB_BATCHES:
                 for ctx in AB_CTXS:
                     line = []
-                    for impl, prefetch in (("int4", False), ("int4", True), ("int8", None)):
-                        A4.DECODE_PREFETCH = bool(prefetch)
+                    variants = [("int4", 0), ("int4", 1), ("int4", 2), ("int8", None)]
+                    if ctx not in AB_CTXS_PF2:
+                        variants.remove(("int4", 2))
+                    for impl, prefetch in variants:
+                        A4.DECODE_PREFETCH = prefetch or 0
                         row = KB.bench_attention(impl, "decode", nq, nkv, d, batch, ctx, 1)
                         row.update(prefetch=prefetch, frac=row["gbs"] / bw)
                         rows.append(row)
-                        line.append(f"{impl}{'+pf' if prefetch else ''} {row['ms'] * 1e3:8.1f}us "
-                                    f"{row['frac'] * 100:5.1f}%bw")  # fmt: skip
+                        tag = f"{impl}+pf{prefetch}" if prefetch else impl
+                        line.append(f"{tag} {row['ms'] * 1e3:8.1f}us {row['frac'] * 100:5.1f}%bw")
                         torch.cuda.empty_cache()
                     print(f"{nq}/{nkv}/{d} b={batch} ctx={ctx}: " + " | ".join(line), flush=True)
     finally:

@@ -218,6 +218,25 @@ def _step_pages(bt_row, start, page_hi, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def _step_page_vec(bt_row, start, page_hi, BLOCK_SIZE: tl.constexpr):
+    """_step_pages of the step at ``start`` and of the step after it, (page_a, page_b, next_a,
+    next_b), from one vector load of four contiguous block-table entries: the pipeliner makes a
+    vector load an asynchronous copy through shared memory, issued stages ahead of the tile
+    copies it addresses (as int8's block-table loads), where scalar loads stay plain loads that
+    Triton places right before those copies."""
+    o = tl.arange(0, 4)
+    ok = start + o * BLOCK_SIZE < page_hi
+    ids = tl.load(bt_row + start // BLOCK_SIZE + o, mask=ok, other=0).to(tl.int64)
+    # [a, b, na, nb] -> [[a, b], [na, nb]]: split the columns, then each [2] into its scalars
+    ab, nab = tl.split(tl.reshape(ids, [2, 2]).trans())
+    a, b = tl.split(ab)
+    na, nb = tl.split(nab)
+    b = tl.where(start + BLOCK_SIZE < page_hi, b, a)
+    nb = tl.where(start + 3 * BLOCK_SIZE < page_hi, nb, na)
+    return a, b, na, nb
+
+
+@triton.jit
 def _page_scores(
     cache_ptr, cache16_ptr, page, kvh, stride_block, q_lo, q_hi, q16_lo, q16_hi, row_scale,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
@@ -389,11 +408,18 @@ def _decode_step(
 
     Without PREFETCH each page's K zeros and V (scale, zero) are loaded where they are used
     (ahead: 0, unused). With it, ahead is this step's (_page_side of page_a, of page_b), loaded
-    at the end of the step before, and this step ends by loading the next step's."""
+    at the end of the step before, and this step ends by loading the next step's. PREFETCH 2
+    takes this step's and the next step's page ids from one vector load of this step
+    (_step_page_vec) instead of the carried ones."""
     r = tl.arange(0, BLOCK_SIZE)
     STEP: tl.constexpr = 2 * BLOCK_SIZE
-    # Page ids one step ahead (a tile's loads never wait on the gather of their own page id).
-    next_a, next_b = _step_pages(bt_row, start + STEP, page_hi, BLOCK_SIZE)
+    if PREFETCH == 2:
+        # page_a / page_b as carried in are the same ids; these come from shared memory, copied
+        # there stages earlier, so the step's copies are issued without a global round trip
+        page_a, page_b, next_a, next_b = _step_page_vec(bt_row, start, page_hi, BLOCK_SIZE)
+    else:
+        # Page ids one step ahead (a tile's loads never wait on the gather of their own page id).
+        next_a, next_b = _step_pages(bt_row, start + STEP, page_hi, BLOCK_SIZE)
     side_a = None
     side_b = None
     if PREFETCH:
@@ -466,7 +492,15 @@ def _decode_pages(
     With it: two buffers, wait_group 8 (the next step's copies stay in flight), no global load
     used in the step that issues it; the page-id load before the copies of the step after next
     is still waited on at the end of each step (loading the page ids two steps ahead instead
-    made Triton drop the loop's pipelining altogether)."""
+    made Triton drop the loop's pipelining altogether).
+
+    PREFETCH 2: as 1, the page ids loaded as a vector in the step they address (_step_page_vec):
+    the pipeliner copies it asynchronously as an indirection level ahead of the tiles, and gives
+    each level (num_stages - 1) // 2 stages of latency, so 5 stages (choose_config_int4) keep two
+    buffers of tiles and of page ids; compiled for sm80 (Triton 3.6) the loop has no global load
+    of a page id left (they are read from shared memory right before the copies, copied there
+    two steps earlier), wait_group 9 at head sizes 64 and 128, 5 at 256. At 3 or 4 stages the
+    same loop had one buffer of each, wait_group 0."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     STEP: tl.constexpr = 2 * BLOCK_SIZE
     qt_lo = tl.trans(qn_lo)
@@ -567,7 +601,7 @@ def _attn_int4_fwd(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr,  # DECODE_PREFETCH: _decode_pages' loads a step ahead of their use
+    PREFETCH: tl.constexpr,  # DECODE_PREFETCH (0, 1, 2): _decode_pages' loads ahead of use
     DOT_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
@@ -713,23 +747,24 @@ def _attn_int4_fwd(
 
 launch_attn_int4 = DirectLauncher(_attn_int4_fwd)
 
-# The decode loop (_decode_pages) with its loads a step ahead of their use (True) or the loop as
-# measured on the H200 on 2026-12-03 (False), read at every launch: a benchmark sets it to time
-# both in one process (benchmarks/tune_decode.py --int4-prefetch-ab). The launch configuration
-# and Triton's specialization (the PREFETCH constexpr) key on it, so both binaries stay cached.
-DECODE_PREFETCH = False
+# The decode loop (_decode_pages): 0 (False) the loop as measured on the H200 on 2026-12-03, 1
+# (True) with the side values loaded a step ahead of their use, 2 with the page ids too, as an
+# asynchronous copy of a vector of them. Read at every launch: a benchmark sets it to time all
+# three in one process (benchmarks/tune_decode.py --int4-prefetch-ab). The launch configuration
+# and Triton's specialization (the PREFETCH constexpr) key on it, so every binary stays cached.
+DECODE_PREFETCH: int = 0
 
 
 @functools.cache  # on the host path of every launch
 def choose_config_int4(
-    group: int, head_size: int, max_query_len: int, cc_major: int = 8, prefetch: bool = False
+    group: int, head_size: int, max_query_len: int, cc_major: int = 8, prefetch: int = 0
 ) -> LaunchConfig:
     """Prefill / mixed: tiles of one page (64 keys: its K scales fold into q once per tile).
     Decode: two pages a step with keys on the MMA's M side (_decode_pages), the GQA group's rows
     (padded to 8, the smallest MMA N) on N, 4 warps (2 at head size 64, and for the 16-row
     variant on sm90+, where four made Triton compile its dots to wgmma: see
     benchmarks/compile_sm80.py's compile_int4_decode_sm90). ``prefetch``: the configuration of
-    the prefetching decode loop (DECODE_PREFETCH)."""
+    the prefetching decode loop (DECODE_PREFETCH: 1 or 2)."""
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = next_power_of_2(group * max_query_len)
         if block_m <= 16:
@@ -742,7 +777,10 @@ def choose_config_int4(
             # are issued a whole step before it waits on them (with one, at the end of the step
             # before: nothing between issue and wait); 168 registers at head size 128 (128 with
             # one buffer), 254 at 256 (239), no spills, 74 KiB shared memory at 256.
-            stages = 3 if prefetch else {64: 3}.get(head_size, 2)
+            # With the page ids copied asynchronously too (2), the pipeliner splits the 4 stages
+            # of latency between page ids and tiles: 5 keep two buffers of each (3 and 4 gave
+            # one); 168 registers at 128, 255 at 256, no spills, 74 KiB at 256 as with 1.
+            stages = {1: 3, 2: 5}[int(prefetch)] if prefetch else {64: 3}.get(head_size, 2)
             # on sm90+, four warps make Triton 3.6 compile the 16-row variant's dots to wgmma,
             # which faulted on the H200; two keep them mma.sync, as on sm80
             warps = 2 if head_size == 64 or (block_m == 16 and cc_major >= 9) else 4
@@ -833,7 +871,7 @@ def paged_attention_int4(
         USE_WINDOW=bool(sliding_window),
         USE_SOFTCAP=bool(soft_cap),
         SPLIT=use_split,
-        PREFETCH=prefetch and cfg.block_m <= 16,
+        PREFETCH=int(prefetch) if cfg.block_m <= 16 else 0,
         DOT_F32=query.device.type != "cuda",
         **layout.kernel_constexprs(),
         num_warps=cfg.num_warps,

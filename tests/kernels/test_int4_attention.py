@@ -127,16 +127,18 @@ def test_int4_attention_matches_reference(case, device):
 DECODE_CASES = [c for c in CASES if max(c[1]) * (c[3] // c[4]) <= 16 or max(c[1]) == 1]
 
 
+@pytest.mark.parametrize("prefetch", [1, 2], ids=["side", "page_ids"])
 @pytest.mark.parametrize("case", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
-def test_int4_decode_prefetch_is_the_same_arithmetic(case, device, monkeypatch):
-    """The prefetching decode loop (DECODE_PREFETCH) loads the same values earlier: within the
-    bound of the reference, and the very output of the loop it replaces."""
+def test_int4_decode_prefetch_is_the_same_arithmetic(case, prefetch, device, monkeypatch):
+    """The prefetching decode loops (DECODE_PREFETCH 1: side values, 2: page ids too) load the
+    same values earlier: within the bound of the reference, and the very output of the loop
+    they replace."""
     _, q_lens, seq_lens, nq, nkv, d, kw = case
     torch.manual_seed(0)
-    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", True)
+    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", prefetch)
     new = check(q_lens, seq_lens, nq, nkv, d, device, **kw)
     torch.manual_seed(0)
-    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", False)
+    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", 0)
     old = check(q_lens, seq_lens, nq, nkv, d, device, **kw)
     assert torch.equal(new, old)
 
@@ -242,7 +244,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [False, True], ids=["loop", "prefetch"])
+@pytest.mark.parametrize("prefetch", [0, 1, 2], ids=["loop", "prefetch", "prefetch_page_ids"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_int4_attention_matches_reference_gpu(case, prefetch, monkeypatch):
     _, q_lens, seq_lens, nq, nkv, d, kw = case
