@@ -34,7 +34,12 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 import triton  # noqa: E402
 
 from benchmarks.common import MODEL_SHAPES, RESULTS_DIR, write_json  # noqa: E402
-from benchmarks.compile_sm80 import ATTN_INT4_PTRS, ATTN_PTRS, compile_one  # noqa: E402
+from benchmarks.compile_sm80 import (  # noqa: E402
+    ATTN_INT4_PTRS,
+    ATTN_PTRS,
+    compile_one,
+    main_loop_lines,
+)
 from int8kv_kernels import INT4_DTYPES, INT8_DTYPES, Int4PageLayout, PageLayout  # noqa: E402
 from int8kv_kernels.attention import _attn_fwd, _choose_config  # noqa: E402
 from int8kv_kernels.attention_int4 import _attn_int4_fwd, choose_config_int4  # noqa: E402
@@ -83,20 +88,8 @@ def registers_per_thread(kernel) -> int:
 
 def main_loop_ops(ptx: str) -> collections.Counter:
     """Opcode counts of the longest backward-branch loop in ``ptx`` (the K/V tile loop)."""
-    lines = ptx.splitlines()
-    labels = {}
-    for i, line in enumerate(lines):
-        m = re.match(r"^(\$L__BB\d+_\d+):", line.strip())
-        if m:
-            labels[m.group(1)] = i
-    loop = None
-    for i, line in enumerate(lines):
-        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
-        if m and labels.get(m.group(1), i) < i:
-            if loop is None or i - labels[m.group(1)] > loop[1] - loop[0]:
-                loop = (labels[m.group(1)], i)
     ops: collections.Counter = collections.Counter()
-    for line in lines[loop[0] : loop[1] + 1]:
+    for line in main_loop_lines(ptx):
         tok = line.strip().split()
         if not tok or tok[0].startswith(("$", "//", "{", "}", ".")):
             continue
@@ -125,18 +118,19 @@ def family(op: str, kv_dtype: str = "int8") -> str:
     return "other (softmax, addressing, control)"
 
 
-def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
+def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int, prefetch: int = 0):
     """(compiled kernel, launch config, page layout) of the decode specialisation that serving
-    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap."""
+    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap. ``prefetch``: int4's
+    prefetching decode loop (attention_int4.DECODE_PREFETCH: 1, or 2 with the page ids)."""
     group = nq // nkv
     if kv_dtype in INT4_DTYPES:
         lay = Int4PageLayout(get_dtype(kv_dtype).page_tokens, nkv, d, kv_dtype)
-        cfg = choose_config_int4(group, d, 1)
+        cfg = choose_config_int4(group, d, 1, prefetch=prefetch)
         k = compile_one(
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False,
-                 **lay.kernel_constexprs()),
+                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, PREFETCH=prefetch,
+                 DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return k, cfg, lay
@@ -153,8 +147,8 @@ def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
     return k, cfg, lay
 
 
-def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
-    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d)
+def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128, prefetch: int = 0) -> dict:
+    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d, prefetch)
     ops = main_loop_ops(k.asm["ptx"])
     per_thread = sum(ops.values())
     # K/V bytes one program streams per tile: its kv-head's share of each page, scales (and int4's
@@ -174,7 +168,7 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
         for gpu, (*_, arch) in GPUS.items()
     }
     return {
-        "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d,
+        "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d, "prefetch": prefetch,
         "config": {"tile_n": cfg.tile_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
         "loop_instructions_per_thread": per_thread, "tile_bytes": tile_bytes,
         "warp_instructions_per_kib": round(per_kib, 1),
@@ -187,16 +181,32 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(RESULTS_DIR / "decode_issue_budget.json"))
+    ap.add_argument(
+        "--int4-prefetch",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        choices=(1, 2),
+        help="int4 rows only, of the prefetching decode loop (DECODE_PREFETCH 1, or 2: the page "
+        "ids too)",
+    )
     args = ap.parse_args()
-    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
+    if args.int4_prefetch:
+        rows = [budget(kv, *shape, prefetch=args.int4_prefetch) for shape in MODEL_SHAPES
+                for kv in INT4_DTYPES]  # fmt: skip
+    else:
+        rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
     # compiled on whatever machine runs it: no GPU measured anything ("gpu": None)
-    result = {"command": "python -m benchmarks.decode_issue_budget", "gpus": GPUS, "gpu": None,
-              "rows": rows}  # fmt: skip
+    command = "python -m benchmarks.decode_issue_budget" + (
+        f" --int4-prefetch {args.int4_prefetch}" if args.int4_prefetch else ""
+    )
+    result = {"command": command, "gpus": GPUS, "gpu": None, "rows": rows}
     write_json(result, args.out)
     for r in rows:
         shape = f"{r['q_heads']}/{r['kv_heads']}, {r['head_dim']}"
-        print(r["kv_dtype"], shape, r["warp_instructions_per_kib"],
-              r["issue_share_at_peak_bandwidth"])  # fmt: skip
+        print(r["kv_dtype"], shape, r["warp_instructions_per_kib"], "registers", r["registers"],
+              "programs/SM", r["programs_per_sm"])  # fmt: skip
 
 
 if __name__ == "__main__":
