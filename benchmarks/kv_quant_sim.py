@@ -93,9 +93,9 @@ import torch
 
 from benchmarks import common
 from int8kv_kernels.reference import quantize_int8, quantize_int8_static
+from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 from int8kv_shim.static import cli as calibrate_cli
 from int8kv_shim.static.file import K_QMAX, MIN_STAT
-from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
 
 SINK_TOKENS = 4
 # Sinkhorn rounds of the K tile normalization: rows' and columns' RMS are near 1 after a few
