@@ -522,8 +522,6 @@ def test_static_rows_calibrate_on_the_shipped_text_led_by_bos(sim, tmp_path, mon
     doc = __import__("json").loads(out.read_text())
     assert calibrated == [[w.tolist() for w in windows]]
     assert doc["static_calibration"]["tokens"] == sum(len(w) for w in windows)
-    assert doc["static_calibration"]["texts"] == [
-        p.name for p in sim.calibrate_cli.default_texts()
-    ]
+    assert doc["static_calibration"]["texts"] == [p.name for p in sim.calibrate_cli.default_texts()]
     assert [r["variant"] for r in doc["rows"]] == ["bf16", "int8_static", "int8_static_channel"]
     assert doc["rows"][1]["capacity_vs_bf16"] == 2.0
