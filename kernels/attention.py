@@ -18,9 +18,9 @@ per-token V scale multiplies the P column first. ``int8``'s scales cover 64 chan
 above head size 128 (page_layout.py): there both products run one dot per group (the groups' QK dots
 summed after their column scaling, the PV dots into their own slices of the output), the same
 tensor-core work as one dot over the head. ``int8_static``'s per-channel scales fold into the
-query (K's, one multiply per element of q before its split) and the output (V's, one per channel
-of the accumulator), once per program. Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is
-asked for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
+query (K's: q * s, once, before the split) and the output (V's: one multiply per channel of the
+accumulator). Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is asked
+for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
 ``workspace`` is given.
 """
 
