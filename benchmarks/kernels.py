@@ -146,8 +146,8 @@ class Cache:
                                      device=DEV)  # fmt: skip
             if lay.has_scales:
                 self.raw[:, lay.k_scale :].view(torch.float16).uniform_(0.005, 0.02)
-            self.sk = torch.full((nkv,), 0.01, device=DEV)
-            self.sv = torch.full((nkv,), 0.01, device=DEV)
+            self.sk = torch.full((nkv, d), 0.01, device=DEV)  # per (kv-head, channel)
+            self.sv = torch.full((nkv, d), 0.01, device=DEV)
 
 
 def attention_fn(

@@ -52,6 +52,16 @@ counted in the bytes column. A token that is large in every channel (as attentio
 no longer sets every channel's range in its page. V is unchanged: its groups are per token, so a
 per-token factor is already absorbed by its scale.
 
+Static rows (``int8_static``, ``int8_static_channel``) are the ``int8_static`` cache: int8 codes
+with no per-token scale, K and V each multiplied back by a fixed fp32 scale per (layer, kv-head)
+(``int8_static``, the format of per-head calibration files) or per (layer, kv-head, channel)
+(``int8_static_channel``), quantized by ``reference.quantize_int8_static``. The scales are
+calibrated as ``int8kv calibrate`` does it: absmax of |K| and |V| as attention receives them
+(after RoPE, what the cache is written) over the package's calibration text
+(``int8kv_shim/static/calibration_data/``, windows planned by ``int8kv_shim.static.cli``, each led
+by the BOS), never over the scored corpus; scale = absmax / 127. Their bytes are K and V's int8
+codes only: the scales live outside the pages.
+
 Every window starts with the model's BOS when its tokenizer adds one (Gemma 3: ``<bos>``; without
 it a chunk cut from the corpus scores about twice the perplexity), as in ``benchmarks/accuracy.py``;
 SmolLM2's tokenizer adds none. Sliding-window layers (Gemma 3) get their sliding mask: the
@@ -78,14 +88,16 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from benchmarks import common
-from int8kv_kernels.reference import quantize_int8
+from int8kv_kernels.reference import quantize_int8, quantize_int8_static
 from int8kv_kernels.reference_int4 import dequantize_int4, quantize_int4
+from int8kv_shim.static import cli as calibrate_cli
+from int8kv_shim.static.file import K_QMAX, MIN_STAT
 
 SINK_TOKENS = 4
 # Sinkhorn rounds of the K tile normalization: rows' and columns' RMS are near 1 after a few
@@ -126,6 +138,9 @@ class Variant:
     tail_full: bool = False  # ... and its own page at its last position too (reads_tail)
     group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
     k_varnorm: bool = False  # K page tiles normalized per token and channel (see above)
+    # 8-bit with calibrated static scales: "head" one per (layer, kv-head), "channel" one per
+    # (layer, kv-head, channel); no per-token scale
+    static: str = ""
 
     def for_k(self) -> Variant:
         """The variant K is stored with."""
@@ -139,6 +154,8 @@ class Variant:
 
     def bytes_per_token_head(self, d: int) -> float:
         """Bytes of one (token, kv-head) K + V pair in the page (scales included)."""
+        if self.static:  # int8 codes only: the static scales are not in the pages
+            return 2.0 * d
         if self.k_mode == "channel":  # nibbles + fp16 (scale, zero) per channel per page of tokens
             k = d / 2 + 4.0 * d / self.k_page + (2.0 if self.k_varnorm else 0.0)
         else:
@@ -190,6 +207,9 @@ VARIANTS = [
     Variant("int8", 8),
     # int8 with a scale per group of channels instead of per token and head
     *(Variant(f"int8_g{g}", 8, group8=g) for g in (128, 64, 32)),
+    # int8 with calibrated static scales per (layer, kv-head), then per (layer, kv-head, channel)
+    Variant("int8_static", 8, static="head"),
+    Variant("int8_static_channel", 8, static="channel"),
     Variant("int4", 4),
     Variant("int4_no_rotation", 4, rotate=False),
     Variant("int4_var_norm_oracle", 4, var_norm=True),
@@ -228,14 +248,23 @@ VARIANTS = [
 CLIP = 0.85
 
 
-def fake_quant(x: torch.Tensor, v: Variant, k_mode: str = "") -> torch.Tensor:
-    """x [batch, kv_heads, tokens, D] -> the values attention would read back from the cache."""
+def fake_quant(
+    x: torch.Tensor, v: Variant, k_mode: str = "", static_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [batch, kv_heads, tokens, D] -> the values attention would read back from the cache
+    (``static_scale`` [kv_heads, D] fp32: the static variants' calibrated scale)."""
     if v.bits == 16:
         return x
     xf = x.float()
     if k_mode == "mean":
         xf = xf - xf.mean(dim=-2, keepdim=True)
-    if v.bits == 8:
+    if v.static:
+        if static_scale is None:
+            raise ValueError(f"{v.name} needs its calibrated static scale")
+        # the reference takes [..., kv_heads, D]
+        q = quantize_int8_static(xf.transpose(1, 2), static_scale)
+        out = (q.float() * static_scale.float()).transpose(1, 2)
+    elif v.bits == 8:
         g = _group(v.group8, x.shape[-1])
         q, scale = quantize_int8(xf.unflatten(-1, (-1, g)))
         out = (q.float() * scale.float()[..., None]).flatten(-2)
@@ -395,15 +424,92 @@ def _symmetric_int4(r: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(g / scale).clamp(-7, 7) * scale).flatten(-2)
 
 
-def install(variant_ref: list[Variant]) -> str:
-    """Register an attention function that quantizes K/V with ``variant_ref[0]`` first."""
+@dataclass
+class StaticCalibration:
+    """Per layer, absmax of |K| and |V| per (kv-head, channel) [H, D] as attention receives them,
+    recorded while ``recording`` (what ``int8kv calibrate``'s recorder keeps per kv-head is the
+    max of these over the channels), and the static scales made from them."""
+
+    recording: bool = False
+    k_max: dict[int, torch.Tensor] = field(default_factory=dict)
+    v_max: dict[int, torch.Tensor] = field(default_factory=dict)
+    tokens: int = 0
+    _scales: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def record(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Fold in key/value [batch, kv_heads, tokens, D] of attention layer ``layer``."""
+        for stats, x in ((self.k_max, key), (self.v_max, value)):
+            m = x.float().abs().amax(dim=(0, 2))
+            stats[layer] = m if layer not in stats else torch.maximum(stats[layer], m)
+        self._scales.clear()
+
+    def scales(self, layer: int, per: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_scale, v_scale) fp32 [H, D] of ``layer``: per "head" (the absmax over the head's
+        channels, the same for each) or per "channel"; stat / 127 as ``int8kv calibrate`` writes
+        it (statistics floored at its MIN_STAT, the division in double, stored as fp32)."""
+        key = (layer, per)
+        if key not in self._scales:
+            if layer not in self.k_max:
+                raise ValueError(f"no calibration statistics for layer {layer}")
+            out = []
+            for stats in (self.k_max, self.v_max):
+                stat = stats[layer].double()
+                if per == "head":
+                    stat = stat.amax(dim=-1, keepdim=True).expand_as(stat)
+                out.append((stat.clamp_min(MIN_STAT) / K_QMAX).float())
+            self._scales[key] = (out[0], out[1])
+        return self._scales[key]
+
+
+def calibration_windows(model_dir: str, seq_len: int, num_tokens: int) -> list[torch.Tensor]:
+    """The sequences ``int8kv calibrate`` runs by default: windows of its shipped text, each led
+    by the model's BOS where its tokenizer adds one, round-robin across documents."""
+    bos = common.tokenizer_bos(model_dir)
+    documents = [common.load_corpus_ids(model_dir, t) for t in calibrate_cli.default_texts()]
+    prefix = [] if bos is None else [bos]
+    plan = calibrate_cli.plan_sequences(documents, prefix, seq_len, num_tokens)
+    return [torch.tensor(s, dtype=torch.long) for s in plan]
+
+
+def calibrate(
+    model: torch.nn.Module,
+    variant_ref: list[Variant],
+    static: StaticCalibration,
+    windows: list[torch.Tensor],
+) -> None:
+    """Record ``static``'s statistics over ``windows`` with K/V unquantized (the calibration run's
+    cache is dynamic int8, but its recorder sees K/V before they are quantized)."""
+    previous = variant_ref[0]
+    variant_ref[0] = Variant("bf16", 16)
+    static.recording = True
+    try:
+        with torch.inference_mode():
+            for w in windows:
+                model(w[None])
+                static.tokens += w.numel()
+    finally:
+        static.recording = False
+        variant_ref[0] = previous
+
+
+def install(variant_ref: list[Variant], static: StaticCalibration | None = None) -> str:
+    """Register an attention function that quantizes K/V with ``variant_ref[0]`` first (static
+    variants with ``static``'s scales; while ``static.recording``, it records K/V first)."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         v = variant_ref[0]
-        key_q, value_q = fake_quant(key, v.for_k(), v.k_mode), fake_quant(value, v)
+        k_scale = v_scale = None
+        if static is not None and static.recording:
+            static.record(module.layer_idx, key, value)
+        if v.static:
+            if static is None:
+                raise ValueError(f"{v.name} needs a StaticCalibration")
+            k_scale, v_scale = static.scales(module.layer_idx, v.static)
+        key_q = fake_quant(key, v.for_k(), v.k_mode, k_scale)
+        value_q = fake_quant(value, v, static_scale=v_scale)
         if not v.tail:
             return sdpa_attention_forward(module, query, key_q, value_q, attention_mask, **kwargs)
         if kwargs.get("softcap") is not None or kwargs.get("dropout", 0.0):
@@ -495,6 +601,13 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(v.name for v in VARIANTS),
         help="comma-separated variant names, bf16 first (default: all of them)",
     )
+    p.add_argument(
+        "--calibration-tokens",
+        type=int,
+        default=calibrate_cli.DEFAULT_NUM_TOKENS,
+        help="tokens of the shipped calibration text the static variants' scales are taken over "
+        f"(default {calibrate_cli.DEFAULT_NUM_TOKENS}, as `int8kv calibrate`)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "kv_quant_sim.json"))
     args = p.parse_args(argv)
@@ -507,10 +620,22 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     current = [variants[0]]
-    impl = install(current)
+    static = StaticCalibration()
+    impl = install(current, static)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, dtype=torch.bfloat16, attn_implementation=impl
     ).to(args.device)
+    calibration = None
+    if any(v.static for v in variants):
+        seq_len = min(calibrate_cli.DEFAULT_SEQ_LEN, args.window)
+        cal = calibration_windows(args.model, seq_len, args.calibration_tokens)
+        calibrate(model, current, static, [w.to(args.device) for w in cal])
+        calibration = {
+            "texts": [t.name for t in calibrate_cli.default_texts()],
+            "tokens": static.tokens,
+            "seq_len": seq_len,
+            "statistic": "absmax",
+        }
     windows, bos = load_windows(args.model, args.corpus, args.window, args.windows)
     windows = [w.to(args.device) for w in windows]
     n = len(windows)
@@ -572,6 +697,8 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }
+    if calibration is not None:
+        result["static_calibration"] = calibration
     for path in common.write_json(result, args.out):
         print(f"kv_quant_sim: wrote {path}")
 

@@ -247,7 +247,7 @@ def main() -> None:
         line = []
         # head size 256: the int8 sweep only (int8_static takes the same config)
         for kv_dtype in INT8_DTYPES if d <= 128 else ("int8",):
-            scales = torch.full((nkv,), 0.01, device="cuda")
+            scales = torch.full((nkv, d), 0.01, device="cuda")  # per (kv-head, channel)
             for tn, w, st, ch in configs if kv_dtype == "int8" else configs[:2] + configs[-1:]:
                 for ns in split_counts(heur):
                     A._choose_config = _fixed_config(tn, w, st, ch)

@@ -372,7 +372,8 @@ class Int8KVAttentionImpl(AttentionImpl):
     def set_static_scales(
         self, k_scale: torch.Tensor, v_scale: torch.Tensor, v_format: str, source: str = ""
     ) -> None:
-        """Per-kv-head fp32 scales of this rank's heads, and V's storage format (``int8_static``)."""
+        """fp32 scales [num_kv_heads, head_size] of this rank's heads, one per (kv-head, channel),
+        and V's storage format (``int8_static``)."""
         where = f" (from {source})" if source else ""
         if self.kv_cache_dtype != STATIC_DTYPE:
             raise ValueError(
@@ -380,7 +381,7 @@ class Int8KVAttentionImpl(AttentionImpl):
             )
         if v_format not in V_FORMATS:
             raise ValueError(f"int8kv-shim: v_format {v_format!r}{where} is not one of {V_FORMATS}")
-        expected = (self.num_kv_heads,)
+        expected = (self.num_kv_heads, self.head_size)
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if tuple(scale.shape) != expected or scale.dtype != torch.float32:
                 raise ValueError(

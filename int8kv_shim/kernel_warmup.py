@@ -136,7 +136,7 @@ def _launch_all(
     kv_cache = torch.zeros(num_blocks, page_bytes, dtype=torch.int8, device=device)
     scales: dict[str, Any] = {"k_scale": None, "v_scale": None}
     if key.kv_dtype == STATIC_DTYPE:
-        ones = torch.ones(hk, dtype=torch.float32, device=device)
+        ones = torch.ones(hk, d, dtype=torch.float32, device=device)  # per (kv-head, channel)
         scales = {
             "k_scale": k_scale if k_scale is not None else ones,
             "v_scale": v_scale if v_scale is not None else ones,

@@ -292,7 +292,7 @@ def patch_kv_cache_spec(attention: ModuleType) -> None:
 
 
 def patch_static_scales_loader(attention: ModuleType) -> None:
-    """Load ``int8_static`` layers' per-head scales from the calibration file after weight loading.
+    """Load ``int8_static`` layers' per-channel scales from the calibration file after loading.
 
     vLLM's own method runs first (it resets ``_k_scale``/``_v_scale`` to 1.0, which our kernels
     never read); then :func:`int8kv_shim.static.load.load_into_layer` sets the impl's scales for

@@ -17,9 +17,10 @@ the score columns. PV is an fp16 ``tl.dot``: V's int8 is pasted into fp16 in reg
 per-token V scale multiplies the P column first. ``int8``'s scales cover 64 channels each
 above head size 128 (page_layout.py): there both products run one dot per group (the groups' QK dots
 summed after their column scaling, the PV dots into their own slices of the output), the same
-tensor-core work as one dot over the head. Static per-head scales fold into the softmax
-scale / the output once. Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is
-asked for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
+tensor-core work as one dot over the head. ``int8_static``'s per-channel scales fold into the
+query (K's: q * s, once, before the split) and the output (V's: one multiply per channel of the
+accumulator). Accumulation is int32 / fp32 (sm80 mma.sync; nothing Hopper-specific is asked
+for). No host syncs and no data-dependent grid: safe under CUDA-graph capture when
 ``workspace`` is given.
 """
 
@@ -54,7 +55,7 @@ from .catalogue import INT4_DTYPES
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
 from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_page_layout, next_power_of_2
-from .quantize import rint
+from .quantize import check_static_scales, rint
 
 # Re-exported: the int8 attention's public names from before the planning had its own module.
 __all__ = ["AttentionWorkspace", "LaunchConfig", "MAX_SPLITS", "choose_num_splits",
@@ -527,18 +528,20 @@ def _attn_fwd(
         key_hi = tl.minimum(key_lo + per_split, key_hi)
 
     score_scale = softmax_scale
-    if not DYNAMIC:
-        score_scale = score_scale * tl.load(static_k_ptr + kvh)
     if not USE_SOFTCAP:
         score_scale = score_scale * LOG2E
-    # q as two int8 halves; each row's unit and the softmax (and static K) scale fold into one
-    # factor per row, the per-token K scales into one per column (of each scale group's dot).
+    # q as two int8 halves; each row's unit and the softmax scale fold into one factor per row,
+    # the per-token K scales into one per column (of each scale group's dot). Static K scales
+    # are per channel: q . (codes * s) = (q * s) . codes, so they multiply q once, before its
+    # split (the split's grid then fits q * s, whose row max it takes).
     # DOT_F32 (the Triton interpreter of the CPU tests: no inline asm, a wrong bf16 tl.dot) runs
     # the same arithmetic in fp32 dots, exact on these integers.
     G: tl.constexpr = HEAD_SIZE // NG
     offs_g = tl.arange(0, G)
     if NG == 1:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        if not DYNAMIC:
+            q = q.to(tl.float32) * tl.load(static_k_ptr + kvh * HEAD_SIZE + offs_d)[None, :]
         q_hi, q_lo, q_unit = _split_q_i8(q, DOT_F32)
         q_his = (q_hi,)
         q_los = (q_lo,)
@@ -646,10 +649,12 @@ def _attn_fwd(
                 k_sc, v_sc = k_sc_next, v_sc_next
 
     if not DYNAMIC:
-        v_out_scale = tl.load(static_v_ptr + kvh)
+        # out[c] = s_v[c] * sum_j p_j codes[j, c]: each channel's scale multiplies its column of
+        # the accumulator once (before a split's partial is stored, so the merge sees scaled ones)
+        v_out_scale = tl.load(static_v_ptr + kvh * HEAD_SIZE + offs_d)
         if V_E4M3:
             v_out_scale = v_out_scale * _E4M3_UNSCALE  # exact (power of two)
-        accs = (accs[0] * v_out_scale,)  # static scales: one group
+        accs = (accs[0] * v_out_scale[None, :],)  # static scales: one group
     if SPLIT:
         ws = (token * NUM_Q_HEADS + head) * num_splits + split
         tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
@@ -753,7 +758,8 @@ def paged_attention(
     tokens; block_table: int32 [num_seqs, max_blocks_per_seq]. Query token i of a sequence with
     q_len new tokens sits at position seq_len - q_len + i and sees keys j <= that position (and,
     with ``sliding_window``, position - j < sliding_window). ``soft_cap``: s = cap * tanh(s / cap).
-    ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads]; with ``v_format="e4m3"``
+    ``int8_static`` needs k_scale / v_scale: fp32 [num_kv_heads, head_size] (one per kv-head and
+    channel: K's fold into the query, V's multiply the output's channels); with ``v_format="e4m3"``
     (``int8_static`` only) the V bytes are FP8-E4M3FN codes (as ``write_kv_cache`` stores them)
     dequantized as e4m3 value * v_scale. ``num_splits`` overrides the
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
@@ -783,7 +789,8 @@ def paged_attention(
         query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
         seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
         kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
-        sliding_window, soft_cap, k_scale is None, v_scale is None, id(workspace), num_splits,
+        sliding_window, soft_cap, None if k_scale is None else k_scale.shape,
+        None if v_scale is None else v_scale.shape, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
         tail is None, slot_of_seq is None, tail_page is None,  # int4's, unused here
     )  # fmt: skip
@@ -796,8 +803,8 @@ def paged_attention(
     v_e4m3 = check_v_format(kv_dtype, v_format)
     check_shapes(query, output, kv_cache, num_kv_heads)
     dynamic = layout.has_scales
-    if not dynamic and (k_scale is None or v_scale is None):
-        raise ValueError("int8_static needs k_scale and v_scale")
+    if not dynamic:
+        check_static_scales(k_scale, v_scale, num_kv_heads, head_size)
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads

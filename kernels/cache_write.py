@@ -14,7 +14,7 @@ from .catalogue import INT4_DTYPES, get_dtype
 from .e4m3 import check_v_format, e4m3_encode
 from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_page_layout
-from .quantize import FP16_MAX, rint, store_key_major
+from .quantize import FP16_MAX, check_static_scales, rint, store_key_major
 
 # Quantization constants of the int8 write; reference.py (the kernels' specification) imports them.
 QMAX = get_dtype("int8").qmax  # int8_static's too: one write kernel serves both
@@ -111,7 +111,8 @@ def _quantize_store(
             tl.store(scale_row[:, None] + offs_g[None, :], stored, mask=valid[:, None])
             y = tl.reshape(x * inv[:, :, None], [TILE_T, HEAD_SIZE])
     else:
-        scale = tl.load(static_scale_ptr + head).to(tl.float32)
+        # one scale per (kv-head, channel), row ``head`` of the [H, D] scales
+        scale = tl.load(static_scale_ptr + head * HEAD_SIZE + offs_d).to(tl.float32)[None, :]
         if not E4M3:
             # No per-token scale to flag with: NaN stores 0, +-Inf saturates at +-127 (the clamp
             # below). E4M3 codes saturate NaN and +-Inf at +-448 themselves (e4m3.py).
@@ -219,9 +220,10 @@ def write_kv_cache(
     stride along head_size. kv_cache: int8 [num_blocks, >= page_bytes] (see page_layout.py).
     slot_mapping: int32/int64 [num_tokens], slot = block * block_size + offset; negative = padding,
     skipped; only the first min(len(key), len(slot_mapping)) tokens are written. ``int8_static``
-    needs k_scale / v_scale: fp32 [num_kv_heads], > 0. ``v_format="e4m3"`` (``int8_static`` only)
-    stores V as FP8-E4M3FN codes of v / v_scale (round half even, saturating at +-448; e4m3.py);
-    K stays int8.
+    needs k_scale / v_scale: fp32 [num_kv_heads, head_size] (one per kv-head and channel,
+    contiguous), > 0; each channel is quantized by its own scale. ``v_format="e4m3"``
+    (``int8_static`` only) stores V as FP8-E4M3FN codes of v / v_scale (round half even,
+    saturating at +-448; e4m3.py); K stays int8.
     No host sync, no allocation: safe inside CUDA-graph capture.
     ``int4``: ``write_kv_cache_int4``'s keywords (tail, tail_page, query_start_loc, seq_lens,
     block_table, slot_of_seq, slot_is_new, num_seqs, max_query_len); slot_mapping is not used.
@@ -245,7 +247,8 @@ def write_kv_cache(
     memo = (
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
         slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
-        k_scale is None, v_scale is None, v_format, launch,  # tests vary it
+        None if k_scale is None else k_scale.shape, None if v_scale is None else v_scale.shape,
+        v_format, launch,  # tests vary it
         # int4's keywords, unused here: passing one is another call (tests/kernels' key check)
         (tail, tail_page, query_start_loc, seq_lens, block_table, slot_of_seq, slot_is_new,
          num_seqs, max_query_len).count(None),
@@ -261,8 +264,8 @@ def write_kv_cache(
     if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1:
         raise ValueError("kv_cache must be int8 with contiguous pages")
     dynamic = layout.has_scales
-    if not dynamic and (k_scale is None or v_scale is None):
-        raise ValueError("int8_static needs k_scale and v_scale")
+    if not dynamic:
+        check_static_scales(k_scale, v_scale, num_kv_heads, head_size)
     if num_tokens == 0:
         return
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache

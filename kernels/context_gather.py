@@ -29,6 +29,7 @@ from .attention import v_column
 from .e4m3 import check_v_format, e4m3_decode
 from .launch import DirectLauncher
 from .page_layout import cached_page_layout
+from .quantize import check_static_scales
 
 # Rows (tokens of one kv head) per program: 16-byte loads of whole rows, and few enough programs
 # that a long context is still one pass over its pages.
@@ -110,8 +111,9 @@ def _gather_kv_kernel(
         k_deq = tl.reshape(k3, [BLOCK_T, HEAD_SIZE])
         v_deq = tl.reshape(v3, [BLOCK_T, HEAD_SIZE])
     else:
-        k_deq = kq.to(tl.float32) * tl.load(k_scale_ptr + kvh)
-        v_deq = vf * tl.load(v_scale_ptr + kvh)
+        # one scale per (kv-head, channel): row kvh of the [H, D] scales
+        k_deq = kq.to(tl.float32) * tl.load(k_scale_ptr + kvh * HEAD_SIZE + d)[None, :]
+        v_deq = vf * tl.load(v_scale_ptr + kvh * HEAD_SIZE + d)[None, :]
     k_deq = _round_to_out(k_deq, OUT_BF16)
     v_deq = _round_to_out(v_deq, OUT_BF16)
 
@@ -167,15 +169,15 @@ def gather_kv_context(
     each row covering at least the sequence's context. cu_seqlens_q / cu_seqlens_k: int32
     [seqs + 1] of new tokens / context + new tokens. ``max_seqlen_k`` (launch shape) and
     ``num_k_tokens`` (== cu_seqlens_k[-1], the allocation) are host ints, so no device sync.
-    ``int8_static`` needs k_scale / v_scale (fp32 [num_kv_heads]); ``v_format="e4m3"`` as in
-    ``paged_attention``.
+    ``int8_static`` needs k_scale / v_scale (fp32 [num_kv_heads, head_size], one per kv-head and
+    channel); ``v_format="e4m3"`` as in ``paged_attention``.
     """
     num_kv_heads, head_size = new_key.shape[1], new_key.shape[2]
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
     v_e4m3 = check_v_format(kv_dtype, v_format)
     dynamic = layout.has_scales
-    if not dynamic and (k_scale is None or v_scale is None):
-        raise ValueError("int8_static needs k_scale and v_scale")
+    if not dynamic:
+        check_static_scales(k_scale, v_scale, num_kv_heads, head_size)
     if new_key.dtype not in (torch.bfloat16, torch.float16) or new_value.dtype != new_key.dtype:
         raise ValueError(
             f"new K/V must be bf16 or fp16 alike, not {new_key.dtype}/{new_value.dtype}"

@@ -21,7 +21,7 @@ NG = D / G (1 at D <= 128, 4 at 256)::
     k_scale + 2*((h*NG + g)*B + t) (and v_scale): for each (head, group) the B tokens' scales of
     the page are one contiguous run, read as at NG = 1 once per group
 
-``int8_static`` (per-layer, per-kv-head fp32 scales passed in, nothing per token)::
+``int8_static`` (fp32 scales per (layer, kv-head, channel) passed in, nothing per token)::
 
     | K data int8 [H][B][D] | V data int8 [H][D][B] |      page_bytes = 2*H*B*D
 

@@ -1,8 +1,10 @@
 """Arithmetic and stores shared by the quantizing kernels (the int8 and int4 writes, attention's
-query split): one definition each, so the formats round and lay out bytes the same way."""
+query split): one definition each, so the formats round and lay out bytes the same way; and the
+check of ``int8_static``'s scales every kernel reading them makes."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -41,3 +43,22 @@ def store_key_major(
         tl.reshape(tl.trans(tile), flat),
         mask=tl.reshape(mask, flat),
     )
+
+
+def check_static_scales(
+    k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, num_kv_heads: int, head_size: int
+) -> None:
+    """``int8_static``'s scales: fp32 [num_kv_heads, head_size], one per (kv-head, channel), on
+    the kernels' side read as contiguous rows (a per-head [num_kv_heads] scale would be read past
+    its end); a launch with anything else is refused before it reads memory it does not own."""
+    if k_scale is None or v_scale is None:
+        raise ValueError("int8_static needs k_scale and v_scale")
+    expected = (num_kv_heads, head_size)
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if tuple(scale.shape) != expected or scale.dtype != torch.float32:
+            raise ValueError(
+                f"int8_static's {name} must be fp32 {list(expected)} (kv-heads, channels), "
+                f"not {scale.dtype} {list(scale.shape)}"
+            )
+        if not scale.is_contiguous():
+            raise ValueError(f"int8_static's {name} must be contiguous")

@@ -39,20 +39,30 @@ def quantize_int8(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tens
     return q, scale.squeeze(-1) if group is None else scale
 
 
+def static_scale(scale: torch.Tensor, head_size: int) -> torch.Tensor:
+    """An ``int8_static`` scale as fp32 [H, D]: one per (kv-head, channel). A [H] scale (one per
+    kv-head, the form of older calibration files) is the same scale for every channel."""
+    s = scale.float()
+    return s[:, None].expand(-1, head_size) if s.dim() == 1 else s
+
+
 def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Static symmetric int8 with one fp32 scale per kv-head (x: [..., H, D], scale: [H], > 0).
+    """Static symmetric int8 with one fp32 scale per (kv-head, channel) (x: [..., H, D], scale:
+    [H, D] or [H] for one per kv-head, > 0).
 
     No per-token scale can flag a bad value: NaN stores 0, +-Inf saturates at +-127.
     """
     xf = x.float().nan_to_num(nan=0.0, posinf=torch.inf, neginf=-torch.inf)
-    inv = 1.0 / scale.float()  # as quantize_int8: x times the fp32 reciprocal of the scale
-    return torch.round((xf * inv[:, None]).clamp(-QMAX, QMAX)).to(torch.int8)
+    # as quantize_int8: x times the fp32 reciprocal of the scale
+    inv = 1.0 / static_scale(scale, x.shape[-1])
+    return torch.round((xf * inv).clamp(-QMAX, QMAX)).to(torch.int8)
 
 
 def quantize_e4m3_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Static FP8-E4M3FN with one fp32 scale per kv-head: int8 tensor of the codes of x / scale
-    (IEEE division, then round half even, saturating at +-448; see e4m3.py)."""
-    return e4m3_encode_ref(x.float() / scale.float()[:, None])
+    """Static FP8-E4M3FN with one fp32 scale per (kv-head, channel) (or per kv-head, as
+    ``quantize_int8_static``): int8 tensor of the codes of x / scale (IEEE division, then round
+    half even, saturating at +-448; see e4m3.py)."""
+    return e4m3_encode_ref(x.float() / static_scale(scale, x.shape[-1]))
 
 
 def _views(kv_cache: torch.Tensor, layout: PageLayout):
@@ -127,9 +137,10 @@ def dequantize_cache(
         k = kd.float() * ks.float().repeat_interleave(layout.group_size, dim=-1)
         v = vd.float() * vs.float().repeat_interleave(layout.group_size, dim=-1)
     else:
-        k = kd.float() * k_scale.float()[None, :, None, None]
+        # [num_blocks, H, B, D] times each (kv-head, channel)'s scale
+        k = kd.float() * static_scale(k_scale, head_size)[None, :, None, :]
         v = e4m3_decode_ref(vd) if v_e4m3 else vd.float()
-        v = v * v_scale.float()[None, :, None, None]
+        v = v * static_scale(v_scale, head_size)[None, :, None, :]
     return k.transpose(1, 2), v.transpose(1, 2)
 
 

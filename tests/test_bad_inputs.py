@@ -418,7 +418,7 @@ def _write(kv_dtype: str, key: torch.Tensor, value: torch.Tensor, cache: torch.T
            slots: torch.Tensor) -> None:  # fmt: skip
     from int8kv_kernels import write_kv_cache
 
-    static = torch.full((NKV,), 0.02) if kv_dtype == "int8_static" else None
+    static = torch.full((NKV, HEAD), 0.02) if kv_dtype == "int8_static" else None
     write_kv_cache(key, value, cache, slots, kv_dtype=kv_dtype, block_size=BS,
                    k_scale=static, v_scale=static)  # fmt: skip
 
@@ -443,7 +443,7 @@ def test_nonfinite_token_touches_only_its_own_slot(kv_dtype: str, bad: float, wh
 
     # The reference is the specification: bit for bit, bad token included.
     ref = before.clone()
-    static = torch.full((NKV,), 0.02) if kv_dtype == "int8_static" else None
+    static = torch.full((NKV, HEAD), 0.02) if kv_dtype == "int8_static" else None
     write_kv_cache_ref(key, value, ref, slots, kv_dtype=kv_dtype, block_size=BS,
                        k_scale=static, v_scale=static)  # fmt: skip
     assert torch.equal(cache.view(torch.uint8), ref.view(torch.uint8))

@@ -1,4 +1,5 @@
-"""``--kv-cache-dtype int8_static``: per-layer, per-kv-head K/V scales from a calibration file.
+"""``--kv-cache-dtype int8_static``: K/V scales per (layer, kv-head, channel) from a calibration
+file.
 
 One feature, four roles:
 

@@ -6,7 +6,7 @@
 The model runs offline in vLLM with the shim active and ``--kv-cache-dtype int8`` (dynamic scales,
 no calibration needed), eager mode, prefix caching off, over the shipped calibration text
 (``int8kv_shim/static/calibration_data/``) or the ``--text`` files. Every layer's K and V, after
-RoPE, are recorded per kv head as they enter the cache (:mod:`int8kv_shim.static.recorder`), in
+RoPE, are recorded per (kv head, channel) as they enter the cache (:mod:`int8kv_shim.static.recorder`), in
 every worker process; the per-rank results come back through ``LLM.collective_rpc`` and are merged
 into one file holding all kv heads (:mod:`int8kv_shim.static.file`), so it serves any TP size.
 
@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_percentile,
         default=None,
         metavar="P",
-        help="use the P-th percentile of |x| per head (e.g. 99.9) instead of the absolute max",
+        help="use the P-th percentile of |x| per (kv head, channel) (e.g. 99.9) instead of the "
+        "absolute max",
     )
 
 
@@ -281,10 +282,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(scales: scales_file.ScalesFile, path: Path) -> str:
-    k = [x for layer in scales.layers.values() for x in layer.k_stat]
-    v = [x for layer in scales.layers.values() for x in layer.v_stat]
+    k = [x for layer in scales.layers.values() for head in layer.k_stat for x in head]
+    v = [x for layer in scales.layers.values() for head in layer.v_stat for x in head]
     return (
-        f"wrote {path}: {scales.num_layers} layers x {scales.num_kv_heads} kv heads, "
+        f"wrote {path}: {scales.num_layers} layers x {scales.num_kv_heads} kv heads x "
+        f"{scales.head_dim} channels, "
         f"{scales.statistic} over {scales.num_tokens} tokens, v_format {scales.v_format}; "
         f"|K| {min(k):.3g}..{max(k):.3g}, |V| {min(v):.3g}..{max(v):.3g}\n"
         f"serve with: INT8KV_SHIM=1 "

@@ -1,15 +1,15 @@
-"""The ``int8_static`` calibration file: per-layer, per-kv-head K and V scales, as JSON.
+"""The ``int8_static`` calibration file: K and V scales per (layer, kv-head, channel), as JSON.
 
 Written by ``int8kv calibrate``, read at serving start-up (patch P8, :mod:`int8kv_shim.static.load`).
 Pure Python (no vLLM, no torch), so everything here is tested on CPU.
 
 The file holds the **total** number of kv heads, not one rank's: :func:`heads_for_rank` slices it
 the way vLLM shards (or replicates) kv heads over tensor-parallel ranks, so one file serves TP=1, 2,
-4, ... An example (one layer of two shown, two kv heads)::
+4, ... An example (one layer of two shown, two kv heads of head_dim 64, channels elided)::
 
     {
       "format": "int8kv-scales",
-      "format_version": 1,
+      "format_version": 2,
       "model": "/models/SmolLM2-135M-Instruct",
       "num_layers": 2,
       "num_kv_heads": 2,
@@ -19,15 +19,20 @@ the way vLLM shards (or replicates) kv heads over tensor-parallel ranks, so one 
       "num_tokens": 32768,
       "layers": {
         "0": {"name": "model.layers.0.self_attn.attn",
-              "k_stat": [12.5, 9.75], "v_stat": [0.81, 1.2],
-              "k_scale": [0.0984251968503937, 0.07677165354330709],
-              "v_scale": [0.006377952755905512, 0.009448818897637795]},
+              "k_stat": [[12.5, 0.75, ...], [9.75, 1.5, ...]],
+              "v_stat": [[0.81, 0.5, ...], [1.2, 0.25, ...]],
+              "k_scale": [[0.0984251968503937, 0.005905511811023622, ...], [...]],
+              "v_scale": [[0.006377952755905512, 0.003937007874015748, ...], [...]]},
         ...
       }
     }
 
-``k_scale = k_stat / 127`` (K is INT8); ``v_scale = v_stat / 127`` for ``v_format: int8`` and
-``v_stat / 448`` for ``v_format: e4m3`` (V stored as FP8-E4M3, whose largest finite value is 448).
+Each of ``k_stat``, ``v_stat``, ``k_scale``, ``v_scale`` is num_kv_heads lists of head_dim numbers:
+one per channel, since K has outlier channels that a per-head scale would let set every channel's
+step. ``k_scale = k_stat / 127`` (K is INT8); ``v_scale = v_stat / 127`` for ``v_format: int8``
+and ``v_stat / 448`` for ``v_format: e4m3`` (V stored as FP8-E4M3, whose largest finite value is
+448). Files of format version 1 (one number per kv head in each list, written before per-channel
+scales) still load: each head's scale serves every channel of it.
 """
 
 from __future__ import annotations
@@ -42,12 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from int8kv_shim._logging import get_logger
 from int8kv_shim.catalogue_loader import load_catalogue
 
 _catalogue = load_catalogue()
 
 FORMAT_NAME = "int8kv-scales"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# version 1: one scale per (layer, kv-head), read as that scale for each of the head's channels
+PER_HEAD_VERSION = 1
+READ_VERSIONS = (PER_HEAD_VERSION, FORMAT_VERSION)
 DEFAULT_FILENAME = "int8kv_scales.json"
 
 # K of int8_static is int8 codes; V's storage format says its own largest magnitude. The
@@ -67,14 +76,18 @@ class ScalesFileError(ValueError):
     """A calibration file that cannot be used; the message is one line, naming the file."""
 
 
+# [num_kv_heads][head_dim]: one value per (kv-head, channel)
+PerChannel = tuple[tuple[float, ...], ...]
+
+
 @dataclass(frozen=True)
 class LayerScales:
     index: int
     name: str
-    k_stat: tuple[float, ...]
-    v_stat: tuple[float, ...]
-    k_scale: tuple[float, ...]
-    v_scale: tuple[float, ...]
+    k_stat: PerChannel
+    v_stat: PerChannel
+    k_scale: PerChannel
+    v_scale: PerChannel
 
 
 @dataclass(frozen=True)
@@ -87,12 +100,14 @@ class ScalesFile:
     statistic: str
     num_tokens: int
     layers: dict[int, LayerScales] = field(default_factory=dict)
+    # the version the file was read from; PER_HEAD_VERSION: every channel has its head's scale.
+    # Written, it is always FORMAT_VERSION (the values are per channel either way).
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": FORMAT_VERSION,
             "model": self.model,
             "num_layers": self.num_layers,
             "num_kv_heads": self.num_kv_heads,
@@ -103,10 +118,10 @@ class ScalesFile:
             "layers": {
                 str(i): {
                     "name": layer.name,
-                    "k_stat": list(layer.k_stat),
-                    "v_stat": list(layer.v_stat),
-                    "k_scale": list(layer.k_scale),
-                    "v_scale": list(layer.v_scale),
+                    "k_stat": [list(h) for h in layer.k_stat],
+                    "v_stat": [list(h) for h in layer.v_stat],
+                    "k_scale": [list(h) for h in layer.k_scale],
+                    "v_scale": [list(h) for h in layer.v_scale],
                 }
                 for i, layer in sorted(self.layers.items())
             },
@@ -131,9 +146,9 @@ def build(
     v_format: str,
     statistic: str,
     num_tokens: int,
-    stats: Mapping[int, tuple[str, Sequence[float], Sequence[float]]],
+    stats: Mapping[int, tuple[str, Sequence[Sequence[float]], Sequence[Sequence[float]]]],
 ) -> ScalesFile:
-    """A file from per-layer ``(name, k_stat[num_kv_heads], v_stat[num_kv_heads])``."""
+    """A file from per-layer ``(name, k_stat[num_kv_heads][head_dim], v_stat[...][...])``."""
     if v_format not in V_QMAX:
         raise ValueError(f"v_format must be one of {', '.join(V_FORMATS)}, not {v_format!r}")
     if sorted(stats) != list(range(num_layers)):
@@ -141,19 +156,23 @@ def build(
         raise ValueError(f"statistics missing for layers {missing} (of {num_layers})")
     layers = {}
     for index, (name, k_stat, v_stat) in stats.items():
-        if len(k_stat) != num_kv_heads or len(v_stat) != num_kv_heads:
-            raise ValueError(f"layer {index}: expected {num_kv_heads} kv heads of statistics")
-        k = tuple(max(float(x), MIN_STAT) for x in k_stat)
-        v = tuple(max(float(x), MIN_STAT) for x in v_stat)
-        if not all(map(math.isfinite, k + v)):
-            raise ValueError(f"layer {index} ({name}): non-finite K/V statistic {k} {v}")
+        for stat in (k_stat, v_stat):
+            if len(stat) != num_kv_heads or any(len(head) != head_dim for head in stat):
+                raise ValueError(
+                    f"layer {index}: expected {num_kv_heads} kv heads x {head_dim} channels "
+                    "of statistics"
+                )
+        k = tuple(tuple(max(float(x), MIN_STAT) for x in head) for head in k_stat)
+        v = tuple(tuple(max(float(x), MIN_STAT) for x in head) for head in v_stat)
+        if not all(math.isfinite(x) for head in k + v for x in head):
+            raise ValueError(f"layer {index} ({name}): non-finite K/V statistic")
         layers[index] = LayerScales(
             index=index,
             name=name,
             k_stat=k,
             v_stat=v,
-            k_scale=tuple(x / K_QMAX for x in k),
-            v_scale=tuple(x / V_QMAX[v_format] for x in v),
+            k_scale=tuple(tuple(x / K_QMAX for x in head) for head in k),
+            v_scale=tuple(tuple(x / V_QMAX[v_format] for x in head) for head in v),
         )
     return ScalesFile(
         model=model,
@@ -220,16 +239,24 @@ def load(path: str | os.PathLike[str], how: str = "") -> ScalesFile:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise _error(path, f'is not an int8kv scales file (no "format": "{FORMAT_NAME}")')
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if isinstance(version, bool) or version not in READ_VERSIONS:
         raise _error(
             path,
-            f"has format version {version!r}; this int8kv-shim reads version {FORMAT_VERSION} "
-            "(re-run `int8kv calibrate`)",
+            f"has format version {version!r}; this int8kv-shim reads versions "
+            f"{' and '.join(map(str, READ_VERSIONS))} (re-run `int8kv calibrate`)",
         )
-    return _parse(path, data)
+    scales = _parse(path, data, version)
+    if version == PER_HEAD_VERSION:
+        get_logger().info(
+            "int8kv-shim: calibration file %s has one scale per kv head (format version %d), "
+            "used for every channel of it; re-running `int8kv calibrate` gives per-channel scales",
+            path,
+            version,
+        )
+    return scales
 
 
-def _parse(path: Path, data: dict[str, Any]) -> ScalesFile:
+def _parse(path: Path, data: dict[str, Any], version: int) -> ScalesFile:
     def need(key: str, kind: type | tuple[type, ...]) -> Any:
         value = data.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -248,7 +275,11 @@ def _parse(path: Path, data: dict[str, Any]) -> ScalesFile:
         raise _error(path, f"v_format {v_format!r} is not one of {', '.join(V_FORMATS)}")
     if not _STATISTIC.match(statistic):
         raise _error(path, f"statistic {statistic!r} is not 'absmax' or 'pNN.N'")
-    for key, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads)):
+    for key, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+    ):
         if value < 1:
             raise _error(path, f"{key} is {value}; it must be >= 1")
     expected = [str(i) for i in range(num_layers)]
@@ -265,28 +296,34 @@ def _parse(path: Path, data: dict[str, Any]) -> ScalesFile:
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str):
             raise _error(path, f"layer {index} has no name")
-        values: dict[str, tuple[float, ...]] = {}
+        values: dict[str, PerChannel] = {}
         for what in ("k_stat", "v_stat", "k_scale", "v_scale"):
+            label = f"layer {index} ({name}) {what}"
             raw = entry.get(what)
-            if not isinstance(raw, list) or len(raw) != num_kv_heads:
+            if version == PER_HEAD_VERSION:
+                if not isinstance(raw, list) or len(raw) != num_kv_heads:
+                    raise _error(
+                        path, f"{label} must be a list of num_kv_heads = {num_kv_heads} numbers"
+                    )
+                # each head's number, checked, serves every channel of the head
+                values[what] = tuple(
+                    (_number(path, f"{label}[{h}]", x, what),) * head_dim for h, x in enumerate(raw)
+                )
+                continue
+            if (
+                not isinstance(raw, list)
+                or len(raw) != num_kv_heads
+                or not all(isinstance(h, list) and len(h) == head_dim for h in raw)
+            ):
                 raise _error(
                     path,
-                    f"layer {index} ({name}) {what} must be a list of num_kv_heads = "
-                    f"{num_kv_heads} numbers",
+                    f"{label} must be a list of num_kv_heads = {num_kv_heads} lists of "
+                    f"head_dim = {head_dim} numbers",
                 )
-            numbers = []
-            for head, x in enumerate(raw):
-                if isinstance(x, bool) or not isinstance(x, (int, float)):
-                    raise _error(path, f"layer {index} ({name}) {what}[{head}] is not a number")
-                x = float(x)
-                if what.endswith("scale") and not (math.isfinite(x) and x > 0):
-                    raise _error(
-                        path,
-                        f"layer {index} ({name}) {what}[{head}] is {x!r}; scales must be "
-                        "finite and > 0",
-                    )
-                numbers.append(x)
-            values[what] = tuple(numbers)
+            values[what] = tuple(
+                tuple(_number(path, f"{label}[{h}][{c}]", x, what) for c, x in enumerate(head))
+                for h, head in enumerate(raw)
+            )
         layers[index] = LayerScales(index=index, name=name, **values)
     return ScalesFile(
         model=model,
@@ -297,8 +334,18 @@ def _parse(path: Path, data: dict[str, Any]) -> ScalesFile:
         statistic=statistic,
         num_tokens=num_tokens,
         layers=layers,
-        format_version=FORMAT_VERSION,
+        format_version=version,
     )
+
+
+def _number(path: Path, label: str, x: Any, what: str) -> float:
+    """``x`` as a float, refused unless a number (and, for a scale, finite and > 0)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise _error(path, f"{label} is not a number")
+    x = float(x)
+    if what.endswith("scale") and not (math.isfinite(x) and x > 0):
+        raise _error(path, f"{label} is {x!r}; scales must be finite and > 0")
+    return x
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -367,11 +414,12 @@ def heads_for_rank(total_kv_heads: int, tp_size: int, tp_rank: int) -> list[int]
 
 def scales_for_rank(
     scales: ScalesFile, layer_index: int, tp_size: int, tp_rank: int
-) -> tuple[list[float], list[float]]:
-    """``(k_scale, v_scale)`` of one layer for one TP rank, each ``[num_kv_heads_local]``."""
+) -> tuple[list[list[float]], list[list[float]]]:
+    """``(k_scale, v_scale)`` of one layer for one TP rank, each ``[num_kv_heads_local][head_dim]``
+    (the channels of each head this rank holds)."""
     layer = scales.layers[layer_index]
     heads = heads_for_rank(scales.num_kv_heads, tp_size, tp_rank)
-    return [layer.k_scale[h] for h in heads], [layer.v_scale[h] for h in heads]
+    return [list(layer.k_scale[h]) for h in heads], [list(layer.v_scale[h]) for h in heads]
 
 
 # --------------------------------------------------------------------------------------------------

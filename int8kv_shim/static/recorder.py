@@ -8,11 +8,11 @@ How a calibration run flows (``int8kv_shim/static/cli.py`` drives it):
 2. vLLM starts with ``worker_extension_cls`` = :class:`CalibrationWorkerExtension`, which adds two
    methods to every worker; ``LLM.collective_rpc`` calls them by name (plain msgpack, no pickled
    callables): ``int8kv_calibration_start`` arms the recorders (so start-up's dummy and warm-up
-   runs are not counted), ``int8kv_calibration_collect`` returns each worker's per-head statistics
-   as plain lists, tagged with its TP rank and size.
+   runs are not counted), ``int8kv_calibration_collect`` returns each worker's statistics per
+   (kv-head, channel) as plain lists, tagged with its TP rank and size.
 3. While armed, ``do_kv_cache_update`` passes each layer's K and V (after RoPE, exactly what the
-   cache receives) to :meth:`Recorder.record`, which folds them into on-device per-head maxima (and
-   optionally log-spaced histograms) with no host synchronisation.
+   cache receives) to :meth:`Recorder.record`, which folds them into on-device maxima per (kv-head,
+   channel) (and optionally log-spaced histograms) with no host synchronisation.
 4. :func:`merge_worker_stats` (pure Python) places every worker's local heads at their global
    indices (:func:`int8kv_shim.static.file.heads_for_rank`), so TP and PP runs give one file.
 
@@ -84,15 +84,18 @@ def percentile_from_histogram(
 
 @dataclass
 class _LayerStats:
-    k_max: torch.Tensor  # fp32 [H]
+    k_max: torch.Tensor  # fp32 [H, D]
     v_max: torch.Tensor
     tokens: torch.Tensor  # int64 scalar
-    k_hist: torch.Tensor | None  # int64 [H, NUM_BINS]
+    # int32 [H, D, NUM_BINS]: a count per (kv-head, channel) of at most the calibration's tokens;
+    # int32 halves what 64-bit counts would hold (12 KiB per channel, K and V of every layer)
+    k_hist: torch.Tensor | None
     v_hist: torch.Tensor | None
 
 
 class Recorder:
-    """Per-layer, per-kv-head statistics of the K and V written to the cache, kept on device."""
+    """Per-layer statistics per (kv-head, channel) of the K and V written to the cache, kept on
+    device."""
 
     def __init__(self, histogram: bool = False) -> None:
         self.histogram = histogram
@@ -114,33 +117,36 @@ class Recorder:
         v = torch.where(valid, value[:n].abs().float(), 0.0)
         stats = self.layers.get(layer_name)
         if stats is None:
-            stats = self.layers[layer_name] = self._new(key.shape[1], key.device)
-        torch.maximum(stats.k_max, k.amax(dim=(0, 2)), out=stats.k_max)
-        torch.maximum(stats.v_max, v.amax(dim=(0, 2)), out=stats.v_max)
+            stats = self.layers[layer_name] = self._new(key.shape[1], key.shape[2], key.device)
+        torch.maximum(stats.k_max, k.amax(dim=0), out=stats.k_max)
+        torch.maximum(stats.v_max, v.amax(dim=0), out=stats.v_max)
         stats.tokens += valid.sum()
         if stats.k_hist is not None and stats.v_hist is not None:
-            weight = valid.expand_as(k).to(torch.int64).reshape(-1)
-            offsets = (torch.arange(k.shape[1], device=k.device) * NUM_BINS).view(1, -1, 1)
+            weight = valid.expand_as(k).to(stats.k_hist.dtype).reshape(-1)
+            # one histogram per (kv-head, channel): row h * D + d of the flattened counts
+            rows = k.shape[1] * k.shape[2]
+            offsets = (torch.arange(rows, device=k.device) * NUM_BINS).view(1, *k.shape[1:])
             for data, hist in ((k, stats.k_hist), (v, stats.v_hist)):
                 index = (bin_index(data) + offsets).reshape(-1)
                 hist.view(-1).index_add_(0, index, weight)
 
-    def _new(self, num_heads: int, device: torch.device) -> _LayerStats:
+    def _new(self, num_heads: int, head_dim: int, device: torch.device) -> _LayerStats:
         def hist() -> torch.Tensor | None:
             if not self.histogram:
                 return None
-            return torch.zeros(num_heads, NUM_BINS, dtype=torch.int64, device=device)
+            return torch.zeros(num_heads, head_dim, NUM_BINS, dtype=torch.int32, device=device)
 
         return _LayerStats(
-            k_max=torch.zeros(num_heads, dtype=torch.float32, device=device),
-            v_max=torch.zeros(num_heads, dtype=torch.float32, device=device),
+            k_max=torch.zeros(num_heads, head_dim, dtype=torch.float32, device=device),
+            v_max=torch.zeros(num_heads, head_dim, dtype=torch.float32, device=device),
             tokens=torch.zeros((), dtype=torch.int64, device=device),
             k_hist=hist(),
             v_hist=hist(),
         )
 
     def summary(self, percentile: float | None = None) -> dict[str, dict[str, Any]]:
-        """``{layer_name: {"k": [H], "v": [H], "tokens": n}}`` as plain Python (one host sync)."""
+        """``{layer_name: {"k": [H][D], "v": [H][D], "tokens": n}}`` as plain Python (one host
+        sync): each (kv-head, channel)'s absmax, or its ``percentile`` of |x|."""
         out: dict[str, dict[str, Any]] = {}
         for name, stats in self.layers.items():
             if percentile is None or percentile == 100:
@@ -150,14 +156,23 @@ class Recorder:
                     raise RuntimeError(
                         "a percentile needs histograms: set INT8KV_CALIBRATE=histogram"
                     )
-                k = percentile_from_histogram(stats.k_hist, stats.k_max, percentile)
-                v = percentile_from_histogram(stats.v_hist, stats.v_max, percentile)
+                k = _channel_percentile(stats.k_hist, stats.k_max, percentile)
+                v = _channel_percentile(stats.v_hist, stats.v_max, percentile)
             out[name] = {
-                "k": [float(x) for x in k.double().cpu().tolist()],
-                "v": [float(x) for x in v.double().cpu().tolist()],
+                "k": k.double().cpu().tolist(),
+                "v": v.double().cpu().tolist(),
                 "tokens": int(stats.tokens.item()),
             }
         return out
+
+
+def _channel_percentile(
+    hist: torch.Tensor, absmax: torch.Tensor, percentile: float
+) -> torch.Tensor:
+    """:func:`percentile_from_histogram` of each (kv-head, channel): hist [H, D, NUM_BINS],
+    absmax [H, D] -> [H, D]."""
+    rows = percentile_from_histogram(hist.reshape(-1, NUM_BINS), absmax.reshape(-1), percentile)
+    return rows.view(absmax.shape)
 
 
 _recorder: Recorder | None = None
@@ -222,11 +237,11 @@ def layer_index(layer_name: str) -> int:
 
 def merge_worker_stats(
     results: Iterable[Mapping[str, Any]], total_kv_heads: int, num_layers: int
-) -> tuple[dict[int, tuple[str, list[float], list[float]]], int]:
-    """Per-layer ``(name, k_stat[total], v_stat[total])`` and the token count, from every worker's
-    :meth:`CalibrationWorkerExtension.int8kv_calibration_collect` result."""
-    k: dict[int, list[float | None]] = {}
-    v: dict[int, list[float | None]] = {}
+) -> tuple[dict[int, tuple[str, list[list[float]], list[list[float]]]], int]:
+    """Per-layer ``(name, k_stat[total][D], v_stat[total][D])`` and the token count, from every
+    worker's :meth:`CalibrationWorkerExtension.int8kv_calibration_collect` result."""
+    k: dict[int, list[list[float] | None]] = {}
+    v: dict[int, list[list[float] | None]] = {}
     names: dict[int, str] = {}
     tokens = 0
     for result in results:
@@ -243,23 +258,28 @@ def merge_worker_stats(
             tokens = max(tokens, int(stats["tokens"]))
             for merged, local in ((k, stats["k"]), (v, stats["v"])):
                 row = merged.setdefault(index, [None] * total_kv_heads)
-                for head, value in zip(heads, local, strict=True):
+                for head, channels in zip(heads, local, strict=True):
+                    values = [float(x) for x in channels]
                     previous = row[head]
-                    row[head] = float(value) if previous is None else max(previous, float(value))
+                    if previous is not None:  # a head TP replicates: the max per channel
+                        if len(previous) != len(values):
+                            raise ValueError(f"{name}: kv head {head} reported with two sizes")
+                        values = [max(a, b) for a, b in zip(previous, values, strict=True)]
+                    row[head] = values
     missing = [i for i in range(num_layers) if i not in names]
     if missing:
         raise ValueError(f"no statistics for layers {missing} (of {num_layers})")
-    out: dict[int, tuple[str, list[float], list[float]]] = {}
+    out: dict[int, tuple[str, list[list[float]], list[list[float]]]] = {}
     for index in range(num_layers):
         k_row, v_row = k[index], v[index]
         if any(x is None for x in k_row) or any(x is None for x in v_row):
             raise ValueError(f"layer {index}: some kv heads were reported by no worker")
-        out[index] = (names[index], _floats(k_row), _floats(v_row))
+        out[index] = (names[index], _heads(k_row), _heads(v_row))
     extra = sorted(set(names) - set(range(num_layers)))
     if extra:
         raise ValueError(f"statistics for layers {extra} beyond num_layers {num_layers}")
     return out, tokens
 
 
-def _floats(values: Sequence[float | None]) -> list[float]:
-    return [float(x) if x is not None else math.nan for x in values]
+def _heads(values: Sequence[list[float] | None]) -> list[list[float]]:
+    return [list(x) if x is not None else [math.nan] for x in values]

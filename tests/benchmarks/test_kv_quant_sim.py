@@ -443,3 +443,94 @@ def test_varnorm_k_is_closer_on_a_page_with_a_loud_token_and_costs_a_factor_per_
     for d in (64, 128, 256):
         plain = _variant(sim, "int4_tail_v_g128").bytes_per_token_head(d)
         assert _variant(sim, "int4_tail_v_g128_varnorm").bytes_per_token_head(d) == plain + 2
+
+
+def test_static_rows_are_the_references_codes_times_the_calibrated_scales(sim) -> None:
+    from int8kv_kernels.reference import quantize_int8_static
+
+    x = _kv()  # [1, 2 kv-heads, 40, 64], channel 5 an outlier
+    by_name = {v.name: v for v in sim.VARIANTS}
+    static = sim.StaticCalibration()
+    static.record(0, x, x * 0.5)
+    for name, per in (("int8_static", "head"), ("int8_static_channel", "channel")):
+        assert by_name[name].static == per
+        k_scale, v_scale = static.scales(0, per)
+        codes = quantize_int8_static(x.float().transpose(1, 2), k_scale)
+        expected = (codes.float() * k_scale).transpose(1, 2).to(x.dtype)
+        assert torch.equal(sim.fake_quant(x, by_name[name], static_scale=k_scale), expected)
+    with pytest.raises(ValueError, match="calibrated static scale"):
+        sim.fake_quant(x, by_name["int8_static"])
+
+
+def test_static_scales_are_the_calibrate_commands_absmax_over_127(sim) -> None:
+    from int8kv_shim.static.file import MIN_STAT
+
+    torch.manual_seed(0)
+    a, b = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 5, 4) * 3
+    b[:, 1, :, 2] = 0.0
+    a[:, 1, :, 2] = 0.0  # a channel that is zero in every batch: floored, never a zero scale
+    static = sim.StaticCalibration()
+    static.record(3, a, -a)
+    static.record(3, b, -2 * b)  # the max over batches, per (kv-head, channel)
+    k_max = torch.maximum(a.abs().amax(dim=(0, 2)), b.abs().amax(dim=(0, 2)))
+    v_max = torch.maximum(a.abs().amax(dim=(0, 2)), 2 * b.abs().amax(dim=(0, 2)))
+    k, v = static.scales(3, "channel")
+    assert k.dtype == torch.float32 and k.shape == (2, 4)
+    assert torch.equal(k, (k_max.double().clamp_min(MIN_STAT) / 127).float())
+    assert torch.equal(v, (v_max.double().clamp_min(MIN_STAT) / 127).float())
+    assert k[1, 2] == torch.tensor(MIN_STAT / 127, dtype=torch.float32)
+    k_head, _ = static.scales(3, "head")  # each head's max over its channels, for every channel
+    assert torch.equal(k_head, (k_max.amax(-1, keepdim=True).double() / 127).float().expand(2, 4))
+    with pytest.raises(ValueError, match="layer 0"):
+        static.scales(0, "head")
+
+
+def test_per_channel_static_scales_keep_small_channels_beside_an_outlier(sim) -> None:
+    x = _kv()
+    by_name = {v.name: v for v in sim.VARIANTS}
+    static = sim.StaticCalibration()
+    static.record(0, x, x)
+
+    def err(name: str) -> float:
+        scale = static.scales(0, by_name[name].static)[0]
+        out = sim.fake_quant(x, by_name[name], static_scale=scale).float()
+        return (out - x.float())[..., 6:].pow(2).mean().item()  # the channels after the outlier
+
+    assert err("int8_static_channel") < err("int8_static") / 10
+
+
+def test_static_variants_bytes_are_the_codes_only(sim) -> None:
+    by_name = {v.name: v for v in sim.VARIANTS}
+    assert by_name["int8_static"].bytes_per_token_head(256) == 512
+    assert by_name["int8_static_channel"].bytes_per_token_head(64) == 128
+
+
+def test_static_rows_calibrate_on_the_shipped_text_led_by_bos(sim, tmp_path, monkeypatch) -> None:
+    folder = _tiny_model_dir(tmp_path, with_bos=True)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(100)))
+    # as `int8kv calibrate` plans them: a last window under 16 tokens after the BOS is dropped
+    windows = sim.calibration_windows(str(folder), 32, 80)
+    assert [len(w) for w in windows] == [32, 32] and all(int(w[0]) == 2 for w in windows)
+    assert windows[0].tolist() != windows[1].tolist()  # two documents, round-robin
+    windows = sim.calibration_windows(str(folder), 16, 40)  # the windows main takes below
+    calibrated = []
+    run = sim.calibrate
+
+    def spy(model, variant_ref, static, cal):
+        calibrated.append([w.tolist() for w in cal])
+        run(model, variant_ref, static, cal)
+        assert sorted(static.k_max) == [0, 1] and static.k_max[0].shape == (1, 256)
+        assert variant_ref[0].name == "bf16"  # restored after the calibration run
+
+    monkeypatch.setattr(sim, "calibrate", spy)
+    out = tmp_path / "sim.json"
+    sim.main(["--model", str(folder), "--corpus", str(corpus), "--window", "16", "--windows",
+              "2", "--variants", "bf16,int8_static,int8_static_channel", "--device", "cpu",
+              "--calibration-tokens", "40", "--out", str(out)])  # fmt: skip
+    doc = __import__("json").loads(out.read_text())
+    assert calibrated == [[w.tolist() for w in windows]]
+    assert doc["static_calibration"]["tokens"] == sum(len(w) for w in windows)
+    assert doc["static_calibration"]["texts"] == [p.name for p in sim.calibrate_cli.default_texts()]
+    assert [r["variant"] for r in doc["rows"]] == ["bf16", "int8_static", "int8_static_channel"]
+    assert doc["rows"][1]["capacity_vs_bf16"] == 2.0

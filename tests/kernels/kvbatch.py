@@ -17,6 +17,17 @@ from int8kv_kernels import (
 from int8kv_kernels.reference import attention_ref, dequantize_cache
 
 
+def static_scales(
+    nkv: int, head_size: int, device: str, typical: float = 2.0 / 127, octaves: int = 3
+) -> torch.Tensor:
+    """``int8_static`` scales fp32 [nkv, head_size]: one per (kv-head, channel), channels
+    2^-octaves to 2^octaves times ``typical`` (times 0.5..1.5), so a kernel taking one scale per
+    head, or another head's or channel's, is off by up to 2^(2 octaves) on some channel."""
+    jitter = torch.rand(nkv, head_size) + 0.5
+    octave = torch.randint(-octaves, octaves + 1, (nkv, head_size)).float()
+    return (typical * jitter * 2.0**octave).float().to(device)
+
+
 def make_cache(
     kv_dtype: str,
     block_size: int,
@@ -26,7 +37,8 @@ def make_cache(
     device: str,
     v_format: str = "int8",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """A cache full of random int8 data and (int8) random fp16 scales; static scales for int8_static.
+    """A cache full of random int8 data and (int8) random fp16 scales; static scales for int8_static
+    (per kv-head and channel, channels of very different magnitudes: ``static_scales``).
 
     Scales are chosen so dequantized K/V have roughly unit magnitude, like real activations.
     ``v_format="e4m3"``: V bytes are random E4M3 codes (every code but the NaNs 0x7f/0xff, which
@@ -40,13 +52,16 @@ def make_cache(
         scales = cache[:, layout.k_scale :].view(torch.float16)
         scales.copy_((torch.rand(scales.shape, device=device) + 0.5) * (2.0 / 127))
         return cache, None, None
-    k_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
-    v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 127)
+    # K's scales fold into the query before its 16-bit split (attention.py), whose grid then
+    # follows the largest q * s_k of a row: K's channels 16x apart keep that grid's error within
+    # the bf16 tolerance of the outlier-query test; V's scales multiply the output exactly.
+    k_scale = static_scales(nkv, head_size, device, octaves=2)
+    v_scale = static_scales(nkv, head_size, device)
     if v_format == "e4m3":
         v = cache[:, layout.v_data : layout.k_scale]
         v[v == 127] = 126  # 0x7f -> 0x7e (448)
         v[v == -1] = -2  # 0xff -> 0xfe (-448)
-        v_scale = (torch.rand(nkv, device=device) + 0.5) * (2.0 / 448)
+        v_scale = static_scales(nkv, head_size, device, 2.0 / 448)
     return cache, k_scale, v_scale
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvbatch import random_slots
+from kvbatch import random_slots, static_scales
 
 from int8kv_kernels import PageLayout, cache_write, write_kv_cache
 from int8kv_kernels.cache_write import _TILE_T
@@ -48,14 +48,17 @@ def test_write_matches_reference_bitwise(
     kv_dtype, dtype, nkv, head_size, block_size, device, launch
 ):
     n, nb = 12, 4
-    key = (torch.randn(n, nkv, head_size, device=device) * 3).to(dtype)
-    value = torch.randn(n, nkv, head_size, device=device).to(dtype)
-    key[0] = 0  # an all-zero token
-    value[1, 0] = 0  # an all-zero head
+    key = torch.randn(n, nkv, head_size, device=device) * 3
+    value = torch.randn(n, nkv, head_size, device=device)
     ks = vs = None
     if kv_dtype == "int8_static":
-        ks = torch.rand(nkv, device=device) * 0.05 + 0.01
-        vs = torch.rand(nkv, device=device) * 0.05 + 0.01
+        # a scale per (kv-head, channel), channels 64x apart, each channel's values sized to it
+        ks = static_scales(nkv, head_size, device, 0.03)
+        vs = static_scales(nkv, head_size, device, 0.01)
+        key, value = key * (ks / 0.03), value * (vs / 0.01)
+    key, value = key.to(dtype), value.to(dtype)
+    key[0] = 0  # an all-zero token
+    value[1, 0] = 0  # an all-zero head
     slots = random_slots(n, nb, block_size, device, pad_every=5)
     cache, ref = _write_both(key, value, nb, block_size, slots, kv_dtype, device, ks, vs)
     assert torch.equal(cache, ref)
@@ -171,8 +174,8 @@ def test_token_tiles_across_pages_padding_and_scattered_slots(kv_dtype, v_format
     value[9, 0, 7] = float("nan")
     ks = vs = None
     if kv_dtype == "int8_static":
-        ks = torch.rand(nkv, device=device) * 0.05 + 0.01
-        vs = torch.rand(nkv, device=device) * 0.01 + (3.0 / 448 if v_format == "e4m3" else 0.02)
+        ks = static_scales(nkv, d, device, 0.03)
+        vs = static_scales(nkv, d, device, 3.0 / 448 if v_format == "e4m3" else 0.02)
     cache, ref = _write_both(key, value, nb, bs, slots, kv_dtype, device, ks, vs, v_format)
     assert torch.equal(cache, ref)
 
@@ -211,7 +214,7 @@ def test_non_contiguous_inputs_and_int32_slots(kv_dtype, device, launch):
     assert not key.is_contiguous()
     ks = vs = None
     if kv_dtype == "int8_static":
-        ks, vs = torch.full((nkv,), 0.02, device=device), torch.full((nkv,), 0.03, device=device)
+        ks, vs = static_scales(nkv, d, device, 0.02), static_scales(nkv, d, device, 0.03)
     slots = random_slots(n, 2, bs, device).int()
     cache, ref = _write_both(key, value, 2, bs, slots, kv_dtype, device, ks, vs)
     assert torch.equal(cache, ref)
@@ -264,8 +267,24 @@ def test_write_real_size_gpu(kv_dtype, launch):
     key[:3] = 0
     ks = vs = None
     if kv_dtype == "int8_static":
-        ks = torch.rand(nkv, device="cuda") * 0.05 + 0.01
-        vs = torch.rand(nkv, device="cuda") * 0.05 + 0.01
+        ks, vs = static_scales(nkv, d, "cuda", 0.03), static_scales(nkv, d, "cuda", 0.01)
     slots = random_slots(n, nb, bs, "cuda", pad_every=7)
     cache, ref = _write_both(key, value, nb, bs, slots, kv_dtype, "cuda", ks, vs)
     assert torch.equal(cache, ref)
+
+
+def test_static_write_refuses_scales_that_are_not_one_per_channel(device):
+    # The kernel reads row h of [H, D] scales: a [H] (per-head) or wrongly typed scale would be
+    # read past its end, so it is refused before the launch.
+    nkv, d, bs = 2, 64, 16
+    key = torch.randn(3, nkv, d, device=device, dtype=torch.bfloat16)
+    cache = torch.zeros(1, PageLayout("int8_static", bs, nkv, d).page_bytes, dtype=torch.int8,
+                        device=device)  # fmt: skip
+    slots = torch.arange(3, device=device)
+    good = static_scales(nkv, d, device)
+    for bad, what in ((torch.full((nkv,), 0.02, device=device), r"\[2, 64\].*\[2\]"),
+                      (good.double(), "float64"), (good.t().contiguous().t(), "contiguous")):  # fmt: skip
+        with pytest.raises(ValueError, match=what):
+            write_kv_cache(key, key, cache, slots, kv_dtype="int8_static", block_size=bs,
+                           k_scale=good, v_scale=bad)  # fmt: skip
+    assert not cache.any()

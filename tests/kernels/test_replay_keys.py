@@ -76,8 +76,8 @@ def _attention_changes(a):
                         _as_int64(a["block_table"])],
         "kv_dtype": ["int8_static"], "block_size": [32], "num_kv_heads": [4],
         "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
-        "sliding_window": [8], "soft_cap": [30.0], "k_scale": [torch.ones(NKV)],
-        "v_scale": [torch.ones(NKV)], "workspace": [make_workspace(4, NQ, D, device="cpu")],
+        "sliding_window": [8], "soft_cap": [30.0], "k_scale": [torch.ones(NKV, D)],
+        "v_scale": [torch.ones(NKV, D)], "workspace": [make_workspace(4, NQ, D, device="cpu")],
         "num_splits": [2], "v_format": ["e4m3"],
         # int4's (ignored by int8 pages, but part of the call)
         "tail": [torch.zeros(1, 2, NKV, 64, D, dtype=torch.bfloat16)],
@@ -108,8 +108,8 @@ def _write_changes(a):
         "key": [k[:3], strided], "value": [a["value"][:3], strided], "kv_cache": [wide[:, :-16]],
         "slot_mapping": [a["slot_mapping"].clone(), a["slot_mapping"][:3],
                          _as_int64(a["slot_mapping"])],
-        "kv_dtype": ["int8_static"], "block_size": [32], "k_scale": [torch.ones(NKV)],
-        "v_scale": [torch.ones(NKV)], "v_format": ["e4m3"],
+        "kv_dtype": ["int8_static"], "block_size": [32], "k_scale": [torch.ones(NKV, D)],
+        "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
         **{name: [1] for name in INT4_WRITE_ARGS},
     }  # fmt: skip
 
@@ -183,7 +183,7 @@ def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monke
     launchers = ("launch_attn", "launch_merge") if module is attention else ("launch_write",)
     for attr in launchers:
         monkeypatch.setattr(module, attr, _Launcher(getattr(module, attr).fn))
-    scales = {"k_scale": torch.ones(NKV), "v_scale": torch.ones(NKV)}
+    scales = {"k_scale": torch.ones(NKV, D), "v_scale": torch.ones(NKV, D)}
     args = {**make_args(), "kv_dtype": kv_dtype, **(scales if kv_dtype == "int8_static" else {})}
     splits = {"num_splits": 4} if module is attention else {}  # the merge's record too
     fn(**{**args, **splits})

@@ -43,7 +43,7 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     impl = Int8KVAttentionImpl(nq, d, d**-0.5, nkv, None, None, kv_dtype, None, "decoder", None)
     static = {}
     if kv_dtype == "int8_static":  # N(0, 1) K/V: absmax about 4; V as E4M3 codes
-        static = {"k_scale": torch.full((nkv,), 4 / 127), "v_scale": torch.full((nkv,), 4 / 448),
+        static = {"k_scale": torch.full((nkv, d), 4 / 127), "v_scale": torch.full((nkv, d), 4 / 448),
                   "v_format": "e4m3"}  # fmt: skip
         impl.set_static_scales(**static)
     # Every token's K/V goes through the impl's cache update (what vLLM calls before attention);

@@ -414,9 +414,11 @@ def static_scales_loading() -> dict[str, Any]:
     model_dir.mkdir()
 
     def write(path: Path, kv_heads: int, base: float, v_format: str = "int8") -> Path:
+        # K: channel c of head h of layer i at base + 10 i + h + c / 128; V: 127 + h per channel
         stats = {
             i: (f"model.layers.{i}.self_attn.attn",
-                [base + 10 * i + h for h in range(kv_heads)], [127.0 + h for h in range(kv_heads)])
+                [[base + 10 * i + h + c / 128 for c in range(128)] for h in range(kv_heads)],
+                [[127.0 + h] * 128 for h in range(kv_heads)])
             for i in range(2)
         }  # fmt: skip
         return scales_file.write(path, scales_file.build(
@@ -467,9 +469,11 @@ def static_scales_loading() -> dict[str, Any]:
         impl = layer.impl
         if impl.k_scale is None:
             return None
-        return {
-            "k": [round(x * 127, 6) for x in impl.k_scale.tolist()],
-            "v": [round(x * 127, 6) for x in impl.v_scale.tolist()],
+        return {  # per head: channel 0 (and the last channel's K), times 127
+            "k": [round(row[0] * 127, 6) for row in impl.k_scale.tolist()],
+            "k_last_channel": [round(row[-1] * 127, 6) for row in impl.k_scale.tolist()],
+            "v": [round(row[0] * 127, 6) for row in impl.v_scale.tolist()],
+            "shape": list(impl.k_scale.shape),
             "v_format": impl.v_format,
             "dtype": str(impl.k_scale.dtype),
             "device": str(impl.k_scale.device),

@@ -36,9 +36,11 @@ def test_recorder_absmax_histogram_and_padding() -> None:
     heads, dim = 3, 16
     batches = []
     for n in (7, 12):
+        # heads and channels of different magnitudes: every (kv-head, channel) has its own stat
         key = (
             torch.randn(n + 2, heads, dim, generator=gen)
             * torch.tensor([1.0, 4.0, 0.1]).view(1, -1, 1)
+            * torch.logspace(-2, 2, dim, base=2.0).view(1, 1, -1)
         ).half()
         value = torch.randn(n + 2, heads, dim, generator=gen).half()
         key[-1] = value[-1] = 1000.0  # padding rows (slot -1 / beyond the mapping): never counted
@@ -51,16 +53,23 @@ def test_recorder_absmax_histogram_and_padding() -> None:
 
     absmax = rec.summary()["model.layers.0.self_attn.attn"]
     assert absmax["tokens"] == 7 + 12
-    assert absmax["k"] == pytest.approx(k.amax(dim=(0, 2)).tolist())
-    assert absmax["v"] == pytest.approx(v.amax(dim=(0, 2)).tolist())
+    # [heads][dim] lists: the absmax of each (kv-head, channel) over the tokens
+    assert torch.equal(torch.tensor(absmax["k"], dtype=torch.float32), k.amax(dim=0))
+    assert torch.equal(torch.tensor(absmax["v"], dtype=torch.float32), v.amax(dim=0))
 
     p = rec.summary(99.0)["model.layers.0.self_attn.attn"]
     for got, data in ((p["k"], k), (p["v"], v)):
-        exact = torch.quantile(
-            data.transpose(0, 1).reshape(heads, -1).double(), 0.99, dim=1, interpolation="higher"
+        assert len(got) == heads and all(len(row) == dim for row in got)
+        exact = torch.quantile(  # per (kv-head, channel) over the tokens
+            data.permute(1, 2, 0).reshape(heads * dim, -1).double(), 0.99, dim=1,
+            interpolation="higher",
+        )  # fmt: skip
+        flat = torch.tensor(got, dtype=torch.float64).reshape(-1)
+        top = data.amax(dim=0).reshape(-1).double()
+        assert torch.all(exact <= flat)
+        assert torch.all(
+            flat <= torch.minimum(exact * 2 ** (1 / BINS_PER_OCTAVE) * (1 + 1e-9), top)
         )
-        for g, e, m in zip(got, exact.tolist(), data.amax(dim=(0, 2)).tolist(), strict=True):
-            assert e <= g <= min(e * 2 ** (1 / BINS_PER_OCTAVE) * (1 + 1e-9), m)
 
 
 def test_percentile_from_histogram_bounds() -> None:
@@ -98,12 +107,22 @@ def test_active_recorder_follows_the_environment(monkeypatch: pytest.MonkeyPatch
 # Merging across workers
 
 
+def _channels(values: list[float]) -> list[list[float]]:
+    """Per-head values as two channels each: (x, x + 0.5)."""
+    return [[float(x), x + 0.5] for x in values]
+
+
 def _worker(tp_rank: int, tp_size: int, layers: dict[int, tuple[list[float], list[float]]]) -> dict:
+    """A worker's collect result; each head's value x reported as channels (x, x + 0.5)."""
     return {
         "tp_rank": tp_rank,
         "tp_size": tp_size,
         "layers": {
-            f"model.layers.{i}.self_attn.attn": {"k": k, "v": v, "tokens": 100}
+            f"model.layers.{i}.self_attn.attn": {
+                "k": _channels(k),
+                "v": _channels(v),
+                "tokens": 100,
+            }
             for i, (k, v) in layers.items()
         },
     }
@@ -118,10 +137,10 @@ def test_merge_places_partitioned_heads() -> None:
     assert tokens == 100
     assert stats[0] == (
         "model.layers.0.self_attn.attn",
-        [1, 2, 3, 4, 5, 6, 7, 8],
-        [0] * 4 + [1] * 4,
+        _channels([1, 2, 3, 4, 5, 6, 7, 8]),
+        _channels([0] * 4 + [1] * 4),
     )
-    assert stats[1][1] == [9, 9, 9, 9, 1, 2, 3, 4]
+    assert stats[1][1] == _channels([9, 9, 9, 9, 1, 2, 3, 4])
 
 
 def test_merge_replicated_heads_and_pipeline_stages() -> None:
@@ -131,8 +150,13 @@ def test_merge_replicated_heads_and_pipeline_stages() -> None:
         _worker(r, 4, {1: ([10.0 + r], [1.0])}) for r in range(4)
     ]
     stats, _ = merge_worker_stats(results, total_kv_heads=2, num_layers=2)
-    assert stats[0][1:] == ([2.0, 1.0], [1.5, 3.5])
-    assert stats[1][1:] == ([11.0, 13.0], [1.0, 1.0])
+    assert stats[0][1:] == (_channels([2.0, 1.0]), _channels([1.5, 3.5]))
+    assert stats[1][1:] == (_channels([11.0, 13.0]), _channels([1.0, 1.0]))
+    # replicas that disagree per channel: the max of each channel
+    a, b = _worker(0, 2, {0: ([1.0], [1.0])}), _worker(1, 2, {0: ([1.0], [1.0])})
+    b["layers"]["model.layers.0.self_attn.attn"]["k"] = [[0.5, 4.0]]
+    stats, _ = merge_worker_stats([a, b], total_kv_heads=1, num_layers=1)
+    assert stats[0][1] == [[1.0, 4.0]]
 
 
 def test_merge_refuses_incomplete_results() -> None:
@@ -148,12 +172,14 @@ def test_tp2_workers_to_a_file_that_serves_tp1_and_tp4(tmp_path: Path) -> None:
     results = [_worker(r, 2, {i: ([r + 1.0 + i], [127.0]) for i in range(3)}) for r in range(2)]
     stats, tokens = merge_worker_stats(results, total_kv_heads=2, num_layers=3)
     built = scales_file.build(
-        model="m", num_layers=3, num_kv_heads=2, head_dim=64, v_format="e4m3",
+        model="m", num_layers=3, num_kv_heads=2, head_dim=2, v_format="e4m3",
         statistic="absmax", num_tokens=tokens, stats=stats,
     )  # fmt: skip
     loaded = scales_file.load(scales_file.write(tmp_path / "s.json", built))
-    assert scales_file.scales_for_rank(loaded, 2, 1, 0) == ([3 / 127, 4 / 127], [127 / 448] * 2)
-    assert scales_file.scales_for_rank(loaded, 2, 4, 3) == ([4 / 127], [127 / 448])
+    k = [[3 / 127, 3.5 / 127], [4 / 127, 4.5 / 127]]
+    v = [[127 / 448, 127.5 / 448]]
+    assert scales_file.scales_for_rank(loaded, 2, 1, 0) == (k, v * 2)
+    assert scales_file.scales_for_rank(loaded, 2, 4, 3) == (k[1:], v)
 
 
 # --------------------------------------------------------------------------------------------------

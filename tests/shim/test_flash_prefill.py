@@ -238,7 +238,7 @@ def _mixed_batch(kv_dtype: str, v_format: str, mixed: list[tuple[int, int]] = MI
     scales = {}
     if kv_dtype == "int8_static":  # N(0, 1) data: absmax about 4
         v_max = 448 if v_format == "e4m3" else 127
-        scales = {"k_scale": torch.full((NKV,), 4 / 127), "v_scale": torch.full((NKV,), 4 / v_max),
+        scales = {"k_scale": torch.full((NKV, D), 4 / 127), "v_scale": torch.full((NKV, D), 4 / v_max),
                   "v_format": v_format}  # fmt: skip
     exact_k = torch.zeros(num_blocks * BS, NKV, D)
     exact_v = torch.zeros_like(exact_k)

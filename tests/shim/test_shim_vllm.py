@@ -249,9 +249,14 @@ def test_active_wraps_process_weights_after_loading(active: dict, pristine: dict
 
 def test_int8_static_layers_load_their_scales_after_weight_loading(active: dict) -> None:
     r = active["static_scales"]
-    # <model_dir>/int8kv_scales.json, layer by layer (stat = 127 + 10 * layer + head), as fp32
-    # tensors on the layer's device; vLLM's own _k_scale stays at its default and is not used.
+    # <model_dir>/int8kv_scales.json, layer by layer (stat = 127 + 10 * layer + head + channel /
+    # 128), as fp32 [kv heads, head size] tensors on the layer's device; vLLM's own _k_scale
+    # stays at its default and is not used.
     assert r["model_dir"]["k"] == pytest.approx([137.0 + h for h in range(8)])
+    assert r["model_dir"]["k_last_channel"] == pytest.approx(
+        [137.0 + h + 127 / 128 for h in range(8)]
+    )
+    assert r["model_dir"]["shape"] == [8, 128]
     assert r["model_dir_layer0"]["k"] == pytest.approx([127.0 + h for h in range(8)])
     assert r["model_dir"]["v"] == pytest.approx([127.0 + h for h in range(8)])
     assert (r["model_dir"]["dtype"], r["model_dir"]["device"]) == ("torch.float32", "cpu")

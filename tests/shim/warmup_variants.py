@@ -170,7 +170,7 @@ def tail_kw(tail: Int4Tail | None, start: int, end: int) -> dict:
 def scales(shape: dict) -> dict:
     if shape["kv_dtype"] != STATIC_DTYPE:
         return {}
-    ones = torch.ones(shape["kv_heads"], dtype=torch.float32)
+    ones = torch.ones(shape["kv_heads"], shape["head_size"], dtype=torch.float32)
     return {"k_scale": ones, "v_scale": ones, "v_format": shape["v_format"]}
 
 
