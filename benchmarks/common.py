@@ -434,7 +434,9 @@ def paired_mean_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 # What write_json adds to every document: when and from which commit it was measured.
-STAMP_KEYS = {"date", "git_commit"}
+# git_commit_note: why a file's git_commit was set after its run (a GPU host's copy of the tree can
+# carry the git metadata of an older checkout, and stamp that commit)
+STAMP_KEYS = {"date", "git_commit", "git_commit_note"}
 ACCURACY_KEYS = {"model", "corpus", "tokens", "rows"}
 ACCURACY_OPTIONAL_KEYS = {
     "gpu", "command", "bos", "transformers_ppl",
