@@ -96,7 +96,12 @@ def _extent(result: dict) -> str:
     rows = [r for r in result["rows"] if r["kernel"] == "decode"]
     shapes = {(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows}
     batches, ctxs = [r["batch"] for r in rows], [r["ctx"] for r in rows]
-    return (f"{len(shapes)} head shapes, batch {min(batches)}-{max(batches)}, "
+    if len(shapes) == 1:
+        ((nq, nkv, d),) = shapes
+        what = f"{nq}/{nkv} heads, head size {d}"
+    else:
+        what = f"{len(shapes)} head shapes"
+    return (f"{what}, batch {min(batches)}-{max(batches)}, "
             f"context {min(ctxs) // 1024}K-{max(ctxs) // 1024}K")  # fmt: skip
 
 
@@ -211,6 +216,37 @@ def int4_decode_table(path: Path = RESULTS / "kernels_int4.json") -> str:
             f"{100 * mine['gbs'] / peak:.0f}% | "
             + " | ".join("n/a" if c is None else f"{c:.2f}x" for c in cells)
             + " |"
+        )
+    return "\n".join(lines)
+
+
+def int4_decode_loops_table(path: Path = RESULTS / "int4_decode_loops.json") -> str:
+    """The ``int4`` decode loops of one A/B run (``prefetch`` 0: each step's copies issued at the
+    end of the step before and waited on at its start, K zeros and V scales loaded at their use; 1:
+    two buffers, those loaded a step ahead; 2: page ids too) beside ``int8``, point by point."""
+    result = _load(path)
+    ms: dict[tuple, float] = {}
+    for r in result["rows"]:
+        variant = r["impl"] if r.get("prefetch") is None else f"int4/{r['prefetch']}"
+        ms[(variant, *_point(r))] = r["ms"]
+    points = sorted({k[1:] for k in ms if k[0] == "int4/0"}, key=lambda k: (*k[:5], k[5] or 0))
+    lines = [
+        f"{result['gpu']}, copy bandwidth {result['copy_gbs']:.0f} GB/s, {_provenance(result)}, "
+        f"`{_short(result['command'])}`. µs per decode launch, every sequence with 13 keys in its "
+        "BF16 tail; the last two columns are the other loop's time over loop 1's (>1: loop 1 "
+        "faster).",
+        "",
+        "| q/kv heads, dim | batch | ctx | loop 0 µs | loop 1 µs | loop 2 µs | `int8` µs "
+        "| loop 0 / loop 1 | `int8` / loop 1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in points:
+        nq, nkv, d, batch, ctx, _ = key
+        t = {v: ms.get((v, *key)) for v in ("int4/0", "int4/1", "int4/2", "int8")}
+        cells = ["-" if x is None else f"{x * 1e3:.1f}" for x in t.values()]
+        lines.append(
+            f"| {nq}/{nkv}, {d} | {batch} | {ctx} | {' | '.join(cells)} | "
+            f"{t['int4/0'] / t['int4/1']:.2f}x | {t['int8'] / t['int4/1']:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -1187,11 +1223,15 @@ TABLES = {
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
+    "int4_decode_loops": int4_decode_loops_table,
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
     "serving_int8_rerun": serving_rerun_table,
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "int4_decode_one_page_steps": lambda: int4_decode_table(RESULTS / "kernels_int4_3411932.json"),
+    "int4_decode_two_page_steps": lambda: int4_decode_table(
+        RESULTS / "kernels_int4_2026-12-02.json"
+    ),
     "throughput_1k_repeats": repeat_runs_table,
     "throughput_1k_repeats_pooled": lambda: throughput_table(
         RESULTS / "throughput_1k_repeats.json"
