@@ -1220,6 +1220,10 @@ TABLES = {
         RESULTS / "kv_quant_sim_int8_groups_gemma3.json"
     ),
     "int8_group_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_int8_groups.json"),
+    "int8_static_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_int8_static_gemma3.json"
+    ),
+    "int8_static_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_int8_static.json"),
     "gpu_test_runs": gpu_test_runs_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,

@@ -54,6 +54,8 @@ WHERE = {
     "int4_varnorm_simulation_gemma3": RESULTS,
     "int8_group_simulation_gemma3": RESULTS,
     "int8_group_simulation": RESULTS,
+    "int8_static_simulation_gemma3": RESULTS,
+    "int8_static_simulation": RESULTS,
     "gpu_test_runs": RESULTS,
     "kernel_speed_int4": HISTORY,
     "serving_2026_12_01": HISTORY,
