@@ -721,8 +721,8 @@ def choose_config_int4(
             # a stage (two pages of codes and scales) is 9 KiB at head size 64, 18 at 128, 36 at
             # 256. 3 stages at every head size: two buffers, so a step's copies are issued a
             # whole step before it waits on them (with one, at the end of the step before:
-            # nothing between issue and wait); 168 registers at head size 128, 254 at 256, no
-            # spills, 74 KiB shared memory at 256.
+            # nothing between issue and wait); 168 registers at head size 128, 255 at 256, no
+            # spills, 72 KiB shared memory at 256 (decode_issue_budget.json).
             stages = 3
             # on sm90+, four warps make Triton 3.6 compile the 16-row variant's dots to wgmma,
             # which faulted on the H200; two keep them mma.sync, as on sm80
