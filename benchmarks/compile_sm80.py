@@ -156,20 +156,14 @@ def main_loop_lines(ptx: str) -> list[str]:
     return lines[loop[0] : loop[1] + 1]
 
 
-def check_int4_prefetch(k, prefetch: int = 1) -> None:
-    """The prefetching int4 decode loop (attention_int4.DECODE_PREFETCH) waits on its copies
-    with some still in flight (a wait of 0 is the one-buffer loop, which waits at the start of
-    each step on copies issued at the end of the step before), and its codes have two buffers.
-    2: the page ids are an asynchronous copy with two buffers too, and the loop loads none from
-    global memory (the scalar block-table loads are 32-bit ld.global right before the copies)."""
+def check_int4_decode_in_flight(k) -> None:
+    """The int4 decode loop waits on its copies with some still in flight (a wait of 0 waits at
+    the start of each step on copies issued at the end of the step before, with nothing between
+    issue and wait), and its codes have two buffers."""
     ttgir = k.asm["ttgir"]
     waits = [int(n) for n in re.findall(r"ttg\.async_wait .*\{num = (\d+) : i32\}", ttgir)]
-    assert any(waits), f"int4 decode prefetch: every asynchronous-copy wait is 0 ({waits})"
-    assert re.search(r"memdesc<2x64x\d+xi8", ttgir), "int4 decode prefetch: one buffer of codes"
-    if prefetch == 2:
-        assert "memdesc<2x4xi32" in ttgir, "int4 decode prefetch 2: page ids not double-buffered"
-        loop = main_loop_lines(k.asm["ptx"])
-        assert not [ln for ln in loop if "ld.global.b32" in ln], "int4 decode: page id ld.global"
+    assert any(waits), f"int4 decode: every asynchronous-copy wait is 0 ({waits})"
+    assert re.search(r"memdesc<2x64x\d+xi8", ttgir), "int4 decode: one buffer of codes"
 
 
 def main() -> int:
@@ -291,32 +285,25 @@ def compile_int4() -> int:
         ("bf16", 4, 1, 256, 512, True, True, False),
         ("bf16", 64, 8, 128, 512, True, False, False),
     ]
-    for (dt, nq, nkv, d, mq, window, softcap, split), prefetch in itertools.product(
-        cases, (0, 1, 2)
-    ):
+    for dt, nq, nkv, d, mq, window, softcap, split in cases:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
-        cfg = choose_config_int4(group, d, mq, prefetch=prefetch)
-        decode = cfg.block_m <= 16
-        if prefetch and not decode:  # DECODE_PREFETCH changes the decode loop only
-            continue
+        cfg = choose_config_int4(group, d, mq)
         ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}"}
         k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
-                 PREFETCH=prefetch, DOT_F32=False, **lay.kernel_constexprs()),
+                 DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
         check_int4_pipelined(k)
         check_v_operand(k)
-        if prefetch:
-            check_int4_prefetch(k, prefetch)
-        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split,
-              f"prefetch {prefetch}" if prefetch else "", k.metadata.shared, flush=True)  # fmt: skip
-        if prefetch:  # the merge compiled once, without
-            continue
+        if cfg.block_m <= 16:  # the decode configuration
+            check_int4_decode_in_flight(k)
+        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split, k.metadata.shared,
+              flush=True)  # fmt: skip
         if cfg.split and split:
             compile_one(
                 merge_splits,
@@ -340,15 +327,15 @@ def compile_int4_decode_sm90() -> int:
     DISABLE_MMA_V3=1) passed them (2026-12-03)."""
     n = 0
     shapes = ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1), (32, 8, 128, 1))
-    for (nq, nkv, d, mq), prefetch in itertools.product(shapes, (0, 1, 2)):
+    for nq, nkv, d, mq in shapes:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
-        cfg = choose_config_int4(group, d, mq, cc_major=9, prefetch=prefetch)
+        cfg = choose_config_int4(group, d, mq, cc_major=9)
         k = compile_one(
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, PREFETCH=prefetch,
-                 DOT_F32=False, **lay.kernel_constexprs()),
+                 USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, DOT_F32=False,
+                 **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_shared=None, target=SM90,
         )  # fmt: skip
         ptx = k.asm["ptx"]
@@ -356,7 +343,7 @@ def compile_int4_decode_sm90() -> int:
         assert "wgmma" not in ptx, f"int4 decode {nq}/{nkv}/{d} rows {cfg.block_m}: wgmma on sm90"
         n += 1
         print("ok attention int4 decode sm90", nq, nkv, d, mq, cfg.block_m, cfg.num_warps,
-              f"prefetch {prefetch}" if prefetch else "", flush=True)  # fmt: skip
+              flush=True)  # fmt: skip
     return n
 
 

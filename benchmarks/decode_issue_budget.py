@@ -118,19 +118,18 @@ def family(op: str, kv_dtype: str = "int8") -> str:
     return "other (softmax, addressing, control)"
 
 
-def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int, prefetch: int = 0):
+def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
     """(compiled kernel, launch config, page layout) of the decode specialisation that serving
-    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap. ``prefetch``: int4's
-    prefetching decode loop (attention_int4.DECODE_PREFETCH: 1, or 2 with the page ids)."""
+    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap."""
     group = nq // nkv
     if kv_dtype in INT4_DTYPES:
         lay = Int4PageLayout(get_dtype(kv_dtype).page_tokens, nkv, d, kv_dtype)
-        cfg = choose_config_int4(group, d, 1, prefetch=prefetch)
+        cfg = choose_config_int4(group, d, 1)
         k = compile_one(
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, PREFETCH=prefetch,
-                 DOT_F32=False, **lay.kernel_constexprs()),
+                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False,
+                 **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return k, cfg, lay
@@ -147,8 +146,8 @@ def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int, prefetch: int = 0):
     return k, cfg, lay
 
 
-def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128, prefetch: int = 0) -> dict:
-    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d, prefetch)
+def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
+    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d)
     ops = main_loop_ops(k.asm["ptx"])
     per_thread = sum(ops.values())
     # K/V bytes one program streams per tile: its kv-head's share of each page, scales (and int4's
@@ -168,7 +167,7 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128, prefetch: in
         for gpu, (*_, arch) in GPUS.items()
     }
     return {
-        "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d, "prefetch": prefetch,
+        "kv_dtype": kv_dtype, "q_heads": nq, "kv_heads": nkv, "head_dim": d,
         "config": {"tile_n": cfg.tile_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
         "loop_instructions_per_thread": per_thread, "tile_bytes": tile_bytes,
         "warp_instructions_per_kib": round(per_kib, 1),
@@ -181,26 +180,10 @@ def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128, prefetch: in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(RESULTS_DIR / "decode_issue_budget.json"))
-    ap.add_argument(
-        "--int4-prefetch",
-        type=int,
-        nargs="?",
-        const=1,
-        default=0,
-        choices=(1, 2),
-        help="int4 rows only, of the prefetching decode loop (DECODE_PREFETCH 1, or 2: the page "
-        "ids too)",
-    )
     args = ap.parse_args()
-    if args.int4_prefetch:
-        rows = [budget(kv, *shape, prefetch=args.int4_prefetch) for shape in MODEL_SHAPES
-                for kv in INT4_DTYPES]  # fmt: skip
-    else:
-        rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
+    rows = [budget(kv, *shape) for shape in MODEL_SHAPES for kv in (*INT8_DTYPES, *INT4_DTYPES)]
     # compiled on whatever machine runs it: no GPU measured anything ("gpu": None)
-    command = "python -m benchmarks.decode_issue_budget" + (
-        f" --int4-prefetch {args.int4_prefetch}" if args.int4_prefetch else ""
-    )
+    command = "python -m benchmarks.decode_issue_budget"
     result = {"command": command, "gpus": GPUS, "gpu": None, "rows": rows}
     write_json(result, args.out)
     for r in rows:

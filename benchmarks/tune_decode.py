@@ -9,7 +9,6 @@ measured copy bandwidth counting the bytes the kernel must read. Used to pick _c
     python -m benchmarks.tune_decode --shape 4,1,256    # Gemma 3's heads: WIDE_CONFIGS
     python -m benchmarks.tune_decode --int4 --shape 4,1,256   # int4 (page tiles): warps, stages
     python -m benchmarks.tune_decode --best FILE.json   # T,W,S,C: best int8 config of a sweep
-    python -m benchmarks.tune_decode --int4-prefetch-ab  # int4 decode loops A/B, int8 beside
 """
 
 from __future__ import annotations
@@ -159,51 +158,6 @@ def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
     _save(log, nq, nkv, d, bw, "int4")
 
 
-# --int4-prefetch-ab: the model shapes and decode points of the A/B (benchmarks/kernels.py's rows)
-AB_SHAPES = [(32, 8, 128), (9, 3, 64), (4, 1, 256)]
-AB_BATCHES = (8, 32)
-AB_CTXS = (1024, 8192, 32768)
-# the page-id prefetching loop (DECODE_PREFETCH 2) is timed at the longer contexts only, which
-# keeps the whole A/B within about 3 minutes on an H200
-AB_CTXS_PF2 = (8192, 32768)
-
-
-def int4_prefetch_ab(bw: float, out: str) -> None:
-    """int4's decode loop as measured before (attention_int4.DECODE_PREFETCH 0), the prefetching
-    one (1) and the one that prefetches the page ids too (2, at AB_CTXS_PF2 only), each in its
-    own launch configuration (choose_config_int4) at the heuristic's split count, with int8 timed
-    beside as the anchor: benchmarks/kernels.py's decode rows (bench_attention, CUDA-graph
-    replays timed by do_bench), one process, each point's rows one after another."""
-    import int8kv_kernels.attention_int4 as A4
-    from benchmarks import kernels as KB
-
-    orig = A4.DECODE_PREFETCH
-    rows = []
-    try:
-        for nq, nkv, d in AB_SHAPES:
-            for batch in AB_BATCHES:
-                for ctx in AB_CTXS:
-                    line = []
-                    variants = [("int4", 0), ("int4", 1), ("int4", 2), ("int8", None)]
-                    if ctx not in AB_CTXS_PF2:
-                        variants.remove(("int4", 2))
-                    for impl, prefetch in variants:
-                        A4.DECODE_PREFETCH = prefetch or 0
-                        row = KB.bench_attention(impl, "decode", nq, nkv, d, batch, ctx, 1)
-                        row.update(prefetch=prefetch, frac=row["gbs"] / bw)
-                        rows.append(row)
-                        tag = f"{impl}+pf{prefetch}" if prefetch else impl
-                        line.append(f"{tag} {row['ms'] * 1e3:8.1f}us {row['frac'] * 100:5.1f}%bw")
-                        torch.cuda.empty_cache()
-                    print(f"{nq}/{nkv}/{d} b={batch} ctx={ctx}: " + " | ".join(line), flush=True)
-    finally:
-        A4.DECODE_PREFETCH = orig
-    command = shlex.join(["python", "-m", "benchmarks.tune_decode", *sys.argv[1:]])
-    doc = dict(gpu=torch.cuda.get_device_name(), command=command, copy_gbs=bw, rows=rows)
-    for path in write_json(doc, out):
-        print("wrote", path, flush=True)
-
-
 def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") -> None:
     if os.environ.get("OUT"):
         name = f"tune_decode{'_' + tag if tag else ''}_{nq}_{nkv}_{d}.json"
@@ -229,9 +183,6 @@ def main() -> None:
     nq, nkv, d = 32, 8, 128
     if "--shape" in sys.argv[1:]:
         nq, nkv, d = map(int, sys.argv[sys.argv.index("--shape") + 1].split(","))
-    if "--int4-prefetch-ab" in sys.argv[1:]:
-        out = os.path.join(os.environ.get("OUT") or "benchmarks/results", "int4_prefetch_ab.json")
-        return int4_prefetch_ab(bw, out)
     if "--int4" in sys.argv[1:]:
         return tune_int4(nq, nkv, d, bw)
     ws = make_workspace(128, nq, d, TUNE_MAX_SPLITS, device="cuda")

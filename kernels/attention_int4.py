@@ -192,7 +192,7 @@ def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
                V_SZ: tl.constexpr):  # fmt: skip
     """The per-page values that are no dot operand, as stored (fp16): K's zeros (low, high half
     [D/2]) and V's (scale, zero) [B] of group 0 and group 1 (group 0's again when NGV == 1). The
-    prefetching decode loop loads them a step ahead of their use, into registers."""
+    decode loop loads them a step ahead of their use, into registers."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -219,25 +219,6 @@ def _step_pages(bt_row, start, page_hi, BLOCK_SIZE: tl.constexpr):
     a = tl.load(bt_row + start // BLOCK_SIZE, mask=start < page_hi, other=0).to(tl.int64)
     b = tl.load(bt_row + start // BLOCK_SIZE + 1, mask=start + BLOCK_SIZE < page_hi, other=0)
     return a, tl.where(start + BLOCK_SIZE < page_hi, b.to(tl.int64), a)
-
-
-@triton.jit
-def _step_page_vec(bt_row, start, page_hi, BLOCK_SIZE: tl.constexpr):
-    """_step_pages of the step at ``start`` and of the step after it, (page_a, page_b, next_a,
-    next_b), from one vector load of four contiguous block-table entries: the pipeliner makes a
-    vector load an asynchronous copy through shared memory, issued stages ahead of the tile
-    copies it addresses (as int8's block-table loads), where scalar loads stay plain loads that
-    Triton places right before those copies."""
-    o = tl.arange(0, 4)
-    ok = start + o * BLOCK_SIZE < page_hi
-    ids = tl.load(bt_row + start // BLOCK_SIZE + o, mask=ok, other=0).to(tl.int64)
-    # [a, b, na, nb] -> [[a, b], [na, nb]]: split the columns, then each [2] into its scalars
-    ab, nab = tl.split(tl.reshape(ids, [2, 2]).trans())
-    a, b = tl.split(ab)
-    na, nb = tl.split(nab)
-    b = tl.where(start + BLOCK_SIZE < page_hi, b, a)
-    nb = tl.where(start + 3 * BLOCK_SIZE < page_hi, nb, na)
-    return a, b, na, nb
 
 
 @triton.jit
@@ -309,21 +290,17 @@ def _page_pv(
 def _page_scores_t(
     cache_ptr, cache16_ptr, page, kvh, stride_block, qt_lo, qt_hi, q16t_lo, q16t_hi, side,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
-    PREFETCH: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """Unscaled scores of the page's keys transposed, [B, BLOCK_M] (keys on the MMA's M side):
     qt_lo / qt_hi are the power-of-two-scaled query halves transposed, [D/2, BLOCK_M], fp32.
-    PREFETCH: K's zeros are side[0:2] (_page_side, loaded a step earlier), not loaded here."""
+    K's zeros are side[0:2] (_page_side, loaded a step earlier), not loaded here."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
-    if PREFETCH:
-        s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
-        z_lo = side[0].to(tl.float32)
-        z_hi = side[1].to(tl.float32)
-    else:
-        s_lo, s_hi, z_lo, z_hi = _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE,
-                                               K_SZ, DOT_F32)  # fmt: skip
+    s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
+    z_lo = side[0].to(tl.float32)
+    z_hi = side[1].to(tl.float32)
     kb = tl.load(
         cache_ptr
         + page * stride_block
@@ -342,14 +319,13 @@ def _page_scores_t(
 
 @triton.jit
 def _page_pv_t(
-    cache_ptr, cache16_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi, az_lo, az_hi,
-    side, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
-    V_DATA: tl.constexpr, V_SZ: tl.constexpr, MASKED: tl.constexpr, PREFETCH: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    cache_ptr, page, kvh, stride_block, p, key_ok, acc_lo, acc_hi, az_lo, az_hi, side,
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
+    V_DATA: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """_page_pv transposed: acc^T [D/2, BLOCK_M] += codes^T @ (scale * p^T) per nibble half, and
     the [B, BLOCK_M] tiles az += zero * p^T, summed over the keys once after the loop.
-    PREFETCH: V's (scale, zero) are side[2:6] (_page_side, loaded a step earlier)."""
+    V's (scale, zero) are side[2:6] (_page_side, loaded a step earlier)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -362,20 +338,12 @@ def _page_pv_t(
     )  # fmt: skip  [D/2, B], keys contiguous: the dot's K dimension
     v_lo, v_hi = _nibbles(vb, DOT_F32)
     # (unmasked steps have no keys past the end to zero)
-    if PREFETCH:
-        sc0, z0 = _masked_scale_zero(side[2], side[3], key_ok, MASKED)
-    else:
-        sc0, z0 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 0, BLOCK_SIZE, NGV,
-                                V_SZ, MASKED)  # fmt: skip
+    sc0, z0 = _masked_scale_zero(side[2], side[3], key_ok, MASKED)
     ps_lo = _to_dot(p * sc0[:, None], DOT_F32)
     acc_lo = tl.dot(v_lo, ps_lo, acc_lo)
     az_lo += p * z0[:, None]
     if NGV == 2:
-        if PREFETCH:
-            sc1, z1 = _masked_scale_zero(side[4], side[5], key_ok, MASKED)
-        else:
-            sc1, z1 = _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, 1, BLOCK_SIZE,
-                                    NGV, V_SZ, MASKED)  # fmt: skip
+        sc1, z1 = _masked_scale_zero(side[4], side[5], key_ok, MASKED)
         acc_hi = tl.dot(v_hi, _to_dot(p * sc1[:, None], DOT_F32), acc_hi)
         az_hi += p * z1[:, None]
     else:
@@ -405,38 +373,26 @@ def _decode_step(
     page_b, ahead, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
-    PREFETCH: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """One step of _decode_pages over the pages page_a, page_b (keys [start, start + 2B)): the
-    new (m, l, acc, az) and the next step's (page_a, page_b, ahead).
-
-    Without PREFETCH each page's K zeros and V (scale, zero) are loaded where they are used
-    (ahead: 0, unused). With it, ahead is this step's (_page_side of page_a, of page_b), loaded
-    at the end of the step before, and this step ends by loading the next step's. PREFETCH 2
-    takes this step's and the next step's page ids from one vector load of this step
-    (_step_page_vec) instead of the carried ones."""
+    new (m, l, acc, az) and the next step's (page_a, page_b, ahead). ahead is this step's
+    (_page_side of page_a, of page_b), loaded at the end of the step before; this step ends by
+    loading the next step's."""
     r = tl.arange(0, BLOCK_SIZE)
     STEP: tl.constexpr = 2 * BLOCK_SIZE
-    if PREFETCH == 2:
-        # page_a / page_b as carried in are the same ids; these come from shared memory, copied
-        # there stages earlier, so the step's copies are issued without a global round trip
-        page_a, page_b, next_a, next_b = _step_page_vec(bt_row, start, page_hi, BLOCK_SIZE)
-    else:
-        # Page ids one step ahead (a tile's loads never wait on the gather of their own page id).
-        next_a, next_b = _step_pages(bt_row, start + STEP, page_hi, BLOCK_SIZE)
-    side_a = None
-    side_b = None
-    if PREFETCH:
-        side_a, side_b = ahead
+    # Page ids one step ahead (a tile's loads never wait on the gather of their own page id).
+    next_a, next_b = _step_pages(bt_row, start + STEP, page_hi, BLOCK_SIZE)
+    side_a, side_b = ahead
     key_a = start + r
     key_b = start + BLOCK_SIZE + r
     ok_a = key_a < page_hi
     ok_b = key_b < page_hi
     s_a = _page_scores_t(cache_ptr, cache16_ptr, page_a, kvh, stride_block, qt_lo, qt_hi,
-                         q16t_lo, q16t_hi, side_a, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, PREFETCH,
+                         q16t_lo, q16t_hi, side_a, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ,
                          DOT_F32)  # fmt: skip
     s_b = _page_scores_t(cache_ptr, cache16_ptr, page_b, kvh, stride_block, qt_lo, qt_hi,
-                         q16t_lo, q16t_hi, side_b, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ, PREFETCH,
+                         q16t_lo, q16t_hi, side_b, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ,
                          DOT_F32)  # fmt: skip
     s_a = _visible_t(s_a * row_scale[None, :], key_a, ok_a, pos, window, soft_cap, USE_WINDOW,
                      USE_SOFTCAP, MASKED)  # fmt: skip
@@ -448,21 +404,20 @@ def _decode_step(
     p_b = tl.exp2(s_b - m_new[None, :])
     l_t = l_t * alpha[None, :] + p_a + p_b
     acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
-        cache_ptr, cache16_ptr, page_a, kvh, stride_block, p_a, ok_a, acc_lo * alpha[None, :],
+        cache_ptr, page_a, kvh, stride_block, p_a, ok_a, acc_lo * alpha[None, :],
         acc_hi * alpha[None, :], az_lo * alpha[None, :], az_hi * alpha[None, :], side_a,
-        HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, MASKED, PREFETCH, DOT_F32,
+        HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, MASKED, DOT_F32,
     )  # fmt: skip
     acc_lo, acc_hi, az_lo, az_hi = _page_pv_t(
-        cache_ptr, cache16_ptr, page_b, kvh, stride_block, p_b, ok_b, acc_lo, acc_hi, az_lo,
-        az_hi, side_b, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ, MASKED, PREFETCH, DOT_F32,
+        cache_ptr, page_b, kvh, stride_block, p_b, ok_b, acc_lo, acc_hi, az_lo, az_hi, side_b,
+        HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, MASKED, DOT_F32,
     )  # fmt: skip
-    if PREFETCH:
-        # The next step's, after this step's math: its page ids have arrived by now, and these
-        # loads are in flight with the next step's asynchronous copies (issued here too).
-        ahead = (_page_side(cache16_ptr, next_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV,
-                            K_SZ, V_SZ),
-                 _page_side(cache16_ptr, next_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV,
-                            K_SZ, V_SZ))  # fmt: skip
+    # The next step's, after this step's math: its page ids have arrived by now, and these
+    # loads are in flight with the next step's asynchronous copies (issued here too).
+    ahead = (_page_side(cache16_ptr, next_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
+                        V_SZ),
+             _page_side(cache16_ptr, next_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
+                        V_SZ))  # fmt: skip
     return m_new, l_t, acc_lo, acc_hi, az_lo, az_hi, next_a, next_b, ahead
 
 
@@ -472,8 +427,7 @@ def _decode_pages(
     soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
     BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, PREFETCH: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """The decode loop over the int4 pages of keys [key_lo, page_hi), two pages a step, keys on
     the MMA's M side: (m, l, acc_lo, acc_hi, az_lo, az_hi) as the kernel's own loop leaves them.
@@ -486,25 +440,20 @@ def _decode_pages(
     keys every row sees (all below the first row's position) run unmasked and the at most two
     after them masked; with one, every step is masked.
 
-    PREFETCH (DECODE_PREFETCH): the K zeros and V (scale, zero), which are no dot operand and
-    too narrow for the pipeliner's asynchronous copies, are loaded into registers a step ahead
-    (_page_side), the same arithmetic on the same values; launched with two shared-memory
-    buffers (choose_config_int4). Without it, compiled for sm80 (Triton 3.6): one buffer, the
-    step's codes and K scales copied at the very end of the step before (after its last dot)
-    and waited on (cp.async.wait_group 0) first thing, the zeros and V scales loaded and waited
-    on inside the step: a step waits out several global-memory round trips one after another.
-    With it: two buffers, wait_group 8 (the next step's copies stay in flight), no global load
-    used in the step that issues it; the page-id load before the copies of the step after next
-    is still waited on at the end of each step (loading the page ids two steps ahead instead
-    made Triton drop the loop's pipelining altogether).
-
-    PREFETCH 2: as 1, the page ids loaded as a vector in the step they address (_step_page_vec):
-    the pipeliner copies it asynchronously as an indirection level ahead of the tiles, and gives
-    each level (num_stages - 1) // 2 stages of latency, so 5 stages (choose_config_int4) keep two
-    buffers of tiles and of page ids; compiled for sm80 (Triton 3.6) the loop has no global load
-    of a page id left (they are read from shared memory right before the copies, copied there
-    two steps earlier), wait_group 9 at head sizes 64 and 128, 5 at 256. At 3 or 4 stages the
-    same loop had one buffer of each, wait_group 0."""
+    The K zeros and V (scale, zero), which are no dot operand and too narrow for the
+    pipeliner's asynchronous copies, are loaded into registers a step ahead of their use
+    (_page_side, at the end of the step before), and the loop is launched with two shared-memory
+    buffers (3 stages, choose_config_int4). Compiled for sm80 (Triton 3.6), a step's codes and K
+    scales are then copied a whole step before it waits on them (cp.async.wait_group 8: the
+    next step's copies stay in flight) and no global load is used in the step that issues it;
+    the page-id load before the copies of the step after next is still waited on at the end of
+    each step (loading the page ids two steps ahead instead made Triton drop the loop's
+    pipelining altogether). Loaded at their use with one buffer, as the loop was before
+    2026-12-04, the copies were issued at the very end of the step before (after its last dot)
+    and waited on (wait_group 0) first thing, the zeros and V scales loaded and waited on inside
+    the step: about five dependent global-memory round trips a step, one after another; the
+    H200 ran that loop 1.20-1.68x slower at every model shape, batch and context timed
+    (the same arithmetic on the same values)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     STEP: tl.constexpr = 2 * BLOCK_SIZE
     qt_lo = tl.trans(qn_lo)
@@ -518,19 +467,17 @@ def _decode_pages(
     az_lo = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
     az_hi = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
     page_a, page_b = _step_pages(bt_row, key_lo, page_hi, BLOCK_SIZE)
-    ahead = 0  # unused without PREFETCH (a jit function cannot return None)
-    if PREFETCH:
-        ahead = (_page_side(cache16_ptr, page_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV,
-                            K_SZ, V_SZ),
-                 _page_side(cache16_ptr, page_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV,
-                            K_SZ, V_SZ))  # fmt: skip
+    ahead = (_page_side(cache16_ptr, page_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
+                        V_SZ),
+             _page_side(cache16_ptr, page_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
+                        V_SZ))  # fmt: skip
     if USE_WINDOW:
         for start in range(key_lo, page_hi, STEP):
             m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, ahead = _decode_step(
                 cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
                 soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
                 az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA,
-                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, PREFETCH, DOT_F32,
+                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
             )  # fmt: skip
     else:
         seen = tl.minimum(page_hi, first_pos + 1) - key_lo
@@ -540,7 +487,7 @@ def _decode_pages(
                 cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
                 soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
                 az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA,
-                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, False, PREFETCH, DOT_F32,
+                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, False, DOT_F32,
             )  # fmt: skip
         # the keys left, [mid, page_hi), are fewer than 2B + 16: at most two masked steps
         for i in tl.static_range(2):
@@ -549,8 +496,7 @@ def _decode_pages(
                     cache_ptr, cache16_ptr, bt_row, kvh, stride_block, mid + i * STEP, page_hi,
                     pos, window, soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t,
                     acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE,
-                    NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, PREFETCH,
-                    DOT_F32,
+                    NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
                 )  # fmt: skip
     l_i = tl.sum(l_t, axis=0)
     return (m_i, l_i, tl.trans(acc_lo), tl.trans(acc_hi), tl.sum(az_lo, axis=0),
@@ -606,7 +552,6 @@ def _attn_int4_fwd(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr,  # DECODE_PREFETCH (0, 1, 2): _decode_pages' loads ahead of use
     DOT_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
@@ -686,7 +631,7 @@ def _attn_int4_fwd(
             cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi,
             ctx + qb * BLOCK_Q, pos, window, soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
             BLOCK_M, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW,
-            USE_SOFTCAP, PREFETCH, DOT_F32,
+            USE_SOFTCAP, DOT_F32,
         )  # fmt: skip
     else:
         # The block-table entry of the next page is loaded one tile ahead, so a tile's loads never
@@ -757,24 +702,16 @@ def _attn_int4_fwd(
 
 launch_attn_int4 = DirectLauncher(_attn_int4_fwd)
 
-# The decode loop (_decode_pages): 0 (False) the loop as measured on the H200 on 2026-12-03, 1
-# (True) with the side values loaded a step ahead of their use, 2 with the page ids too, as an
-# asynchronous copy of a vector of them. Read at every launch: a benchmark sets it to time all
-# three in one process (benchmarks/tune_decode.py --int4-prefetch-ab). The launch configuration
-# and Triton's specialization (the PREFETCH constexpr) key on it, so every binary stays cached.
-DECODE_PREFETCH: int = 0
-
 
 @functools.cache  # on the host path of every launch
 def choose_config_int4(
-    group: int, head_size: int, max_query_len: int, cc_major: int = 8, prefetch: int = 0
+    group: int, head_size: int, max_query_len: int, cc_major: int = 8
 ) -> LaunchConfig:
     """Prefill / mixed: tiles of one page (64 keys: its K scales fold into q once per tile).
     Decode: two pages a step with keys on the MMA's M side (_decode_pages), the GQA group's rows
     (padded to 8, the smallest MMA N) on N, 4 warps (2 at head size 64, and for the 16-row
     variant on sm90+, where four made Triton compile its dots to wgmma: see
-    benchmarks/compile_sm80.py's compile_int4_decode_sm90). ``prefetch``: the configuration of
-    the prefetching decode loop (DECODE_PREFETCH: 1 or 2)."""
+    benchmarks/compile_sm80.py's compile_int4_decode_sm90), 3 stages."""
     if max_query_len * group <= 16 or max_query_len == 1:
         block_m = next_power_of_2(group * max_query_len)
         if block_m <= 16:
@@ -782,15 +719,11 @@ def choose_config_int4(
             # every query length that fits
             block_m = 8 if max_query_len == 1 and block_m <= 8 else 16
             # a stage (two pages of codes and scales) is 9 KiB at head size 64, 18 at 128, 36 at
-            # 256: about the bytes in flight of one page a stage at 6, 4 and 3 stages before.
-            # The prefetching loop takes 3 at every head size: two buffers, so a step's copies
-            # are issued a whole step before it waits on them (with one, at the end of the step
-            # before: nothing between issue and wait); 168 registers at head size 128 (128 with
-            # one buffer), 254 at 256 (239), no spills, 74 KiB shared memory at 256.
-            # With the page ids copied asynchronously too (2), the pipeliner splits the 4 stages
-            # of latency between page ids and tiles: 5 keep two buffers of each (3 and 4 gave
-            # one); 168 registers at 128, 255 at 256, no spills, 74 KiB at 256 as with 1.
-            stages = {1: 3, 2: 5}[int(prefetch)] if prefetch else {64: 3}.get(head_size, 2)
+            # 256. 3 stages at every head size: two buffers, so a step's copies are issued a
+            # whole step before it waits on them (with one, at the end of the step before:
+            # nothing between issue and wait); 168 registers at head size 128, 255 at 256, no
+            # spills, 72 KiB shared memory at 256 (decode_issue_budget.json).
+            stages = 3
             # on sm90+, four warps make Triton 3.6 compile the 16-row variant's dots to wgmma,
             # which faulted on the H200; two keep them mma.sync, as on sm80
             warps = 2 if head_size == 64 or (block_m == 16 and cc_major >= 9) else 4
@@ -839,9 +772,7 @@ def paged_attention_int4(
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads
-    prefetch = DECODE_PREFETCH
-    cfg = choose_config_int4(group, head_size, max_query_len, device_cc_major(query.device),
-                             prefetch)  # fmt: skip
+    cfg = choose_config_int4(group, head_size, max_query_len, device_cc_major(query.device))
     plan = plan_launch(query, cfg, num_seqs, group, max_seq_len, num_kv_heads, workspace,
                        num_splits, sliding_window)  # fmt: skip
     use_split = plan.splits > 1
@@ -884,7 +815,6 @@ def paged_attention_int4(
         USE_WINDOW=bool(sliding_window),
         USE_SOFTCAP=bool(soft_cap),
         SPLIT=use_split,
-        PREFETCH=int(prefetch) if cfg.block_m <= 16 else 0,
         DOT_F32=query.device.type != "cuda",
         **layout.kernel_constexprs(),
         num_warps=cfg.num_warps,

@@ -4,8 +4,6 @@ as its tile size, and every swept config failed to compile on the GPU)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -45,38 +43,3 @@ def test_best_config_ranks_on_the_target_shapes_at_each_configs_best_split():
     assert tune_decode.best_config(rows) == b
     with pytest.raises(ValueError, match="no int8 config"):
         tune_decode.best_config([_row(c, 8, 8192, 0.99)])
-
-
-def test_int4_prefetch_ab_times_every_loop_and_int8_at_every_point(tmp_path, monkeypatch):
-    import int8kv_kernels.attention_int4 as A4
-    from benchmarks import kernels as KB
-
-    seen = []
-
-    def fake_bench(impl, kernel, nq, nkv, d, batch, ctx, q_len):
-        seen.append((impl, A4.DECODE_PREFETCH, nq, nkv, d, batch, ctx))
-        return dict(kernel=kernel, impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=batch,
-                    ctx=ctx, ms=0.1, gbs=500.0)  # fmt: skip
-
-    monkeypatch.setattr(KB, "bench_attention", fake_bench)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a: "fake GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.delenv("OUT", raising=False)
-    out = tmp_path / "ab.json"
-    tune_decode.int4_prefetch_ab(1000.0, str(out))
-    assert A4.DECODE_PREFETCH == 0  # restored
-    points = [(s, b, c) for s in tune_decode.AB_SHAPES for b in tune_decode.AB_BATCHES
-              for c in tune_decode.AB_CTXS]  # fmt: skip
-    assert len(points) == 18
-    expected = []
-    for s, b, c in points:
-        loops = (0, 1, 2) if c in tune_decode.AB_CTXS_PF2 else (0, 1)
-        expected += [("int4", pf, *s, b, c) for pf in loops] + [("int8", 0, *s, b, c)]
-    assert seen == expected
-    # the page-id prefetching loop at the two longer contexts of every shape and batch
-    assert sum(pf == 2 for _, pf, *_ in seen) == 12
-    doc = json.loads(out.read_text())
-    assert doc["gpu"] == "fake GPU" and doc["date"] and "git_commit" in doc and doc["command"]
-    assert [r["prefetch"] for r in doc["rows"][:3]] == [0, 1, None]  # ctx 1024: no 2
-    assert [r["prefetch"] for r in doc["rows"][3:7]] == [0, 1, 2, None]
-    assert doc["rows"][0]["frac"] == 0.5

@@ -7,7 +7,6 @@ import pytest
 import torch
 from kvbatch import assert_close_bf16, make_batch
 
-import int8kv_kernels.attention_int4 as attention_int4
 from int8kv_kernels import Int4PageLayout, make_workspace, paged_attention, write_kv_cache
 from int8kv_kernels.reference import attention_ref
 from int8kv_kernels.reference_int4 import int4_kv_slots
@@ -157,26 +156,6 @@ def test_int4_attention_matches_reference(case, device):
     check(q_lens, seq_lens, nq, nkv, d, device, q_std=2.0 if "soft_cap" in kw else 1.0, **kw)
 
 
-# the cases that launch the decode configuration (at most 16 query rows a program)
-DECODE_CASES = [c for c in CASES if max(c[1]) * (c[3] // c[4]) <= 16 or max(c[1]) == 1]
-
-
-@pytest.mark.parametrize("prefetch", [1, 2], ids=["side", "page_ids"])
-@pytest.mark.parametrize("case", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
-def test_int4_decode_prefetch_is_the_same_arithmetic(case, prefetch, device, monkeypatch):
-    """The prefetching decode loops (DECODE_PREFETCH 1: side values, 2: page ids too) load the
-    same values earlier: within the bound of the reference, and the very output of the loop
-    they replace."""
-    _, q_lens, seq_lens, nq, nkv, d, kw = case
-    torch.manual_seed(0)
-    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", prefetch)
-    new = check(q_lens, seq_lens, nq, nkv, d, device, **kw)
-    torch.manual_seed(0)
-    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", 0)
-    old = check(q_lens, seq_lens, nq, nkv, d, device, **kw)
-    assert torch.equal(new, old)
-
-
 def test_int4_slot_minus_one_reads_no_tail(device):
     # padding rows / dummy runs: their partial pages are not read; a query that sees no key at
     # all (seq_len < 64, no slot) gets 0; the first sequence's slot is the last of the pool, so a
@@ -308,9 +287,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [0, 1, 2], ids=["loop", "prefetch", "prefetch_page_ids"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_int4_attention_matches_reference_gpu(case, prefetch, monkeypatch):
+def test_int4_attention_matches_reference_gpu(case):
     _, q_lens, seq_lens, nq, nkv, d, kw = case
-    monkeypatch.setattr(attention_int4, "DECODE_PREFETCH", prefetch)
     check(q_lens, seq_lens, nq, nkv, d, "cuda", **kw)
