@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -528,7 +529,13 @@ def merge_rows(
 
 def git_commit(repo: str | Path = REPO) -> str:
     """``git rev-parse HEAD`` of ``repo``, with ``-dirty`` appended when a tracked file differs
-    from it (untracked files do not count); ``"unknown"`` outside a checkout or without git."""
+    from it (untracked files do not count); ``"unknown"`` outside a checkout or without git.
+
+    ``INT8KV_GIT_COMMIT`` (a full 40-digit hash) overrides it: a GPU host's copy of the tree can
+    carry the git metadata of an older checkout, and would stamp that commit, dirty."""
+    told = os.environ.get("INT8KV_GIT_COMMIT", "")
+    if re.fullmatch("[0-9a-f]{40}", told):
+        return told
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)

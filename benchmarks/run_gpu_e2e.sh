@@ -47,6 +47,10 @@
 #   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
 #        returns at most 8 files: end every call with this)
 #
+# Stamps: INT8KV_GIT_COMMIT=<40-digit hash> names the commit the tree is in every result file
+# (benchmarks/common.py git_commit): the host's copy of the tree can carry the git metadata of an
+# older checkout and would stamp that commit, dirty.
+#
 # Assumes the offline vLLM bundle (shared/gpu/README.md) has been staged on this host by earlier
 # calls, or that this call carries its parts. Logs and results go to $OUT (the device tool's output
 # folder; /tmp/int8kv-out otherwise).

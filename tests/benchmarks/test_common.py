@@ -439,3 +439,12 @@ def test_git_commit_marks_changed_tracked_files_dirty(tmp_path: Path) -> None:
     assert common.git_commit(tmp_path) == head
     (tmp_path / "f.txt").write_text("2")
     assert common.git_commit(tmp_path) == head + "-dirty"
+
+
+def test_git_commit_can_be_told_the_tree_s_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    told = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("INT8KV_GIT_COMMIT", told)
+    assert common.git_commit() == told
+    assert common.stamp({})["git_commit"] == told
+    monkeypatch.setenv("INT8KV_GIT_COMMIT", "not-a-hash")  # ignored: the checkout's own
+    assert common.git_commit() != "not-a-hash"
