@@ -130,13 +130,27 @@ def _to_dot(x, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr, K_SZ: tl.constexpr):
+    """Where K's per-channel (scale [D], zero [D]) of a page and kv-head start (fp16 view)."""
+    return cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
+
+
+@triton.jit
+def _v_sz(cache16_ptr, page, kvh, stride_block, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
+          V_SZ: tl.constexpr):  # fmt: skip
+    """Where V's per-token (scale [B], zero [B]) of group 0 of a page and kv-head start (group g's
+    follow at 2 g B; fp16 view)."""
+    return cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
+
+
+@triton.jit
 def _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr, K_SZ: tl.constexpr,
               DOT_F32: tl.constexpr):  # fmt: skip
     """K's per-channel scales of a page and kv-head, its low and high nibble halves [D/2], fp16
     (dot operands; fp32 under the interpreter)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
-    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
+    sz = _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ)
     s_lo = tl.load(sz + c)
     s_hi = tl.load(sz + HALF + c)
     if DOT_F32:
@@ -151,10 +165,10 @@ def _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
     """_k_scales and K's per-channel zeros of the page, [D/2] halves as well, fp32."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
-    sz = cache16_ptr + page * (stride_block // 2) + K_SZ // 2 + kvh * 2 * HEAD_SIZE
+    zeros = _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ) + HEAD_SIZE
     s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
-    z_lo = tl.load(sz + HEAD_SIZE + c).to(tl.float32)
-    z_hi = tl.load(sz + HEAD_SIZE + HALF + c).to(tl.float32)
+    z_lo = tl.load(zeros + c).to(tl.float32)
+    z_hi = tl.load(zeros + HALF + c).to(tl.float32)
     return s_lo, s_hi, z_lo, z_hi
 
 
@@ -162,22 +176,19 @@ def _k_scale_zero(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
 def _v_scale_zero(cache16_ptr, page, kvh, stride_block, key_ok, g: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, V_SZ: tl.constexpr,
                   MASKED: tl.constexpr):  # fmt: skip
-    """V's per-token (scale, zero) of group g for a page's keys, [B] fp32. Keys past the end of a
-    page's visible part are zeroed when MASKED: a flagged (NaN) scale there would otherwise
-    survive p = 0 as 0 * NaN."""
+    """V's per-token (scale, zero) of group g for a page's keys, [B] fp32 (_masked_scale_zero)."""
     r = tl.arange(0, BLOCK_SIZE)
-    sz = cache16_ptr + page * (stride_block // 2) + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
-    sc = tl.load(sz + 2 * g * BLOCK_SIZE + r).to(tl.float32)
-    z = tl.load(sz + (2 * g + 1) * BLOCK_SIZE + r).to(tl.float32)
-    if MASKED:
-        sc = tl.where(key_ok, sc, 0.0)
-        z = tl.where(key_ok, z, 0.0)
-    return sc, z
+    sz = _v_sz(cache16_ptr, page, kvh, stride_block, BLOCK_SIZE, NGV, V_SZ)
+    sc = tl.load(sz + 2 * g * BLOCK_SIZE + r)
+    z = tl.load(sz + (2 * g + 1) * BLOCK_SIZE + r)
+    return _masked_scale_zero(sc, z, key_ok, MASKED)
 
 
 @triton.jit
 def _masked_scale_zero(sc, z, key_ok, MASKED: tl.constexpr):
-    """_v_scale_zero's result from the stored values (fp16) of a prefetched group."""
+    """V's (scale, zero) [B] as stored (fp16), in fp32; keys past the end of a page's visible
+    part are zeroed when MASKED: a flagged (NaN) scale there would otherwise survive p = 0 as
+    0 * NaN."""
     sc = sc.to(tl.float32)
     z = z.to(tl.float32)
     if MASKED:
@@ -196,11 +207,10 @@ def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
-    base = cache16_ptr + page * (stride_block // 2)
-    kz = base + K_SZ // 2 + kvh * 2 * HEAD_SIZE + HEAD_SIZE
+    kz = _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ) + HEAD_SIZE
     z_lo = tl.load(kz + c)
     z_hi = tl.load(kz + HALF + c)
-    vsz = base + V_SZ // 2 + kvh * NGV * 2 * BLOCK_SIZE
+    vsz = _v_sz(cache16_ptr, page, kvh, stride_block, BLOCK_SIZE, NGV, V_SZ)
     sc0 = tl.load(vsz + r)
     z0 = tl.load(vsz + BLOCK_SIZE + r)
     sc1 = sc0
@@ -761,8 +771,9 @@ def paged_attention_int4(
     same arguments and semantics, plus ``tail`` [num_slots, 2, num_kv_heads, 64, head_size]
     (model dtype), ``tail_page`` int32 [num_slots] (the block each slot holds) and
     ``slot_of_seq`` int32 [>= num_seqs] (-1: the sequence's partial page is not read, its
-    complete pages are read from the cache). Runs after the step's ``write_kv_cache_int4``. Rows past query_start_loc[num_seqs]
-    (CUDA-graph padding) keep what they held. No host sync, CUDA-graph safe with ``workspace``.
+    complete pages are read from the cache). Runs after the step's ``write_kv_cache_int4``. Rows
+    past query_start_loc[num_seqs] (CUDA-graph padding) keep what they held. No host sync,
+    CUDA-graph safe with ``workspace``.
     """
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
