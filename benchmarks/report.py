@@ -1143,6 +1143,33 @@ def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     return "\n".join(lines)
 
 
+def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -> str:
+    """``int4``'s tokens over BF16's in the same KV memory, the tail pool taken out of it, by
+    model, ``max_num_seqs`` and KV memory (computed: benchmarks/tail_pool_capacity.py)."""
+    result = _load(path)
+    rows = result["rows"]
+    gibs = sorted({r["kv_gib"] for r in rows})
+    lines = [
+        f"Computed from the catalogue's byte counts, not measured ({_provenance(result)}, "
+        f"`{_short(result['command'])}`); 0.00x: the pool alone outgrows the memory.",
+        "",
+        "| model (layers, kv-heads x head size) | `max_num_seqs` | tail pool |"
+        + "".join(f" {g} GiB |" for g in gibs),
+        "|---|---|---|" + "---|" * len(gibs),
+    ]
+    seen: dict[tuple, dict[int, dict]] = {}
+    for r in rows:
+        seen.setdefault((r["model"], r["max_num_seqs"]), {})[r["kv_gib"]] = r
+    for (model, seqs), by_gib in seen.items():
+        first = next(iter(by_gib.values()))
+        shape = f"{first['layers']}, {first['kv_heads']} x {first['head_size']}"
+        lines.append(
+            f"| {model} ({shape}) | {seqs} | {first['tail_pool_gib']:g} GiB |"
+            + "".join(f" {by_gib[g]['int4_vs_bf16']:.2f}x |" for g in gibs)
+        )
+    return "\n".join(lines)
+
+
 def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
     """Every recorded GPU test run, latest first: pytest's summary, and the greedy comparisons of
     the end-to-end tests (identical prompts over the first tokens, with the BF16 control's)."""
@@ -1225,6 +1252,7 @@ TABLES = {
     ),
     "int8_static_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_int8_static.json"),
     "gpu_test_runs": gpu_test_runs_table,
+    "tail_pool_capacity": tail_pool_capacity_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
     "int4_decode_loops": int4_decode_loops_table,

@@ -622,7 +622,10 @@ def _allocate_tail(
     assert tokens is not None, kv_cache_dtype
     tail = torch.zeros(num_slots, 2, num_kv_heads, tokens, head_size, dtype=dtype, device=device)
     tail_page = torch.full((num_slots,), -1, dtype=torch.int32, device=device)
-    slots.count_pool(tail.numel() * tail.element_size() + tail_page.numel() * 4)
+    cache_bytes_per_token = num_kv_heads * get_dtype(kv_cache_dtype).bytes_per_token_head(head_size)
+    slots.count_pool(
+        tail.numel() * tail.element_size() + tail_page.numel() * 4, cache_bytes_per_token
+    )
     return tail, tail_page
 
 

@@ -69,6 +69,9 @@ class TailSlots:
         # (layers, bytes) of the tail pools allocated in this process, for the one log line.
         self.pool_layers = 0
         self.pool_bytes = 0
+        # Bytes one token costs the KV cache over those layers (what the pool's memory would
+        # hold as cache tokens instead).
+        self.cache_bytes_per_token = 0
         self._pool_logged = False
 
     def __repr__(self) -> str:
@@ -137,22 +140,32 @@ class TailSlots:
         self._rows[0].fill_(-1)
         self._rows[1].zero_()
 
-    def count_pool(self, nbytes: int) -> None:
-        """Account one layer's tail pool (for :meth:`log_pool_once`)."""
+    def count_pool(self, nbytes: int, cache_bytes_per_token: int) -> None:
+        """Account one layer's tail pool (``nbytes``) and what a token costs that layer's cache
+        (for :meth:`log_pool_once`)."""
         self.pool_layers += 1
         self.pool_bytes += nbytes
+        self.cache_bytes_per_token += cache_bytes_per_token
+
+    def pool_cache_tokens(self) -> int:
+        """How many tokens of the KV cache the pools' memory would hold."""
+        return self.pool_bytes // max(self.cache_bytes_per_token, 1)
 
     def log_pool_once(self) -> None:
-        """One line with the pools' total size (called once every layer has its pool)."""
+        """One line with the pools' total size (called once every layer has its pool). The pool
+        costs max_num_seqs pages per layer whatever the context, which on a card with a few GiB
+        of KV memory is a large share of it: the line says in cache tokens what it takes."""
         if self._pool_logged or not self.pool_layers:
             return
         self._pool_logged = True
         logger.info(
             "int8kv-shim: int4 tail pool: %d slots (max_num_seqs) x %d layers, %.1f MiB in all, "
-            "allocated with the model (vLLM counts it as non-KV memory)",
+            "allocated with the model (vLLM counts it as non-KV memory): the memory of %d "
+            "cache tokens; a lower --max-num-seqs gives it to the cache",
             self.num_slots,
             self.pool_layers,
             self.pool_bytes / 2**20,
+            self.pool_cache_tokens(),
         )
 
 

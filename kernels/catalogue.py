@@ -137,6 +137,30 @@ class KVCacheDtype:
         """How many more tokens fit than with a BF16 cache (2 bytes per element, K and V)."""
         return (2 * 2 * head_size) / self.bytes_per_token_head(head_size)
 
+    def tail_slot_bytes(self, num_kv_heads: int, head_size: int, elem_bytes: int = 2) -> int:
+        """Bytes one tail slot costs one layer: a page of K and V in the model's dtype
+        (``elem_bytes`` per element) and the int32 block id it holds; 0 without a tail."""
+        if not self.tail:
+            return 0
+        assert self.page_tokens is not None
+        return 2 * num_kv_heads * self.page_tokens * head_size * elem_bytes + 4
+
+    def tokens_with_tail(
+        self,
+        kv_bytes: int,
+        layers: int,
+        num_kv_heads: int,
+        head_size: int,
+        num_slots: int,
+        elem_bytes: int = 2,
+    ) -> int:
+        """Tokens of this dtype's cache in ``kv_bytes`` of memory once the tail pool
+        (``num_slots`` slots, vLLM's ``max_num_seqs``, in each of ``layers`` layers) has taken
+        its share of it: vLLM sizes the cache from what the model, the pool included, left."""
+        pool = layers * num_slots * self.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+        per_token = layers * num_kv_heads * self.bytes_per_token_head(head_size)
+        return max(kv_bytes - pool, 0) // per_token
+
 
 CATALOGUE: dict[str, KVCacheDtype] = {
     d.name: d

@@ -57,6 +57,7 @@ WHERE = {
     "int8_static_simulation_gemma3": RESULTS,
     "int8_static_simulation": RESULTS,
     "gpu_test_runs": RESULTS,
+    "tail_pool_capacity": RESULTS,
     "kernel_speed_int4": HISTORY,
     "serving_2026_12_01": HISTORY,
     "serving_starts_2026_12_01": HISTORY,

@@ -53,3 +53,22 @@ def test_int8_groups_only_heads_above_128() -> None:
     assert [int4.group_for(d) for d in (64, 128, 256)] == [64, 128, 128]
     static = catalogue.CATALOGUE["int8_static"]
     assert static.group_for(256) == 256
+
+
+def test_the_tail_pool_takes_its_share_of_the_cache_memory() -> None:
+    int4, int8 = catalogue.CATALOGUE["int4"], catalogue.CATALOGUE["int8"]
+    # a slot: one 64-token page of K and V in BF16, and its block id
+    assert int4.tail_slot_bytes(8, 128) == 2 * 8 * 64 * 128 * 2 + 4
+    assert int8.tail_slot_bytes(8, 128) == 0
+    gib = 2**30
+    per_token = 32 * 8 * int4.bytes_per_token_head(128)  # 32 layers of 8 kv-heads of 128
+    assert int4.tokens_with_tail(4 * gib, 32, 8, 128, 0) == 4 * gib // per_token
+    # 256 slots of 32 layers: 2 GiB of BF16 pages, half of a 4 GiB cache
+    pool = 32 * 256 * int4.tail_slot_bytes(8, 128)
+    assert pool == 2 * gib + 32 * 256 * 4
+    assert int4.tokens_with_tail(4 * gib, 32, 8, 128, 256) == (4 * gib - pool) // per_token
+    assert int4.tokens_with_tail(pool // 2, 32, 8, 128, 256) == 0
+    # without a tail the slots cost nothing
+    assert int8.tokens_with_tail(gib, 2, 4, 64, 1024) == gib // (
+        2 * 4 * int8.bytes_per_token_head(64)
+    )

@@ -230,7 +230,12 @@ def backend_facts(names: list[str]) -> dict[str, Any]:
         "int4_without_config": int4_without_config,
         "pool_accounting": None
         if slots is None
-        else [slots.num_slots, slots.pool_layers, slots.pool_bytes],  # fmt: skip
+        else [
+            slots.num_slots,
+            slots.pool_layers,
+            slots.pool_bytes,
+            slots.pool_cache_tokens(),
+        ],  # fmt: skip
         "preferred_block_size": _preferred_block_sizes(backend, names),
         "class": f"{backend.__module__}.{backend.__qualname__}",
         "name": backend.get_name(),

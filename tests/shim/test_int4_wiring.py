@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from int8kv_kernels.catalogue import get_dtype
+
 CHECK = Path(__file__).with_name("int4_wiring_check.py")
 
 
@@ -25,6 +27,10 @@ def test_int4_builder_and_impl_wiring() -> None:
     # the pool's size, once, through the shim's logger; the experimental warning, once
     pool = "int8kv-shim: int4 tail pool: 4 slots (max_num_seqs) x 1 layers, 0.1 MiB in all"
     assert log.count(pool) == 1, log[-4000:]
+    # and what it costs the cache, in tokens: 4 slots of a 64-token BF16 page (2 kv-heads of 64)
+    # and a block id, over what a token costs the int4 cache
+    tokens = (4 * (2 * 2 * 64 * 64 * 2 + 4)) // (2 * get_dtype("int4").bytes_per_token_head(64))
+    assert f"the memory of {tokens} cache tokens; a lower --max-num-seqs" in log, log[-4000:]
     experimental = (
         "--kv-cache-dtype int4 is experimental: its kernels match their torch reference, but"
     )

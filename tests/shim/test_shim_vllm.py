@@ -163,6 +163,8 @@ def test_active_backend_declarations(active: dict, dtype_names: list[str]) -> No
 
 
 def test_int4_layers_allocate_their_tail_pool_when_built(active: dict) -> None:
+    from int8kv_kernels.catalogue import get_dtype
+
     facts = active["backend"]
     # max_num_seqs slots x (K, V) x kv heads x a 64-token page x head size, the model's dtype;
     # built with the model, so vLLM's memory profiling counts it before sizing the KV cache
@@ -173,7 +175,10 @@ def test_int4_layers_allocate_their_tail_pool_when_built(active: dict) -> None:
     }
     # a layer reading another layer's cache reads that layer's tail and allocates none
     assert facts["shared_layer_pool"] is True
-    assert facts["pool_accounting"] == [3, 1, 3 * 2 * 8 * 64 * 128 * 2 + 3 * 4]
+    # and the cache tokens that memory would hold (8 kv-heads of 128 per int4 token)
+    pool_bytes = 3 * 2 * 8 * 64 * 128 * 2 + 3 * 4
+    tokens = pool_bytes // (8 * get_dtype("int4").bytes_per_token_head(128))
+    assert facts["pool_accounting"] == [3, 1, pool_bytes, tokens]
     assert facts["int4_without_config"].startswith(
         "int8kv-shim: --kv-cache-dtype int4 sizes its tail pool from vLLM's config"
     )

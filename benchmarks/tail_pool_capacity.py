@@ -1,0 +1,84 @@
+"""``int4``'s cache tokens against BF16's in the same KV memory, its tail pool's share included.
+
+Computed, not measured: from the catalogue's bytes per token and tail-slot bytes
+(``kernels/catalogue.py``), for model shapes, KV memory sizes and ``max_num_seqs``. The pool holds
+``max_num_seqs`` pages of 64 tokens in BF16 in every layer, whatever the context, and vLLM sizes
+the cache from what the model left, pool included: where the KV memory is large beside it (the
+H200 of the measured capacity rows) ``int4`` keeps its 3.5x and more; on a 24 GB card serving an
+8B model, a few GiB of KV memory, vLLM's default ``max_num_seqs`` (256 below 70 GB of GPU memory)
+gives much of it to the pool.
+
+"KV memory" is what a BF16 engine gets for its cache: ``GPU KV cache size`` (tokens) times
+``bytes per token`` in vLLM's start-up log, or ``--kv-cache-memory-bytes``.
+
+    python -m benchmarks.tail_pool_capacity [--out benchmarks/results/tail_pool_capacity.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.common import RESULTS_DIR, command_line, write_json
+from int8kv_kernels.catalogue import get_dtype
+
+GIB = 2**30
+# name: (layers, kv heads, head size) of each model's attention (their config.json)
+MODELS = {
+    "Llama-3-8B": (32, 8, 128),
+    "Qwen2.5-7B": (28, 4, 128),
+    "SmolLM2-135M": (30, 3, 64),
+    "Gemma 3 270M": (18, 1, 256),
+}
+KV_GIB = (4, 8, 16, 32, 64)
+MAX_NUM_SEQS = (16, 64, 256, 1024)
+
+
+def bf16_tokens(kv_bytes: int, layers: int, num_kv_heads: int, head_size: int) -> int:
+    """Tokens of a BF16 cache (K and V, 2 bytes an element) in ``kv_bytes``."""
+    return kv_bytes // (layers * num_kv_heads * 2 * 2 * head_size)
+
+
+def rows(
+    models: dict[str, tuple[int, int, int]] = MODELS,
+    kv_gib: Sequence[int] = KV_GIB,
+    max_num_seqs: Sequence[int] = MAX_NUM_SEQS,
+) -> list[dict[str, Any]]:
+    """One row per (model, KV memory, max_num_seqs): both caches' tokens and their ratio."""
+    int4 = get_dtype("int4")
+    out = []
+    for model, (layers, nkv, d) in models.items():
+        for gib in kv_gib:
+            ref = bf16_tokens(gib * GIB, layers, nkv, d)
+            for seqs in max_num_seqs:
+                tokens = int4.tokens_with_tail(gib * GIB, layers, nkv, d, seqs)
+                pool = layers * seqs * int4.tail_slot_bytes(nkv, d)
+                out.append({
+                    "model": model, "layers": layers, "kv_heads": nkv, "head_size": d,
+                    "kv_gib": gib, "max_num_seqs": seqs, "tail_pool_gib": round(pool / GIB, 3),
+                    "bf16_tokens": ref, "int4_tokens": tokens,
+                    "int4_vs_bf16": round(tokens / ref, 2),
+                })  # fmt: skip
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(RESULTS_DIR / "tail_pool_capacity.json"))
+    args = p.parse_args(argv)
+    doc = {
+        "what": "int4 cache tokens against BF16's in the same KV memory, the tail pool "
+        "(max_num_seqs BF16 pages of 64 tokens per layer) taken out of it; computed from "
+        "kernels/catalogue.py's byte counts, not measured",
+        "gpu": None,
+        "command": command_line(),
+        "rows": rows(),
+    }
+    for path in write_json(doc, args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
