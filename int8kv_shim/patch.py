@@ -3,7 +3,7 @@
 Each ``patch_*`` / ``guard_*`` function takes the freshly imported vLLM module it patches (they run
 as wrapt post-import hooks, or at once when the module is already imported), is idempotent, and
 records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. Each site, why it is
-patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P12
+patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P13
 below; it also lists the vLLM and Triton internals read outside this module).
 
 Two sets of sites:
@@ -483,6 +483,49 @@ def patch_refuse_unsupported_int4_options(arg_utils: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P13  vllm.v1.engine.core: get_kv_cache_configs (what the tail pool costs beside the cache)
+
+
+def _config_and_specs(vllm_config: Any, kv_cache_specs: Any, *_: Any, **__: Any) -> tuple:
+    """(vllm_config, kv_cache_specs) of a ``get_kv_cache_configs`` call, however it was made."""
+    return vllm_config, kv_cache_specs
+
+
+def patch_report_tail_pool(core: ModuleType) -> None:
+    """After the engine core sizes the KV cache, one line on what a tail pool (``int4``) takes of
+    the KV memory (``int8kv_shim/tail_pool_report.py``); nothing for other dtypes.
+
+    ``EngineCore._initialize_kv_caches`` calls the module's own binding of
+    ``get_kv_cache_configs`` with every worker's specs, right after the workers' memory profiling
+    (which counted the pools, allocated with the model); vLLM logs ``GPU KV cache size`` inside it.
+    """
+    if is_applied("report_tail_pool"):
+        return
+    original = getattr(core, "get_kv_cache_configs", None)
+    if original is None:
+        return
+
+    def then_report(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        configs = wrapped(*args, **kwargs)
+        from int8kv_shim.tail_pool_report import report
+
+        try:
+            report(*_config_and_specs(*args, **kwargs), configs)
+        except Exception as exc:  # a report must never stop an engine that sized its cache
+            get_logger().warning(
+                "int8kv-shim: no tail-pool report (%s: %s)", type(exc).__name__, exc
+            )
+        return configs
+
+    core.get_kv_cache_configs = wrapt.FunctionWrapper(original, then_report)
+
+    def undo() -> None:
+        core.get_kv_cache_configs = original
+
+    _UNDO["report_tail_pool"] = undo
+
+
+# --------------------------------------------------------------------------------------------------
 # P11, P12  the model runners: the tail slots of each step's rows (int8kv_shim/tail_slots.py)
 #
 # Not in ACTIVE_SITES: attach_runner_hooks() applies them when the first layer with a tail pool
@@ -681,6 +724,7 @@ ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
         patch_kv_cache_spec,
         patch_static_scales_loader,
     ),
+    "vllm.v1.engine.core": (patch_report_tail_pool,),
 }
 
 GUARD_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {

@@ -59,6 +59,7 @@ def snapshot(names: list[str]) -> dict[str, Any]:
     import vllm.model_executor.layers.attention.attention as attention
     import vllm.platforms.cuda as cuda
     import vllm.v1.attention.selector as selector
+    import vllm.v1.engine.core as engine_core
     from pydantic import ValidationError
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig
     from vllm.engine.arg_utils import get_kwargs
@@ -105,6 +106,7 @@ def snapshot(names: list[str]) -> dict[str, Any]:
         "priorities_function": type(cuda._get_backend_priorities).__name__,
         "kv_cache_spec_method": type(attention.Attention.get_kv_cache_spec).__name__,
         "process_weights_method": type(attention.Attention.process_weights_after_loading).__name__,
+        "engine_core_kv_cache_configs": type(engine_core.get_kv_cache_configs).__name__,
     }
 
 

@@ -239,11 +239,19 @@ def test_instrument_is_idempotent_and_uninstrument_restores_vllm(
     assert active["mode_after_uninstrument"] == "off"
     assert active["state_after_uninstrument"] == pristine["state"]
     assert active["state_after_reinstrument"] == active["state"]
-    assert len(active["applied"]) == len(set(active["applied"])) == 10
+    assert len(active["applied"]) == len(set(active["applied"])) == 11
     assert "static_scales_loader" in active["applied"]
+    # P13, in the engine core
+    assert "report_tail_pool" in active["applied"]
     # P10; the runner hooks (P11/P12) only once an int4 layer meets an imported runner module
     assert "refuse_unsupported_int4_options" in active["applied"]
     assert not {"v1_runner_tail_slots", "v2_runner_tail_slots"} & set(active["applied"])
+
+
+def test_active_wraps_the_engine_cores_kv_cache_sizing(active: dict, pristine: dict) -> None:
+    # P13 reports the tail pool's share after vLLM sized the cache; uninstrument restores it
+    assert pristine["state"]["engine_core_kv_cache_configs"] == "function"
+    assert active["state"]["engine_core_kv_cache_configs"].endswith("FunctionWrapper")
 
 
 def test_active_wraps_process_weights_after_loading(active: dict, pristine: dict) -> None:
