@@ -138,6 +138,9 @@ class Variant:
     tail_full: bool = False  # ... and its own page at its last position too (reads_tail)
     group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
     k_varnorm: bool = False  # K page tiles normalized per token and channel (see above)
+    # K's first page per token instead of per channel, in groups of this many channels (0: the
+    # whole head; None: per channel like every page), see above
+    first_page_k_group: int | None = None
     # 8-bit with calibrated static scales: "head" one per (layer, kv-head), "channel" one per
     # (layer, kv-head, channel); no per-token scale
     static: str = ""
@@ -176,15 +179,22 @@ def _bytes(bits: int, group: int, d: int, group8: int = 0) -> float:
 
 
 def _tail_variant(
-    group: int, sinks: int = 0, sink_bits: int = 16, k_varnorm: bool = False
+    group: int,
+    sinks: int = 0,
+    sink_bits: int = 16,
+    k_varnorm: bool = False,
+    first_page_k_group: int | None = None,
 ) -> Variant:
     """The rebuilt int4: K per (64-token page, channel), V per (token, ``group``), no rotation,
-    BF16 tail; ``sinks`` first tokens kept in ``sink_bits``; ``k_varnorm``: K tiles normalized."""
+    BF16 tail; ``sinks`` first tokens kept in ``sink_bits``; ``k_varnorm``: K tiles normalized;
+    ``first_page_k_group``: K's first page per token, in groups of that many channels."""
     name = f"int4_tail_v_g{group or 'D'}"
     if sinks:
         name += f"_sinks{sinks}" + ("" if sink_bits == 16 else f"_int{sink_bits}")
     if k_varnorm:
         name += "_varnorm"
+    if first_page_k_group is not None:
+        name += f"_first_page_k_per_token_g{first_page_k_group or 'D'}"
     return Variant(
         name,
         4,
@@ -196,6 +206,7 @@ def _tail_variant(
         sink_bits=sink_bits,
         tail=True,
         k_varnorm=k_varnorm,
+        first_page_k_group=first_page_k_group,
     )
 
 
@@ -244,6 +255,7 @@ VARIANTS = [
     ),
     *(_tail_variant(g, TAIL_PAGE, bits) for g in TAIL_GROUPS for bits in (16, 8)),
     *(_tail_variant(g, k_varnorm=True) for g in TAIL_GROUPS),
+    *(_tail_variant(g, first_page_k_group=fg) for g in TAIL_GROUPS for fg in (0, 64)),
 ]
 CLIP = 0.85
 
@@ -280,7 +292,11 @@ def fake_quant(
         if k_mode == "sym":
             r = _symmetric_int4(r, group // 2)
         elif k_mode == "channel":
+            first = r[..., : v.k_page, :]
             r = _per_channel_int4(r, v.k_page, v.k_varnorm)
+            if v.first_page_k_group is not None:
+                codes, scale, zero = quantize_int4(first, _group(v.first_page_k_group, d))
+                r[..., : v.k_page, :] = dequantize_int4(codes, scale, zero)
         else:
             if k_mode == "clip":
                 r = _clip_groups(r, group)
