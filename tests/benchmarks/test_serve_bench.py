@@ -540,6 +540,23 @@ def test_figures_from_vllms_own_logger() -> None:
     }
 
 
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failed_scrape_keeps_the_point(capsys: pytest.CaptureFixture) -> None:
+    base_url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(OSError):
+        sm.scrape(base_url, timeout_s=2)
+    ran = []
+    result, figures, error = sb.between_scrapes(base_url, "p", 4, lambda: ran.append(1) or "done")
+    assert (result, figures, ran) == ("done", None, [1])
+    assert error.startswith("/metrics before the point: URLError(")
+    assert capsys.readouterr().out.count("WARNING: no server metrics") == 1
+
+
 # --------------------------------------------------------------------------------------------
 # the results file
 
@@ -805,10 +822,34 @@ def test_run_against_fake_server(fake: dict) -> None:
         (d, n, c, max(c, 2)) for d in ("auto_fa2", "int8") for n in (1024, 4080) for c in (1, 4)
     ]  # 8K cut to the fake model's 4096 positions - 16 output tokens
     for r in rows:
-        assert list(r) == sb.ROW_KEYS
+        assert list(r) == [*sb.ROW_KEYS, "server_metrics"]
         assert r["kv_cache_tokens"] == 1234567 and r["engine_start_s"] > 0
         assert r["model"] == "fake" and r["output_len"] == 16
         assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
+        # the fake server's /metrics (fake_vllm.METRICS) over this point's requests alone: not
+        # the warm-up's 2 at the same length, nor the points before
+        n, prompts = r["input_len"], r["num_prompts"]
+        prefill = n / 16384 * 1000
+        assert r["server_metrics"] == {
+            "requests": prompts,
+            "queue_ms_mean": 125.0,
+            "prefill_ms_mean": round(prefill, 3),
+            "decode_ms_mean": 15.625,
+            "inference_ms_mean": round(prefill + 15.625, 3),
+            "ttft_ms_mean_server": round(125 + prefill + 15.625, 3),
+            "e2e_ms_mean_server": round(125 + prefill + 2 * 15.625, 3),
+            "tpot_ms_mean_server": 0.977,
+            "itl_ms_mean_server": 0.977,
+            "ttft_frontend_ms_mean": 15.625,
+            "prompt_tokens": prompts * n,
+            "generation_tokens": prompts * 16,
+            "preemptions": prompts,
+            "prefix_cache_queries": prompts * n,
+            "prefix_cache_hits": prompts * (n // 4),
+            "prefix_cache_hit_rate": 0.25,
+            "output_steps": prompts,
+            "output_step_tokens_mean": float(n + 16),
+        }, r
 
     recs = _records(fake)
     serves = [r for r in recs if r["argv"][0] == "serve"]
@@ -835,6 +876,20 @@ def test_run_against_fake_server(fake: dict) -> None:
     assert set(first["warmup_s"]) == {"1024", "4080"}
     assert all(Path(p["result"]).exists() for s in runs["servers"] for p in s["points"])
     assert not str(first["points"][0]["result"]).startswith(str(sb.common.REPO))
+
+
+def test_point_without_metrics_keeps_its_row(
+    fake: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("FAKE_NO_METRICS", "1")  # the fake server's /metrics answers 404
+    argv = _argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--concurrency", "1,2")
+    assert sb.main([*argv, "--warmup-prompts", "0"]) == 0
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert [(r["concurrency"], list(r)) for r in rows] == [(1, sb.ROW_KEYS), (2, sb.ROW_KEYS)]
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    errors = [p["server_metrics_error"] for p in runs["servers"][0]["points"]]
+    assert errors == ["/metrics before the point: <HTTPError 404: 'Not Found'>"] * 2
+    assert capsys.readouterr().out.count("WARNING: no server metrics") == 2  # one per point
 
 
 def test_time_budget_stops_new_points_and_keeps_rows(
@@ -923,6 +978,10 @@ def test_real_vllm_bench_serve_against_fake_server(
     assert 0 < row["tpot_ms_p50"] <= row["tpot_ms_p99"] and row["output_tok_s"] > 0
     raw = json.loads((fake["tmp"] / "logs" / "raw" / "fake_int8_in64_c2.json").read_text())
     assert raw["total_output_tokens"] == 2 * 16 and raw["max_concurrency"] == 2
+    # the real client sends the point's prompts and nothing else (no test request, no warm-up
+    # of its own, by default), so the server's figures cover exactly the point's requests
+    figures = row["server_metrics"]
+    assert (figures["requests"], figures["generation_tokens"]) == (2, 2 * 16)
 
 
 def test_dry_run_prints_every_command(fake: dict, capsys: pytest.CaptureFixture) -> None:
@@ -1005,6 +1064,8 @@ def test_profiled_point_is_summarised_and_not_a_row(fake: dict) -> None:
         4,
     )
     assert row["num_prompts"] == 3 and row["kernel_us_by_category"]["ours"] == 30
+    assert row["server_metrics"]["requests"] == 3  # the profiled point's, not the timed ones'
+    assert row["server_metrics"]["prompt_tokens"] == 3 * 1024
     assert "top_host_ops" not in row and row["top_kernels"][0]["name"] == "_attn_fwd"
     _assert_all_gone(recs)
 
