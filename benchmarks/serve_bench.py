@@ -27,10 +27,20 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
 ``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``,
-``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, and ``jit_compiles``: the Triton compiles the server
-logged during the point, from ``--jit-monitor-verbose``) after EVERY point, so a run cut off keeps what it measured,
-and a plot beside it (``serving.png``: median TPOT against concurrency, one panel per model and
-input length, one line per dtype; needs matplotlib, ``--plot-only`` redraws it from the JSON).
+``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, ``jit_compiles``: the Triton compiles
+the server logged during the point, from ``--jit-monitor-verbose``, and ``server_metrics``) after
+EVERY point, so a run cut off keeps what it measured, and a plot beside it (``serving.png``:
+median TPOT against concurrency, one panel per model and input length, one line per dtype; needs
+matplotlib, ``--plot-only`` redraws it from the JSON).
+
+``server_metrics`` says where the point's requests spent their time by the server's own Prometheus
+metrics: ``/metrics`` is scraped right before and right after the timed ``vllm bench serve`` (so
+the warm-up is not in it), and the difference gives the mean queue, prefill, decode and TTFT ms of
+the requests in between, their count, preemptions, tokens and prefix-cache hit rate
+(``benchmarks/server_metrics.py`` names each figure and its vLLM metric). A failed scrape costs a
+warning and the field, never the row; ``serve_bench_runs.json`` keeps why
+(``server_metrics_error``).
+
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.
 Raw ``vllm bench serve`` results, server and client logs and ``serve_bench_runs.json`` (commands,
@@ -45,7 +55,8 @@ on first use under ``--workdir``; or ``NAME=FOLDER``.
 ``--profile-concurrency C``: after the timed points of each input length, one more point at
 ``C`` under the server's torch profiler (``--profiler-config``, ``vllm bench serve --profile``),
 not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json``
-(beside ``--out``), and the raw trace is deleted unless ``--keep-traces``.
+(beside ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
+``--keep-traces``.
 
 ``--time-budget-s``: no new point (or server) starts after it, and no child runs past it.
 ``--dry-run`` prints every command without running anything.
@@ -71,14 +82,14 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from benchmarks import common, profile_summary, soak
+from benchmarks import common, profile_summary, server_metrics, soak
 
 DEFAULT_OUT = common.RESULTS_DIR / "serving.json"
 DEFAULT_WORKDIR = Path("/tmp/int8kv-serve-bench")
@@ -143,6 +154,10 @@ WARMUP_OUTPUT_TOKENS = 16
 STOP_GRACE_S = 30.0  # the engine core's own shutdown, after the API server has exited
 # the worker writes its trace after /stop_profile has returned: hundreds of MB of JSON at 8K
 PROFILE_WRITE_TIMEOUT_S = 180.0
+# vLLM records a request's metrics just after its last output is on its way: how long the scrape
+# after a point may wait for the server to count all of the point's requests
+METRICS_SETTLE_S = 2.0
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------
@@ -973,6 +988,38 @@ def wait_for_traces(trace_dir: Path, before: set[Path], timeout_s: float) -> lis
     return sorted(sizes)
 
 
+def between_scrapes(
+    base_url: str, name: str, requests: int, body: Callable[[], T]
+) -> tuple[T, dict[str, Any] | None, str | None]:
+    """``body()`` between two scrapes of ``base_url/metrics`` (a ``vllm serve``): what it
+    returned, the figures of the requests in between (``server_metrics.point_figures``; None when
+    a scrape failed or found none of vLLM's metrics) and why there are none. The scrape after is
+    repeated until the server has counted ``requests`` finished requests, for at most
+    ``METRICS_SETTLE_S``. A failed scrape costs one warning, never the point."""
+    error = None
+    try:
+        before = server_metrics.scrape(base_url)
+    except Exception as e:  # extra evidence: the point runs without it
+        before, error = None, f"/metrics before the point: {e!r}"[:500]
+    result = body()
+    figures = None
+    if before is not None:
+        deadline = time.monotonic() + METRICS_SETTLE_S
+        try:
+            while True:
+                figures = server_metrics.point_figures(before, server_metrics.scrape(base_url))
+                if figures.get("requests", 0) >= requests or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+        except Exception as e:
+            figures, error = None, f"/metrics after the point: {e!r}"[:500]
+        if figures is not None and "requests" not in figures:
+            figures, error = None, "/metrics has none of vLLM's request metrics"
+    if error:
+        print(f"serve_bench: {name}: WARNING: no server metrics ({error})", flush=True)
+    return result, figures, error
+
+
 def run_bench(
     args: argparse.Namespace, argv: Sequence[str], name: str, budget: Budget
 ) -> tuple[int, float, str]:
@@ -1003,7 +1050,9 @@ def run_profiled_point(
     before = set(trace_dir.glob("*.json*")) if trace_dir.is_dir() else set()
     argv, _ = point_argv(args, server, spec, dtype, input_len, c, prompts, profiled=True)
     name = point_name(spec, dtype, input_len, c) + "_profiled"
-    rc, secs, tail = run_bench(args, argv, name, budget)
+    (rc, secs, tail), figures, metrics_error = between_scrapes(
+        server.base_url, name, prompts, lambda: run_bench(args, argv, name, budget)
+    )
     profile: dict[str, Any] = {
         "input_len": input_len,
         "concurrency": c,
@@ -1012,6 +1061,8 @@ def run_profiled_point(
         "rc": rc,
         "wall_s": round(secs, 1),
     }
+    if metrics_error:
+        profile["server_metrics_error"] = metrics_error
     if rc != 0:
         profile["error"] = "timeout" if rc == -9 else common.error_summary(tail)
         return profile
@@ -1034,6 +1085,8 @@ def run_profiled_point(
     # the engine worker's trace (the one with the GPU kernels) becomes a row of the profile file
     worker = max(summary.values(), key=lambda doc: doc["kernels"])
     keep = {k: v for k, v in worker.items() if k != "top_host_ops"}
+    if figures:
+        keep["server_metrics"] = figures
     run.profiles = common.merge_rows(
         run.profiles,
         [{"model": spec.name, "dtype": dtype, "input_len": input_len, "concurrency": c,
@@ -1069,7 +1122,9 @@ def run_point(
     result_path.unlink(missing_ok=True)
     seed = point_seed(args.seed, input_len, concurrency)
     log_before = len(server.tail(10**9))
-    rc, secs, tail = run_bench(args, argv, name, budget)
+    (rc, secs, tail), figures, metrics_error = between_scrapes(
+        server.base_url, name, num_prompts, lambda: run_bench(args, argv, name, budget)
+    )
     compiles = jit_compiles_from_log(server.tail(10**9)[log_before:])
     point: dict[str, Any] = {
         "input_len": input_len,
@@ -1082,6 +1137,8 @@ def run_point(
         "result": str(result_path),
         "jit_compiles": compiles,
     }
+    if metrics_error:
+        point["server_metrics_error"] = metrics_error
     msg = f"serve_bench: {name}: rc={rc} in {secs:.0f}s"
     if compiles:
         msg += f" ({len(compiles)} Triton compiles during the point: {', '.join(compiles)})"
@@ -1107,6 +1164,13 @@ def run_point(
         print(f"{msg}: {point['error']}", flush=True)
         return point
     point |= {"mean_input_tokens": result["total_input_tokens"] / max(result["completed"], 1)}
+    if figures:
+        row["server_metrics"] = figures
+        msg += (
+            f" (server means: queue {figures.get('queue_ms_mean')} ms, prefill "
+            f"{figures.get('prefill_ms_mean')} ms, TTFT {figures.get('ttft_ms_mean_server')} ms,"
+            f" {figures.get('preemptions')} preemptions)"
+        )
     run.rows = common.merge_rows(run.rows, [row], ROW_KEY)
     print(
         f"{msg}: TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, "

@@ -2,14 +2,18 @@
 
 ``fake_vllm.py serve MODEL --host H --port P ...``: logs what vLLM logs at start-up (the KV cache
 line among them), then serves on H:P ``/health``, ``/v1/completions`` (streamed as vLLM streams it,
-or one JSON answer) and nothing else (``/tokenize`` is a 404, which ``vllm bench serve`` skips);
-with ``--profiler-config``, also ``/start_profile`` and ``/stop_profile``, the stop writing a small
-gzipped trace (two kernels in one step) into its ``torch_profiler_dir`` half a second later.
+or one JSON answer), ``/metrics`` (vLLM 0.24.0's request histograms and counters, by its metric
+names and labels, each completion observed with figures that follow from its prompt length P and
+``max_tokens`` M: ``METRICS``; a 404 with ``FAKE_NO_METRICS=1``) and nothing else (``/tokenize``
+is a 404, which ``vllm bench serve`` skips); with ``--profiler-config``, also ``/start_profile``
+and ``/stop_profile``, the stop writing a small gzipped trace (two kernels in one step) into its
+``torch_profiler_dir`` half a second later.
 
 ``fake_vllm.py bench serve ...``: with ``FAKE_VLLM_REAL_BENCH=1``, the real ``vllm bench serve``
 (installed vLLM) with the same arguments; otherwise it writes a ``--save-result`` JSON with the
-fields vLLM writes, after ``FAKE_BENCH_S`` seconds (with ``--profile``, between a POST of
-``/start_profile`` and one of ``/stop_profile`` to ``--base-url``).
+fields vLLM writes, after sending ``--num-prompts`` completions of ``--random-input-len`` token ids
+and ``--random-output-len`` tokens to ``--base-url`` and ``FAKE_BENCH_S`` seconds (with
+``--profile``, between a POST of ``/start_profile`` and one of ``/stop_profile``).
 
 Every call appends ``{"argv", "pid", "shim"}`` to the JSON-lines file ``$FAKE_VLLM_RECORD``.
 """
@@ -24,6 +28,8 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 KV_TOKENS = "1,234,567"
 TRACE_DIR: str | None = None  # the server's torch_profiler_dir, when it has --profiler-config
@@ -41,6 +47,44 @@ TRACE = {
          "args": {"correlation": 2}},
     ]
 }  # fmt: skip
+
+
+REGISTRY = CollectorRegistry()
+LABELS = ["model_name", "engine"]
+# what one completion of P prompt tokens and M output tokens adds (seconds are binary fractions,
+# so the means a test expects are exact); names and labels as vllm/v1/metrics/loggers.py's
+SECONDS = {
+    "vllm:request_queue_time_seconds": lambda p, m: 0.125,
+    "vllm:request_prefill_time_seconds": lambda p, m: p / 16384,
+    "vllm:request_decode_time_seconds": lambda p, m: m / 1024,
+    "vllm:request_inference_time_seconds": lambda p, m: p / 16384 + m / 1024,
+    "vllm:time_to_first_token_seconds": lambda p, m: 0.125 + p / 16384 + 1 / 64,
+    "vllm:e2e_request_latency_seconds": lambda p, m: 0.125 + p / 16384 + 1 / 64 + m / 1024,
+    "vllm:request_time_per_output_token_seconds": lambda p, m: 1 / 1024,
+}
+COUNTS = {
+    "vllm:prompt_tokens": lambda p, m: p,
+    "vllm:generation_tokens": lambda p, m: m,
+    "vllm:num_preemptions": lambda p, m: 1,
+    "vllm:prefix_cache_queries": lambda p, m: p,
+    "vllm:prefix_cache_hits": lambda p, m: p // 4,
+}
+METRICS: dict[str, Histogram | Counter] = {
+    name: Histogram(name, name, LABELS, registry=REGISTRY, buckets=[0.5, 1.0])
+    for name in [*SECONDS, "vllm:inter_token_latency_seconds", "vllm:iteration_tokens_total"]
+} | {name: Counter(name, name, LABELS, registry=REGISTRY) for name in COUNTS}
+MODEL_NAME = ""  # the served model's name label: its path, as vllm serve names it by default
+
+
+def observe(p: int, m: int) -> None:
+    """One finished completion in the metrics (one engine step with output per request)."""
+    for name, f in SECONDS.items():
+        METRICS[name].labels(MODEL_NAME, "0").observe(f(p, m))
+    for _ in range(m - 1):
+        METRICS["vllm:inter_token_latency_seconds"].labels(MODEL_NAME, "0").observe(1 / 1024)
+    METRICS["vllm:iteration_tokens_total"].labels(MODEL_NAME, "0").observe(p + m)
+    for name, f in COUNTS.items():
+        METRICS[name].labels(MODEL_NAME, "0").inc(f(p, m))
 
 
 def write_trace() -> None:
@@ -71,6 +115,12 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path == "/metrics" and os.environ.get("FAKE_NO_METRICS") != "1":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(generate_latest(REGISTRY))
+            return
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 
@@ -92,6 +142,8 @@ class Handler(BaseHTTPRequestHandler):
             "prompt_tokens": len(prompt) if isinstance(prompt, list) else len(prompt.split()),
             "completion_tokens": n,
         }
+        # before the answer: vLLM records a request's metrics as its last output goes out
+        observe(usage["prompt_tokens"], n)
         self.send_response(200)
         if not body.get("stream"):
             self.send_header("Content-Type", "application/json")
@@ -118,7 +170,8 @@ def serve(argv: list[str]) -> None:
           f"{KV_TOKENS} tokens", flush=True)  # fmt: skip
     print("(EngineCore pid=1) INFO 01-01 00:00:02 [core.py:345] init engine (profile, create kv "
           "cache, warmup model) took 12.34 s", flush=True)  # fmt: skip
-    global TRACE_DIR
+    global TRACE_DIR, MODEL_NAME
+    MODEL_NAME = argv[1]
     if flag(argv, "--profiler-config"):
         TRACE_DIR = json.loads(flag(argv, "--profiler-config"))["torch_profiler_dir"]
     host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8000"))
@@ -129,17 +182,20 @@ def bench(argv: list[str]) -> None:
     if os.environ.get("FAKE_VLLM_REAL_BENCH") == "1":
         os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv])
 
-    def post(path: str) -> None:
-        request = urllib.request.Request(flag(argv, "--base-url") + path, data=b"{}")
+    def post(path: str, body: dict | None = None) -> None:
+        data = json.dumps(body or {}).encode()
+        request = urllib.request.Request(flag(argv, "--base-url") + path, data=data)
         urllib.request.urlopen(request, timeout=10).read()
 
+    n, c = int(flag(argv, "--num-prompts")), int(flag(argv, "--max-concurrency"))
+    inp, out = int(flag(argv, "--random-input-len")), int(flag(argv, "--random-output-len"))
     if "--profile" in argv:
         post("/start_profile")
+    for _ in range(n):
+        post("/v1/completions", {"prompt": [7] * inp, "max_tokens": out})
     time.sleep(float(os.environ.get("FAKE_BENCH_S", "0")))
     if "--profile" in argv:
         post("/stop_profile")
-    n, c = int(flag(argv, "--num-prompts")), int(flag(argv, "--max-concurrency"))
-    inp, out = int(flag(argv, "--random-input-len")), int(flag(argv, "--random-output-len"))
     base = 1.0 + c / 100  # latencies grow with concurrency
     result = {
         "date": "20250101-000000",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve_bench as sb
+from benchmarks import server_metrics as sm
 
 HERE = Path(__file__).resolve().parent
 FAKE_VLLM = shlex.join([sys.executable, str(HERE / "fake_vllm.py")])
@@ -278,6 +279,282 @@ def test_result_json_becomes_a_row() -> None:
         sb.result_to_row(_bench_result(p99_itl_ms=float("nan")), **kw)
     with pytest.raises(KeyError):  # run without --metric-percentiles 50,99
         sb.result_to_row({k: v for k, v in _bench_result().items() if k != "p99_tpot_ms"}, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM's /metrics
+
+
+def test_metric_names_are_vllms() -> None:
+    source = (VLLM_DIR / "v1" / "metrics" / "loggers.py").read_text()
+    for name in [*sm.HISTOGRAMS.values(), *sm.COUNTERS.values(), sm.STEP_TOKENS]:
+        assert f'name="{name}",' in source, name
+    # every one of them per engine, with these labels (summed over by the figures)
+    assert 'labelnames = ["model_name", "engine"]' in source and sm.LABELS == (
+        "model_name",
+        "engine",
+    )
+    # the intervals the module docstring describes
+    stats = (VLLM_DIR / "v1" / "metrics" / "stats.py").read_text()
+    for text in (
+        "queued_time = req_stats.scheduled_ts - req_stats.queued_ts",
+        "prefill_time = req_stats.first_token_ts - req_stats.scheduled_ts",
+        "decode_time = req_stats.last_token_ts - req_stats.first_token_ts",
+        "inference_time = req_stats.last_token_ts - req_stats.scheduled_ts",
+        "first_token_latency = self._time_since(req_stats.arrival_time)",
+    ):
+        assert text in stats, text
+
+
+# Two scrapes of one server in the text format vLLM's /metrics answers (prometheus_client 0.26:
+# counters as NAME_total with a NAME_created gauge, histograms as _bucket/_count/_sum, labels in
+# name order), trimmed to a few families and buckets, two engines: after a warm-up of 2 requests
+# on engine 0, and after 8 more, 4 on each engine.
+SCRAPE_BEFORE = """\
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 11152.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="/models/smollm2"} 0.0
+vllm:num_requests_running{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="/models/smollm2"} 1.0
+vllm:num_preemptions_total{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:num_preemptions_created Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_created gauge
+vllm:num_preemptions_created{engine="0",model_name="/models/smollm2"} 1.7964210339492064e+09
+vllm:num_preemptions_created{engine="1",model_name="/models/smollm2"} 1.7964210339492071e+09
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="/models/smollm2"} 16384.0
+vllm:prompt_tokens_total{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="/models/smollm2"} 16384.0
+vllm:prefix_cache_queries_total{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="/models/smollm2"} 0.0
+vllm:prefix_cache_hits_total{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="/models/smollm2"} 2.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="/models/smollm2"} 2.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="/models/smollm2"} 2.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="/models/smollm2"} 0.5
+vllm:request_queue_time_seconds_bucket{engine="1",le="0.3",model_name="/models/smollm2"} 0.0
+vllm:request_queue_time_seconds_bucket{engine="1",le="+Inf",model_name="/models/smollm2"} 0.0
+vllm:request_queue_time_seconds_count{engine="1",model_name="/models/smollm2"} 0.0
+vllm:request_queue_time_seconds_sum{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:request_queue_time_seconds_created Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds_created gauge
+vllm:request_queue_time_seconds_created{engine="0",model_name="/models/smollm2"} 1.79642103e+09
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="/models/smollm2"} 2.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="/models/smollm2"} 2.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="/models/smollm2"} 0.25
+vllm:request_prefill_time_seconds_bucket{engine="1",le="+Inf",model_name="/models/smollm2"} 0.0
+vllm:request_prefill_time_seconds_count{engine="1",model_name="/models/smollm2"} 0.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="/models/smollm2"} 2.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="/models/smollm2"} 2.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="/models/smollm2"} 0.875
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="/models/smollm2"} 0.0
+vllm:time_to_first_token_seconds_count{engine="1",model_name="/models/smollm2"} 0.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="/models/smollm2"} 2.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="/models/smollm2"} 2.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="/models/smollm2"} 2.0
+vllm:e2e_request_latency_seconds_bucket{engine="1",le="+Inf",model_name="/models/smollm2"} 0.0
+vllm:e2e_request_latency_seconds_count{engine="1",model_name="/models/smollm2"} 0.0
+vllm:e2e_request_latency_seconds_sum{engine="1",model_name="/models/smollm2"} 0.0
+# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_bucket{engine="0",le="+Inf",model_name="/models/smollm2"} 2.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="/models/smollm2"} 2.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="/models/smollm2"} 1.0
+# HELP http_requests_total Total number of requests by method, status and handler.
+# TYPE http_requests_total counter
+http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 2.0
+"""
+
+
+def _after(text: str) -> str:
+    """SCRAPE_BEFORE with the 8 timed requests added (engine 0: 4 more, engine 1: its first 4)."""
+    changes = {
+        # name{engine}: (before, after)
+        'vllm:num_preemptions_total{engine="0"': ("1.0", "3.0"),
+        'vllm:num_preemptions_total{engine="1"': ("0.0", "1.0"),
+        'vllm:prompt_tokens_total{engine="0"': ("16384.0", "48128.0"),
+        'vllm:prompt_tokens_total{engine="1"': ("0.0", "31744.0"),
+        'vllm:prefix_cache_queries_total{engine="0"': ("16384.0", "48128.0"),
+        'vllm:prefix_cache_queries_total{engine="1"': ("0.0", "31744.0"),
+        'vllm:prefix_cache_hits_total{engine="0"': ("0.0", "1024.0"),
+        'vllm:prefix_cache_hits_total{engine="1"': ("0.0", "512.0"),
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="0.3"': ("2.0", "2.0"),
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf"': ("2.0", "6.0"),
+        'vllm:request_queue_time_seconds_count{engine="0"': ("2.0", "6.0"),
+        'vllm:request_queue_time_seconds_sum{engine="0"': ("0.5", "3.5"),
+        'vllm:request_queue_time_seconds_bucket{engine="1",le="+Inf"': ("0.0", "4.0"),
+        'vllm:request_queue_time_seconds_count{engine="1"': ("0.0", "4.0"),
+        'vllm:request_queue_time_seconds_sum{engine="1"': ("0.0", "2.0"),
+        'vllm:request_prefill_time_seconds_count{engine="0"': ("2.0", "6.0"),
+        'vllm:request_prefill_time_seconds_sum{engine="0"': ("0.25", "2.25"),
+        'vllm:request_prefill_time_seconds_count{engine="1"': ("0.0", "4.0"),
+        'vllm:request_prefill_time_seconds_sum{engine="1"': ("0.0", "1.75"),
+        'vllm:time_to_first_token_seconds_count{engine="0"': ("2.0", "6.0"),
+        'vllm:time_to_first_token_seconds_sum{engine="0"': ("0.875", "6.875"),
+        'vllm:time_to_first_token_seconds_count{engine="1"': ("0.0", "4.0"),
+        'vllm:time_to_first_token_seconds_sum{engine="1"': ("0.0", "3.5"),
+        'vllm:e2e_request_latency_seconds_count{engine="0"': ("2.0", "6.0"),
+        'vllm:e2e_request_latency_seconds_sum{engine="0"': ("2.0", "13.0"),
+        'vllm:e2e_request_latency_seconds_count{engine="1"': ("0.0", "4.0"),
+        'vllm:e2e_request_latency_seconds_sum{engine="1"': ("0.0", "6.5"),
+        'vllm:request_decode_time_seconds_count{engine="0"': ("2.0", "2.0"),
+        'http_requests_total{handler="/v1/completions"': ("2.0", "10.0"),
+    }
+    lines = text.splitlines()
+    for head, (was, now) in changes.items():
+        (i,) = [k for k, line in enumerate(lines) if line.startswith(head)]
+        assert lines[i].endswith(f" {was}"), lines[i]
+        lines[i] = lines[i][: -len(was)] + now
+    return "\n".join(lines) + "\n"
+
+
+def test_figures_from_two_scrapes() -> None:
+    before, after = sm.parse(SCRAPE_BEFORE), sm.parse(_after(SCRAPE_BEFORE))
+    # summed over engines; buckets and _created stamps left out
+    assert before["vllm:request_queue_time_seconds_count"] == 2.0
+    assert after["vllm:request_queue_time_seconds_sum"] == 5.5
+    assert after["vllm:num_preemptions_total"] == 4.0
+    assert not [k for k in after if k.endswith(("_bucket", "_created"))]
+    figures = sm.point_figures(before, after)
+    assert figures == {
+        "requests": 8,
+        "queue_ms_mean": 625.0,  # (3.0 + 2.0) s / 8
+        "prefill_ms_mean": 468.75,  # (2.0 + 1.75) s / 8
+        "ttft_ms_mean_server": 1187.5,  # (6.0 + 3.5) s / 8
+        "e2e_ms_mean_server": 2187.5,  # (11.0 + 6.5) s / 8
+        "ttft_frontend_ms_mean": 93.75,  # 1187.5 - 625 - 468.75
+        "prompt_tokens": 63488,  # 8 x 7936
+        "preemptions": 3,
+        "prefix_cache_queries": 63488,
+        "prefix_cache_hits": 1536,
+        "prefix_cache_hit_rate": 0.0242,
+    }  # decode: its count did not move in this trimmed pair; the rest: not in these scrapes
+    # a scrape without vLLM's metrics (another server on the port) gives no figures
+    assert sm.point_figures(sm.parse("# TYPE up gauge\nup 1.0\n"), sm.parse("up 1.0\n")) == {}
+    with pytest.raises(ValueError):
+        sm.parse("<html>not the text format</html>\n")
+
+
+# vLLM's own Prometheus logger (vllm/v1/metrics/loggers.py) fed what a server's output handler
+# feeds it: a warm-up of 2 requests on engine 0, a scrape, then 4 requests on each of 2 engines
+# (one output step each) and a second scrape, as its registry renders them for /metrics
+CAPTURE = r"""
+import json
+from types import SimpleNamespace as NS
+from prometheus_client import generate_latest
+from vllm.v1.engine import FinishReason
+from vllm.v1.metrics.loggers import PrometheusStatLogger
+from vllm.v1.metrics.prometheus import get_prometheus_registry
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+
+model = NS(served_model_name="/models/smollm2", max_model_len=8192, is_diffusion=False)
+config = NS(
+    observability_config=NS(show_hidden_metrics=False, kv_cache_metrics=False),
+    model_config=model, speculative_config=None, kv_transfer_config=None, lora_config=None,
+)
+logger = PrometheusStatLogger(config, engine_indexes=[0, 1])
+
+def step(engine, n, prompt, queued, prefill, decode, frontend, preempted, hits):
+    sched = SchedulerStats()
+    sched.prefix_cache_stats.queries, sched.prefix_cache_stats.hits = n * prompt, hits
+    it = IterationStats()
+    it.num_preempted_reqs = preempted
+    it.prompt_token_stats.computed = it.prompt_token_stats.total = n * prompt
+    it.num_generation_tokens = n * 256
+    ttft = queued + prefill + frontend
+    for _ in range(n):
+        it.time_to_first_tokens_iter.append(ttft)
+        it.inter_token_latencies_iter += [decode / 255] * 255
+        it.finished_requests.append(FinishedRequestStats(
+            FinishReason.LENGTH, e2e_latency=ttft + decode, num_prompt_tokens=prompt,
+            num_generation_tokens=256, queued_time=queued, prefill_time=prefill,
+            inference_time=prefill + decode, decode_time=decode,
+            mean_time_per_output_token=decode / 255,
+        ))
+    logger.record(sched, it, engine_idx=engine)
+
+step(0, 2, 8192, 0.0, 0.0625, 0.25, 0.0078125, 0, 0)
+before = generate_latest(get_prometheus_registry()).decode()
+step(0, 4, 7936, 0.5, 0.25, 1.0, 0.0625, 2, 1024)
+step(1, 4, 7936, 0.25, 0.125, 1.5, 0.0625, 1, 512)
+after = generate_latest(get_prometheus_registry()).decode()
+print("CAPTURED" + json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_figures_from_vllms_own_logger() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", CAPTURE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+    )
+    assert "CAPTURED" in out.stdout, out.stderr[-3000:]
+    scrapes = json.loads(out.stdout.split("CAPTURED", 1)[1])
+    assert (
+        'vllm:request_queue_time_seconds_sum{engine="1",model_name="/models/smollm2"}'
+        in (scrapes["after"])
+    )
+    figures = sm.point_figures(sm.parse(scrapes["before"]), sm.parse(scrapes["after"]))
+    tpot = round(10 / 255 / 8 * 1000, 3)  # (4 x 1.0 + 4 x 1.5) s over 255 gaps each, 8 requests
+    assert figures == {
+        "requests": 8,  # not the warm-up's 2
+        "queue_ms_mean": 375.0,  # (4 x 0.5 + 4 x 0.25) s / 8
+        "prefill_ms_mean": 187.5,
+        "decode_ms_mean": 1250.0,
+        "inference_ms_mean": 1437.5,
+        "ttft_ms_mean_server": 625.0,
+        "e2e_ms_mean_server": 1875.0,
+        "tpot_ms_mean_server": tpot,
+        "itl_ms_mean_server": tpot,  # every gap of a request the same here
+        "ttft_frontend_ms_mean": 62.5,
+        "prompt_tokens": 63488,
+        "generation_tokens": 2048,
+        "preemptions": 3,
+        "prefix_cache_queries": 63488,
+        "prefix_cache_hits": 1536,
+        "prefix_cache_hit_rate": 0.0242,
+        "output_steps": 2,
+        "output_step_tokens_mean": 32768.0,  # 4 x (7936 + 256) per step
+    }
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failed_scrape_keeps_the_point(capsys: pytest.CaptureFixture) -> None:
+    base_url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(OSError):
+        sm.scrape(base_url, timeout_s=2)
+    ran = []
+    result, figures, error = sb.between_scrapes(base_url, "p", 4, lambda: ran.append(1) or "done")
+    assert (result, figures, ran) == ("done", None, [1])
+    assert error.startswith("/metrics before the point: URLError(")
+    assert capsys.readouterr().out.count("WARNING: no server metrics") == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,10 +822,34 @@ def test_run_against_fake_server(fake: dict) -> None:
         (d, n, c, max(c, 2)) for d in ("auto_fa2", "int8") for n in (1024, 4080) for c in (1, 4)
     ]  # 8K cut to the fake model's 4096 positions - 16 output tokens
     for r in rows:
-        assert list(r) == sb.ROW_KEYS
+        assert list(r) == [*sb.ROW_KEYS, "server_metrics"]
         assert r["kv_cache_tokens"] == 1234567 and r["engine_start_s"] > 0
         assert r["model"] == "fake" and r["output_len"] == 16
         assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
+        # the fake server's /metrics (fake_vllm.METRICS) over this point's requests alone: not
+        # the warm-up's 2 at the same length, nor the points before
+        n, prompts = r["input_len"], r["num_prompts"]
+        prefill = n / 16384 * 1000
+        assert r["server_metrics"] == {
+            "requests": prompts,
+            "queue_ms_mean": 125.0,
+            "prefill_ms_mean": round(prefill, 3),
+            "decode_ms_mean": 15.625,
+            "inference_ms_mean": round(prefill + 15.625, 3),
+            "ttft_ms_mean_server": round(125 + prefill + 15.625, 3),
+            "e2e_ms_mean_server": round(125 + prefill + 2 * 15.625, 3),
+            "tpot_ms_mean_server": 0.977,
+            "itl_ms_mean_server": 0.977,
+            "ttft_frontend_ms_mean": 15.625,
+            "prompt_tokens": prompts * n,
+            "generation_tokens": prompts * 16,
+            "preemptions": prompts,
+            "prefix_cache_queries": prompts * n,
+            "prefix_cache_hits": prompts * (n // 4),
+            "prefix_cache_hit_rate": 0.25,
+            "output_steps": prompts,
+            "output_step_tokens_mean": float(n + 16),
+        }, r
 
     recs = _records(fake)
     serves = [r for r in recs if r["argv"][0] == "serve"]
@@ -575,6 +876,20 @@ def test_run_against_fake_server(fake: dict) -> None:
     assert set(first["warmup_s"]) == {"1024", "4080"}
     assert all(Path(p["result"]).exists() for s in runs["servers"] for p in s["points"])
     assert not str(first["points"][0]["result"]).startswith(str(sb.common.REPO))
+
+
+def test_point_without_metrics_keeps_its_row(
+    fake: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("FAKE_NO_METRICS", "1")  # the fake server's /metrics answers 404
+    argv = _argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--concurrency", "1,2")
+    assert sb.main([*argv, "--warmup-prompts", "0"]) == 0
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert [(r["concurrency"], list(r)) for r in rows] == [(1, sb.ROW_KEYS), (2, sb.ROW_KEYS)]
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    errors = [p["server_metrics_error"] for p in runs["servers"][0]["points"]]
+    assert errors == ["/metrics before the point: <HTTPError 404: 'Not Found'>"] * 2
+    assert capsys.readouterr().out.count("WARNING: no server metrics") == 2  # one per point
 
 
 def test_time_budget_stops_new_points_and_keeps_rows(
@@ -663,6 +978,10 @@ def test_real_vllm_bench_serve_against_fake_server(
     assert 0 < row["tpot_ms_p50"] <= row["tpot_ms_p99"] and row["output_tok_s"] > 0
     raw = json.loads((fake["tmp"] / "logs" / "raw" / "fake_int8_in64_c2.json").read_text())
     assert raw["total_output_tokens"] == 2 * 16 and raw["max_concurrency"] == 2
+    # the real client sends the point's prompts and nothing else (no test request, no warm-up
+    # of its own, by default), so the server's figures cover exactly the point's requests
+    figures = row["server_metrics"]
+    assert (figures["requests"], figures["generation_tokens"]) == (2, 2 * 16)
 
 
 def test_dry_run_prints_every_command(fake: dict, capsys: pytest.CaptureFixture) -> None:
@@ -745,6 +1064,8 @@ def test_profiled_point_is_summarised_and_not_a_row(fake: dict) -> None:
         4,
     )
     assert row["num_prompts"] == 3 and row["kernel_us_by_category"]["ours"] == 30
+    assert row["server_metrics"]["requests"] == 3  # the profiled point's, not the timed ones'
+    assert row["server_metrics"]["prompt_tokens"] == 3 * 1024
     assert "top_host_ops" not in row and row["top_kernels"][0]["name"] == "_attn_fwd"
     _assert_all_gone(recs)
 
