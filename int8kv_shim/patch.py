@@ -453,9 +453,47 @@ def int4_config_refusal(vllm_config: Any) -> str | None:
     return None
 
 
+def cap_default_max_num_seqs(engine_args: Any, usage_context: Any = None) -> int | None:
+    """For a dtype with a tail pool and no ``--max-num-seqs`` from the user, set
+    ``engine_args.max_num_seqs`` below vLLM's default when the default's pool would take more
+    than its share of the KV memory (``int8kv_shim/tail_pool_memory.py``), with a warning; the
+    value set, or None. Runs before ``create_engine_config``, which derives the CUDA-graph sizes
+    and the scheduler's limits from it."""
+    from int8kv_shim.catalogue_loader import needs_tail_pool
+    from int8kv_shim.tail_pool_memory import default_max_num_seqs
+
+    if getattr(engine_args, "max_num_seqs", 0) is not None or not needs_tail_pool(
+        getattr(engine_args, "kv_cache_dtype", None)
+    ):
+        return None
+    from vllm.config import SchedulerConfig
+
+    get_batch_defaults = getattr(type(engine_args), "get_batch_defaults", None)
+    if get_batch_defaults is None:  # another vLLM's EngineArgs: its default stays
+        return None
+    world = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
+    defaults = get_batch_defaults(world)[1]
+    vllm_default = defaults.get(usage_context, SchedulerConfig.DEFAULT_MAX_NUM_SEQS)
+    if getattr(engine_args, "performance_mode", None) == "throughput":
+        vllm_default *= 2  # as vLLM doubles its own default
+    try:
+        from vllm.platforms import current_platform
+
+        total = current_platform.get_device_total_memory()
+    except Exception:  # no GPU visible to this process: no estimate, vLLM's default stays
+        total = None
+    chosen = default_max_num_seqs(engine_args, vllm_default, total)
+    if chosen is None:
+        return None
+    engine_args.max_num_seqs, warning = chosen
+    get_logger().warning(warning)
+    return engine_args.max_num_seqs
+
+
 def patch_refuse_unsupported_int4_options(arg_utils: ModuleType) -> None:
     """Refuse, at start-up and in one line each, options a tail dtype cannot honour yet, and set
-    its block size when the user gave none.
+    its block size, and a smaller default ``max_num_seqs`` where its pool needs one
+    (:func:`cap_default_max_num_seqs`), when the user gave none.
 
     ``create_engine_config`` is where every entry point (``vllm serve``, ``LLM(...)``,
     benchmarks) builds its config, in the front-end process before any worker starts.
@@ -468,6 +506,9 @@ def patch_refuse_unsupported_int4_options(arg_utils: ModuleType) -> None:
     original = vars(engine_args)["create_engine_config"]
 
     def refuse(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if instance is not None:
+            usage_context = args[0] if args else kwargs.get("usage_context")
+            cap_default_max_num_seqs(instance, usage_context)
         vllm_config = wrapped(*args, **kwargs)
         reason = int4_config_refusal(vllm_config)
         if reason is not None:
@@ -493,7 +534,7 @@ def _config_and_specs(vllm_config: Any, kv_cache_specs: Any, *_: Any, **__: Any)
 
 def patch_report_tail_pool(core: ModuleType) -> None:
     """After the engine core sizes the KV cache, one line on what a tail pool (``int4``) takes of
-    the KV memory (``int8kv_shim/tail_pool_report.py``); nothing for other dtypes.
+    the KV memory (``int8kv_shim/tail_pool_memory.py``); nothing for other dtypes.
 
     ``EngineCore._initialize_kv_caches`` calls the module's own binding of
     ``get_kv_cache_configs`` with every worker's specs, right after the workers' memory profiling
@@ -507,7 +548,7 @@ def patch_report_tail_pool(core: ModuleType) -> None:
 
     def then_report(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         configs = wrapped(*args, **kwargs)
-        from int8kv_shim.tail_pool_report import report
+        from int8kv_shim.tail_pool_memory import report
 
         try:
             report(*_config_and_specs(*args, **kwargs), configs)

@@ -1,0 +1,231 @@
+"""What a tail pool takes of the KV memory: a default ``max_num_seqs`` that keeps it small, and one
+line at start-up once vLLM has sized the cache.
+
+``int4`` keeps every running sequence's newest page in the model's dtype, ``max_num_seqs`` slots
+in every layer (``int8kv_shim/tail_slots.py``), allocated with the model, so vLLM sizes the cache
+from the memory the pool left. Beside tens of GiB of KV memory the pool is a rounding error; beside
+a few GiB (an 8B model on a 24 GB card at vLLM's default of 256 sequences) it takes much of what the
+4-bit pages save, and a user who reads only "3.6x" would never know. So:
+
+* before the engine is built (patch P10), when the user gave no ``--max-num-seqs``,
+  :func:`capped_max_num_seqs` lowers vLLM's default to the largest power of two whose pool fits
+  ``GOAL_SHARE`` of the KV memory, estimated as GPU memory x ``--gpu-memory-utilization`` minus the
+  rank's share of the weight files (activations are not known yet, so the estimate is high and the
+  cap errs towards more sequences), never below ``MIN_CAPPED_SEQS``; a warning says so;
+* once the engine core has sized the cache (patch P13), :func:`report` logs the cache's bytes and
+  the pool's, the tokens per byte against a BF16 cache of the same memory, and, when the pool takes
+  more than ``WARN_SHARE`` of it, the ``--max-num-seqs`` that would bring it within ``GOAL_SHARE``.
+
+Arithmetic on vLLM's specs, configs and engine arguments (duck-typed): never imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from int8kv_shim._logging import get_logger
+from int8kv_shim.catalogue_loader import load_catalogue, needs_tail_pool
+
+logger = get_logger()
+
+# Above this share of the KV memory (cache and pool together) the line is a warning ...
+WARN_SHARE = 0.10
+# ... that names the --max-num-seqs bringing the pool within this one, which is also what the
+# default max_num_seqs aims at: at head size 128 int4 holds 3.66x BF16's tokens per byte, 3.51x
+# with 4% of the memory in the pool.
+GOAL_SHARE = 0.04
+# The default max_num_seqs is never capped below this.
+MIN_CAPPED_SEQS = 8
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class TailPoolCost:
+    """One worker's tail pool against its KV cache (bytes; per-token sums over the pool's layers)."""
+
+    dtype: str
+    slots: int
+    layers: int
+    slot_bytes: int  # one slot in every layer
+    cache_bytes: int  # the KV cache vLLM allocated
+    cache_bytes_per_token: int  # what a token costs this dtype's pages, every layer
+    bf16_bytes_per_token: int  # and a BF16 cache's
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    @property
+    def kv_memory(self) -> int:
+        """The memory a BF16 cache would have had: the cache's and the pool's."""
+        return self.cache_bytes + self.pool_bytes
+
+    def share(self, slots: int | None = None) -> float:
+        """The pool's share of the KV memory with ``slots`` slots (default: as allocated)."""
+        slots = self.slots if slots is None else slots
+        return slots * self.slot_bytes / max(self.kv_memory, 1)
+
+    def vs_bf16(self, slots: int | None = None) -> float:
+        """This dtype's tokens over a BF16 cache's in the same KV memory, ``slots`` slots out."""
+        slots = self.slots if slots is None else slots
+        tokens = max(self.kv_memory - slots * self.slot_bytes, 0) / self.cache_bytes_per_token
+        return tokens / (self.kv_memory / self.bf16_bytes_per_token)
+
+    def slots_for_share(self, share: float = GOAL_SHARE) -> int:
+        """The largest power of two up to ``slots`` whose pool is at most ``share`` of the KV
+        memory (1 when even one slot is more)."""
+        best = 1
+        while best * 2 <= self.slots and self.share(best * 2) <= share:
+            best *= 2
+        return best
+
+
+def tail_pool_cost(
+    specs: Mapping[str, Any], max_num_seqs: int, elem_bytes: int, cache_bytes: int
+) -> TailPoolCost | None:
+    """The pool of the layers in ``specs`` (layer name -> vLLM KV-cache spec) whose dtype has a
+    tail, or None when none has: ``max_num_seqs`` slots of ``elem_bytes`` elements."""
+    ours = [s for s in specs.values() if needs_tail_pool(getattr(s, "int8kv_dtype", None))]
+    if not ours:
+        return None
+    names = {s.int8kv_dtype for s in ours}
+    if len(names) != 1:
+        raise ValueError(f"int8kv-shim: tail pools of several dtypes {sorted(names)}")
+    entry = load_catalogue().get_dtype(names.pop())
+    return TailPoolCost(
+        dtype=entry.name,
+        slots=max_num_seqs,
+        layers=len(ours),
+        slot_bytes=sum(entry.tail_slot_bytes(s.num_kv_heads, s.head_size, elem_bytes) for s in ours),
+        cache_bytes=cache_bytes,
+        cache_bytes_per_token=sum(s.num_kv_heads * entry.bytes_per_token_head(s.head_size) for s in ours),
+        bf16_bytes_per_token=sum(s.num_kv_heads * 2 * 2 * s.head_size for s in ours),
+    )  # fmt: skip
+
+
+def message(cost: TailPoolCost) -> str:
+    """The start-up line for ``cost``; its advice when the pool's share is above ``WARN_SHARE``."""
+    line = (
+        f"int8kv-shim: {cost.dtype}'s tail pool ({cost.slots} slots = max_num_seqs, x "
+        f"{cost.layers} layers) takes {cost.pool_bytes / GIB:.2f} GiB of "
+        f"{cost.kv_memory / GIB:.2f} GiB of KV memory ({cost.share():.0%}): the cache holds "
+        f"{cost.vs_bf16():.2f}x the tokens BF16 would in that memory, "
+        f"{cost.vs_bf16(0):.2f}x without the pool"
+    )
+    if cost.share() <= WARN_SHARE:
+        return line
+    better = cost.slots_for_share()
+    return (
+        f"{line}. --max-num-seqs {better} would give it {cost.share(better):.0%} "
+        f"({cost.vs_bf16(better):.2f}x), if that many concurrent sequences are enough"
+    )
+
+
+def report(
+    vllm_config: Any, kv_cache_specs: Sequence[Mapping[str, Any]], kv_cache_configs: Sequence[Any]
+) -> TailPoolCost | None:
+    """Log what the first worker's tail pool costs beside its cache (every worker of a run has the
+    same layers and slots); None, and nothing logged, without a tail pool."""
+    if not kv_cache_specs or not kv_cache_configs:
+        return None
+    cost = tail_pool_cost(
+        kv_cache_specs[0],
+        vllm_config.scheduler_config.max_num_seqs,
+        vllm_config.model_config.dtype.itemsize,
+        sum(t.size for t in kv_cache_configs[0].kv_cache_tensors),
+    )
+    if cost is not None:
+        log = logger.warning if cost.share() > WARN_SHARE else logger.info
+        log(message(cost))
+    return cost
+
+
+def capped_max_num_seqs(
+    kv_dtype: str,
+    vllm_default: int,
+    kv_memory_estimate: float,
+    layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    elem_bytes: int,
+    share: float = GOAL_SHARE,
+) -> int | None:
+    """The largest power of two (at least ``MIN_CAPPED_SEQS``) whose tail pool of ``layers``
+    layers fits ``share`` of ``kv_memory_estimate`` bytes, when it is below ``vllm_default``;
+    None to keep vLLM's default (no tail, or the default already fits)."""
+    entry = load_catalogue().get_dtype(kv_dtype)
+    if not entry.tail or kv_memory_estimate <= 0:
+        return None
+    slot = layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+    fits = int(share * kv_memory_estimate // slot)
+    cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
+    return cap if cap < vllm_default else None
+
+
+def weight_bytes(model: str, revision: str | None = None) -> int | None:
+    """Bytes of a model's weight files (safetensors, else PyTorch bins; the index's files when
+    there is one), from its folder or its Hugging Face cache snapshot; None when not found."""
+    folder = Path(model)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(
+                snapshot_download(model, revision=revision, local_files_only=True,
+                                  allow_patterns=["*.safetensors", "*.bin", "*.index.json"])
+            )  # fmt: skip
+        except Exception:  # not downloaded, no hub package: no estimate
+            return None
+    for pattern, index in (("*.safetensors", "model.safetensors.index.json"),
+                           ("*.bin", "pytorch_model.bin.index.json")):  # fmt: skip
+        if (folder / index).is_file():
+            names = set(json.loads((folder / index).read_text())["weight_map"].values())
+            files = [folder / name for name in names]
+        else:
+            files = sorted(folder.glob(pattern))
+        sizes = [f.stat().st_size for f in files if f.is_file()]
+        if sizes:
+            return sum(sizes)
+    return None
+
+
+def default_max_num_seqs(
+    engine_args: Any, vllm_default: int, total_gpu_bytes: int | None
+) -> tuple[int, str] | None:
+    """(max_num_seqs, the warning that says why) for ``engine_args`` (vLLM's ``EngineArgs``) when
+    its dtype has a tail pool, the user gave no ``--max-num-seqs`` and vLLM's default
+    (``vllm_default``) would give the pool more than ``GOAL_SHARE`` of the estimated KV memory;
+    None otherwise, or when the GPU memory or the weights are not known."""
+    kv_dtype = getattr(engine_args, "kv_cache_dtype", None)
+    if getattr(engine_args, "max_num_seqs", None) is not None or not needs_tail_pool(kv_dtype):
+        return None
+    if not total_gpu_bytes:
+        return None
+    model_config = engine_args.create_model_config()
+    tp = engine_args.tensor_parallel_size
+    pp = engine_args.pipeline_parallel_size
+    weights = weight_bytes(model_config.model, getattr(model_config, "revision", None))
+    if weights is None:
+        return None
+    kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / (tp * pp)
+    layers = max(1, model_config.get_total_num_hidden_layers() // pp)
+    kv_heads = max(1, model_config.get_total_num_kv_heads() // tp)
+    cap = capped_max_num_seqs(
+        kv_dtype, vllm_default, kv_memory, layers, kv_heads, model_config.get_head_size(),
+        model_config.dtype.itemsize,
+    )  # fmt: skip
+    if cap is None:
+        return None
+    entry = load_catalogue().get_dtype(kv_dtype)
+    slot_mib = layers * entry.tail_slot_bytes(kv_heads, model_config.get_head_size(),
+                                              model_config.dtype.itemsize) / 2**20  # fmt: skip
+    return cap, (
+        f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "
+        f"{vllm_default}, so that its tail pool ({slot_mib:.1f} MiB a sequence) stays within "
+        f"{GOAL_SHARE:.0%} of the KV memory (about {kv_memory / GIB:.1f} GiB: GPU memory x "
+        f"--gpu-memory-utilization - weights); give --max-num-seqs to choose"
+    )

@@ -1,0 +1,293 @@
+"""The start-up line on what int4's tail pool takes of the KV memory (int8kv_shim/tail_pool_memory.py)
+and patch P13, which calls it after the engine core sizes the cache."""
+
+from __future__ import annotations
+
+import json
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from int8kv_kernels.catalogue import get_dtype
+from int8kv_shim import patch, tail_pool_memory
+
+GIB = 2**30
+INT4 = get_dtype("int4")
+
+
+def _specs(dtype: str, layers: int = 32, nkv: int = 8, d: int = 128) -> dict:
+    spec = SimpleNamespace(int8kv_dtype=dtype, num_kv_heads=nkv, head_size=d)
+    return {f"model.layers.{i}.self_attn.attn": spec for i in range(layers)}
+
+
+def _llama_on_a_small_card() -> tail_pool_memory.TailPoolCost:
+    # Llama-3-8B's attention (32 layers, 8 kv-heads of 128) at vLLM's default 256 sequences,
+    # beside a 2.5 GiB cache: 4.5 GiB of KV memory in all
+    cost = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    assert cost is not None
+    return cost
+
+
+def test_the_cost_of_a_pool_beside_its_cache() -> None:
+    cost = _llama_on_a_small_card()
+    assert (cost.dtype, cost.slots, cost.layers) == ("int4", 256, 32)
+    assert cost.slot_bytes == 32 * INT4.tail_slot_bytes(8, 128)
+    assert cost.pool_bytes == 2 * GIB + 256 * 32 * 4
+    assert cost.share() == pytest.approx(2 / 4.5, abs=1e-5)
+    # the same figure as the catalogue's, in 4.5 GiB of KV memory
+    tokens = INT4.tokens_with_tail(cost.kv_memory, 32, 8, 128, 256)
+    bf16 = cost.kv_memory / (32 * 8 * 2 * 2 * 128)
+    assert cost.vs_bf16() == pytest.approx(tokens / bf16, rel=1e-4)
+    assert cost.vs_bf16(0) == pytest.approx(INT4.capacity_vs_bf16(128))
+    # 5% of 4.5 GiB holds 28 slots of 8 MiB: 16 is the largest power of two under it
+    assert cost.slots_for_share(0.05) == 16
+    assert cost.share(16) <= 0.05 < cost.share(32)
+    assert cost.slots_for_share(1e-9) == 1
+
+
+def test_only_tail_dtypes_have_a_pool() -> None:
+    assert tail_pool_memory.tail_pool_cost(_specs("int8"), 256, 2, GIB) is None
+    assert tail_pool_memory.tail_pool_cost({"x": SimpleNamespace()}, 256, 2, GIB) is None
+    # an int8 layer beside int4 ones has no slots
+    mixed = {**_specs("int4", layers=2), "other": SimpleNamespace(int8kv_dtype="int8")}
+    cost = tail_pool_memory.tail_pool_cost(mixed, 4, 2, GIB)
+    assert cost is not None and cost.layers == 2
+
+
+def test_the_line_advises_fewer_sequences_only_when_the_pool_is_large() -> None:
+    text = tail_pool_memory.message(_llama_on_a_small_card())
+    assert text.startswith(
+        "int8kv-shim: int4's tail pool (256 slots = max_num_seqs, x 32 layers) takes 2.00 GiB "
+        "of 4.50 GiB of KV memory (44%): the cache holds 2.03x the tokens BF16 would in that "
+        "memory, 3.66x without the pool. --max-num-seqs 16 would give it 3% (3.56x)"
+    ), text
+    big = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, 60 * GIB)
+    assert big is not None and big.share() < tail_pool_memory.WARN_SHARE
+    assert "--max-num-seqs" not in tail_pool_memory.message(big)
+
+
+def test_report_logs_a_warning_for_a_large_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[tuple[str, str]] = []
+    fake = SimpleNamespace(
+        info=lambda msg: said.append(("info", msg)), warning=lambda msg: said.append(("warn", msg))
+    )
+    monkeypatch.setattr(tail_pool_memory, "logger", fake)
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=256),
+        model_config=SimpleNamespace(dtype=SimpleNamespace(itemsize=2)),
+    )
+    cache = SimpleNamespace(kv_cache_tensors=[SimpleNamespace(size=GIB)] * 2 + [])
+    cost = tail_pool_memory.report(config, [_specs("int4"), _specs("int4")], [cache, cache])
+    assert cost is not None and cost.cache_bytes == 2 * GIB
+    assert [kind for kind, _ in said] == ["warn"] and "--max-num-seqs" in said[0][1]
+    said.clear()
+    assert tail_pool_memory.report(config, [_specs("int8")], [cache]) is None
+    assert tail_pool_memory.report(config, [], []) is None
+    assert said == []
+
+
+def test_p13_reports_after_vllm_sized_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple] = []
+
+    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):  # vLLM's signature
+        return ["configs", vllm_config, kv_cache_specs, available_memory]
+
+    core = types.ModuleType("fake_engine_core")
+    core.get_kv_cache_configs = get_kv_cache_configs
+    monkeypatch.setattr(tail_pool_memory, "report", lambda *a: calls.append(a))
+    # this process patches nothing else (the shim's other patches are tested in subprocesses)
+    assert patch.applied_patches() == ()
+    try:
+        patch.patch_report_tail_pool(core)
+        patch.patch_report_tail_pool(core)  # idempotent
+        assert patch.applied_patches() == ("report_tail_pool",)
+        assert core.get_kv_cache_configs is not get_kv_cache_configs
+        assert core.get_kv_cache_configs("cfg", ["specs"], [1]) == [
+            "configs",
+            "cfg",
+            ["specs"],
+            [1],
+        ]
+        assert core.get_kv_cache_configs("cfg", kv_cache_specs=["s"], available_memory=[2]) == [
+            "configs",
+            "cfg",
+            ["s"],
+            [2],
+        ]
+        assert calls == [
+            ("cfg", ["specs"], ["configs", "cfg", ["specs"], [1]]),
+            ("cfg", ["s"], ["configs", "cfg", ["s"], [2]]),
+        ]
+
+        # a failing report is a warning, never an engine that does not start
+        def broken(*a):
+            raise RuntimeError("no specs")
+
+        monkeypatch.setattr(tail_pool_memory, "report", broken)
+        assert core.get_kv_cache_configs("cfg", [], []) == ["configs", "cfg", [], []]
+    finally:
+        patch.undo_all()
+    assert core.get_kv_cache_configs is get_kv_cache_configs
+
+
+def test_report_reads_vllms_own_spec_and_config_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the attributes report() reads, on the classes vLLM 0.24.0 hands get_kv_cache_configs
+    torch = pytest.importorskip("torch")
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+
+    from int8kv_shim.kv_spec import to_int8kv_spec
+
+    full = FullAttentionSpec(block_size=64, num_kv_heads=8, head_size=128, dtype=torch.int8)
+    spec = to_int8kv_spec(full, "int4")
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    blocks = 1000
+    config = KVCacheConfig(
+        num_blocks=blocks,
+        kv_cache_tensors=[KVCacheTensor(size=blocks * spec.page_size_bytes, shared_by=[n]) for n in names],
+        kv_cache_groups=[KVCacheGroupSpec(names, spec)],
+    )  # fmt: skip
+    vllm_config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        model_config=SimpleNamespace(dtype=torch.bfloat16),
+    )
+    monkeypatch.setattr(
+        tail_pool_memory, "logger", SimpleNamespace(info=lambda m: None, warning=lambda m: None)
+    )
+    cost = tail_pool_memory.report(vllm_config, [dict.fromkeys(names, spec)], [config])
+    assert cost is not None
+    assert cost.cache_bytes == 4 * blocks * 64 * 8 * INT4.bytes_per_token_head(128)
+    assert cost.pool_bytes == 8 * 4 * INT4.tail_slot_bytes(8, 128)
+    # the cache's tokens per byte are the page's: 64 tokens a block
+    assert cost.cache_bytes // cost.cache_bytes_per_token == blocks * 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The default max_num_seqs (before the engine is built, patch P10)
+
+
+def test_the_cap_is_the_largest_power_of_two_whose_pool_fits() -> None:
+    cap = tail_pool_memory.capped_max_num_seqs
+    slot = 32 * INT4.tail_slot_bytes(8, 128)  # Llama-3-8B's 32 layers: 8 MiB a sequence
+    # 4% of 5 GiB holds 25 slots: 16
+    assert cap("int4", 256, 5 * GIB, 32, 8, 128, 2) == 16
+    assert 16 * slot <= 0.04 * 5 * GIB < 32 * slot
+    # vLLM's default already fits: kept
+    assert cap("int4", 256, 100 * GIB, 32, 8, 128, 2) is None
+    assert cap("int4", 1024, 120 * GIB, 32, 8, 128, 2) == 512  # 614 slots fit
+    # never below MIN_CAPPED_SEQS, however small the memory
+    assert cap("int4", 256, GIB // 2, 32, 8, 128, 2) == tail_pool_memory.MIN_CAPPED_SEQS == 8
+    assert cap("int4", 256, -GIB, 32, 8, 128, 2) is None
+    assert cap("int8", 256, GIB, 32, 8, 128, 2) is None
+
+
+def _weights(folder, sizes: dict[str, int]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, size in sizes.items():
+        with open(folder / name, "wb") as f:
+            f.truncate(size)  # sparse: the size without the disk
+
+
+def test_weight_bytes_reads_the_weight_files(tmp_path) -> None:
+    sharded = tmp_path / "sharded"
+    _weights(sharded, {"model-1.safetensors": 3 * GIB, "model-2.safetensors": GIB,
+                       "consolidated.safetensors": 4 * GIB})  # fmt: skip
+    index = {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors",
+                            "c": "model-1.safetensors"}}  # fmt: skip
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    # the index's files only: a second copy of the weights beside them is not counted twice
+    assert tail_pool_memory.weight_bytes(str(sharded)) == 4 * GIB
+    single = tmp_path / "single"
+    _weights(single, {"model.safetensors": 5})
+    assert tail_pool_memory.weight_bytes(str(single)) == 5
+    bins = tmp_path / "bins"
+    _weights(bins, {"pytorch_model.bin": 7})
+    assert tail_pool_memory.weight_bytes(str(bins)) == 7
+    (tmp_path / "empty").mkdir()
+    assert tail_pool_memory.weight_bytes(str(tmp_path / "empty")) is None
+    assert tail_pool_memory.weight_bytes("no-such-org/no-such-model-in-the-cache") is None
+
+
+class _EngineArgs(SimpleNamespace):
+    """What default_max_num_seqs and P10's cap read of vLLM's EngineArgs."""
+
+    @classmethod
+    def get_batch_defaults(cls, world_size: int) -> tuple[dict, dict]:
+        return {}, {None: 256, "llm": 256}
+
+
+def _engine_args(model_dir, **overrides) -> _EngineArgs:
+    model_config = SimpleNamespace(
+        model=str(model_dir), revision=None, dtype=SimpleNamespace(itemsize=2),
+        get_total_num_hidden_layers=lambda: 32, get_total_num_kv_heads=lambda: 8,
+        get_head_size=lambda: 128,
+    )  # fmt: skip
+    values = dict(kv_cache_dtype="int4", max_num_seqs=None, tensor_parallel_size=1,
+                  pipeline_parallel_size=1, gpu_memory_utilization=0.9, performance_mode=None,
+                  create_model_config=lambda: model_config)  # fmt: skip
+    values.update(overrides)
+    return _EngineArgs(**values)
+
+
+def test_an_8b_model_on_a_24gb_card_gets_fewer_sequences(tmp_path) -> None:
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    # 0.9 x 24 GiB - 15 GiB = 6.6 GiB; 4% of it holds 33 slots of 8 MiB: 32
+    chosen = tail_pool_memory.default_max_num_seqs(_engine_args(tmp_path), 256, 24 * GIB)
+    assert chosen is not None
+    seqs, warning = chosen
+    assert seqs == 32
+    assert warning == (
+        "int8kv-shim: --kv-cache-dtype int4: max_num_seqs 32 instead of vLLM's default 256, so "
+        "that its tail pool (8.0 MiB a sequence) stays within 4% of the KV memory (about 6.6 GiB: "
+        "GPU memory x --gpu-memory-utilization - weights); give --max-num-seqs to choose"
+    )
+    # tensor parallelism: half the weights and half the kv-heads per rank
+    seqs, _ = tail_pool_memory.default_max_num_seqs(
+        _engine_args(tmp_path, tensor_parallel_size=2), 256, 24 * GIB
+    )
+    assert seqs == 128  # 4% of 14.1 GiB over 4 MiB slots: 144
+    # nothing to do: the user chose, another dtype, a big card, no GPU figure, no weight files
+    assert tail_pool_memory.default_max_num_seqs(
+        _engine_args(tmp_path, max_num_seqs=256), 256, 24 * GIB) is None  # fmt: skip
+    assert tail_pool_memory.default_max_num_seqs(
+        _engine_args(tmp_path, kv_cache_dtype="int8"), 256, 24 * GIB) is None  # fmt: skip
+    assert tail_pool_memory.default_max_num_seqs(_engine_args(tmp_path), 256, 141 * GIB) is None
+    assert tail_pool_memory.default_max_num_seqs(_engine_args(tmp_path), 256, None) is None
+    empty = tmp_path / "no-weights"
+    empty.mkdir()
+    assert tail_pool_memory.default_max_num_seqs(_engine_args(empty), 256, 24 * GIB) is None
+
+
+def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    monkeypatch.setattr(current_platform, "get_device_total_memory", lambda device_id=0: 24 * GIB)
+    warned: list[str] = []
+    monkeypatch.setattr(patch, "get_logger", lambda: SimpleNamespace(warning=warned.append))
+    args = _engine_args(tmp_path)
+    assert patch.cap_default_max_num_seqs(args, "llm") == 32 and args.max_num_seqs == 32
+    assert len(warned) == 1 and "max_num_seqs 32 instead of vLLM's default 256" in warned[0]
+    # throughput mode doubles vLLM's default before the cap compares with it
+    args = _engine_args(tmp_path, performance_mode="throughput")
+    assert patch.cap_default_max_num_seqs(args) == 32
+    # the user's value, another dtype, and a process that cannot see a GPU are left alone
+    for args in (
+        _engine_args(tmp_path, max_num_seqs=300),
+        _engine_args(tmp_path, kv_cache_dtype="int8"),
+    ):
+        before = args.max_num_seqs
+        assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs == before
+
+    def no_gpu(device_id: int = 0) -> int:
+        raise NotImplementedError
+
+    monkeypatch.setattr(current_platform, "get_device_total_memory", no_gpu)
+    args = _engine_args(tmp_path)
+    assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs is None
