@@ -1243,6 +1243,12 @@ TABLES = {
     "int4_varnorm_simulation_gemma3": lambda: kv_quant_sim_table(
         RESULTS / "kv_quant_sim_varnorm_gemma3.json"
     ),
+    "int4_first_page_simulation": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_first_page.json"
+    ),
+    "int4_first_page_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_first_page_gemma3.json"
+    ),
     "int8_group_simulation_gemma3": lambda: kv_quant_sim_table(
         RESULTS / "kv_quant_sim_int8_groups_gemma3.json"
     ),

@@ -52,6 +52,8 @@ WHERE = {
     "int4_tail_simulation": RESULTS,
     "int4_varnorm_simulation": RESULTS,
     "int4_varnorm_simulation_gemma3": RESULTS,
+    "int4_first_page_simulation": RESULTS,
+    "int4_first_page_simulation_gemma3": RESULTS,
     "int8_group_simulation_gemma3": RESULTS,
     "int8_group_simulation": RESULTS,
     "int8_static_simulation_gemma3": RESULTS,
