@@ -52,6 +52,12 @@ counted in the bytes column. A token that is large in every channel (as attentio
 no longer sets every channel's range in its page. V is unchanged: its groups are per token, so a
 per-token factor is already absorbed by its scale.
 
+Tail rows with ``_first_page_k_per_token_g<G>`` quantize K's first page (the window's first 64
+tokens) per token in groups of G channels (``gD``: the whole head), as V is, instead of per
+channel: the sink token no longer sets the other keys' ranges there, and the page's per-token
+(scale, zero) pairs take the bytes of its per-channel ones (at most, with G = 64), so the bytes
+column does not change.
+
 Static rows (``int8_static``, ``int8_static_channel``) are the ``int8_static`` cache: int8 codes
 with no per-token scale, K and V each multiplied back by a fixed fp32 scale per (layer, kv-head)
 (``int8_static``, the format of per-head calibration files) or per (layer, kv-head, channel)
