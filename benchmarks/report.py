@@ -1167,6 +1167,18 @@ def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -
             f"| {model} ({shape}) | {seqs} | {first['tail_pool_gib']:g} GiB |"
             + "".join(f" {by_gib[g]['int4_vs_bf16']:.2f}x |" for g in gibs)
         )
+    # the shim's own default (vLLM's lowered until the pool fits its share), where it has one
+    defaults: dict[str, dict[int, dict]] = {}
+    for r in result.get("shim_defaults", []):
+        defaults.setdefault(r["model"], {})[r["kv_gib"]] = r
+    for model, by_gib in defaults.items():
+        first = next(iter(by_gib.values()))
+        lines.append(
+            f"| {model} | the shim's default for vLLM's {first['vllm_default']} | - |"
+            + "".join(
+                f" {by_gib[g]['int4_vs_bf16']:.2f}x ({by_gib[g]['max_num_seqs']}) |" for g in gibs
+            )
+        )
     return "\n".join(lines)
 
 

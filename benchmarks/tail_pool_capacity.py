@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, command_line, write_json
 from int8kv_kernels.catalogue import get_dtype
+from int8kv_shim.tail_pool_memory import capped_max_num_seqs
 
 GIB = 2**30
 # name: (layers, kv heads, head size) of each model's attention (their config.json)
@@ -33,6 +34,8 @@ MODELS = {
 }
 KV_GIB = (4, 8, 16, 32, 64)
 MAX_NUM_SEQS = (16, 64, 256, 1024)
+# vLLM 0.24.0's default max_num_seqs on GPUs under 70 GB, which the shim lowers for int4
+VLLM_DEFAULT_SEQS = 256
 
 
 def bf16_tokens(kv_bytes: int, layers: int, num_kv_heads: int, head_size: int) -> int:
@@ -63,6 +66,29 @@ def rows(
     return out
 
 
+def default_rows(
+    models: dict[str, tuple[int, int, int]] = MODELS,
+    kv_gib: Sequence[int] = KV_GIB,
+    vllm_default: int = VLLM_DEFAULT_SEQS,
+) -> list[dict[str, Any]]:
+    """What the shim's default max_num_seqs (vLLM's ``vllm_default`` lowered until the pool fits
+    its share, ``int8kv_shim/tail_pool_memory.py``) leaves int4, where its estimate of the KV
+    memory is right."""
+    int4 = get_dtype("int4")
+    out = []
+    for model, (layers, nkv, d) in models.items():
+        for gib in kv_gib:
+            seqs = capped_max_num_seqs("int4", vllm_default, gib * GIB, layers, nkv, d, 2)
+            seqs = vllm_default if seqs is None else seqs
+            tokens = int4.tokens_with_tail(gib * GIB, layers, nkv, d, seqs)
+            out.append({
+                "model": model, "kv_gib": gib, "vllm_default": vllm_default,
+                "max_num_seqs": seqs,
+                "int4_vs_bf16": round(tokens / bf16_tokens(gib * GIB, layers, nkv, d), 2),
+            })  # fmt: skip
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(RESULTS_DIR / "tail_pool_capacity.json"))
@@ -74,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpu": None,
         "command": command_line(),
         "rows": rows(),
+        "shim_defaults": default_rows(),
     }
     for path in write_json(doc, args.out):
         print(path)

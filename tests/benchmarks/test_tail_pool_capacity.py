@@ -39,3 +39,13 @@ def test_main_writes_stamped_rows(tmp_path: Path, monkeypatch) -> None:
                 r["int4_vs_bf16"] for r in doc["rows"] if (r["model"], r["kv_gib"]) == (model, gib)
             ]
             assert ratios == sorted(ratios, reverse=True) and ratios[0] > 3.4, (model, gib, ratios)
+
+
+def test_the_shims_default_keeps_int4_above_3_5x_where_vllms_does_not() -> None:
+    rows = {(r["model"], r["kv_gib"]): r for r in tpc.default_rows()}
+    small = rows[("Llama-3-8B", 4)]
+    # vLLM's 256 sequences leave 1.83x (the test above); the shim's default 16 leaves 3.54x
+    assert small["max_num_seqs"] == 16 and small["int4_vs_bf16"] == 3.54
+    # a default that already fits is kept
+    assert rows[("Gemma 3 270M", 64)]["max_num_seqs"] == 256
+    assert all(r["int4_vs_bf16"] >= 3.48 for r in rows.values())
