@@ -209,7 +209,14 @@ def default_max_num_seqs(
     tp = engine_args.tensor_parallel_size
     pp = engine_args.pipeline_parallel_size
     weights = weight_bytes(model_config.model, getattr(model_config, "revision", None))
-    if weights is None:
+    if weights is None:  # not downloaded yet: the next start has them
+        logger.info(
+            "int8kv-shim: no weight files of %s found on this machine, so no estimate of the KV "
+            "memory: vLLM's default max_num_seqs %d stays (a line after the cache is sized says "
+            "what the tail pool takes)",
+            model_config.model,
+            vllm_default,
+        )
         return None
     kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / (tp * pp)
     layers = max(1, model_config.get_total_num_hidden_layers() // pp)

@@ -260,7 +260,16 @@ def test_an_8b_model_on_a_24gb_card_gets_fewer_sequences(tmp_path) -> None:
     assert tail_pool_memory.default_max_num_seqs(_engine_args(tmp_path), 256, None) is None
     empty = tmp_path / "no-weights"
     empty.mkdir()
-    assert tail_pool_memory.default_max_num_seqs(_engine_args(empty), 256, 24 * GIB) is None
+    said: list[str] = []
+    fake = SimpleNamespace(info=lambda msg, *a: said.append(msg % a))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tail_pool_memory, "logger", fake)
+        assert tail_pool_memory.default_max_num_seqs(_engine_args(empty), 256, 24 * GIB) is None
+    assert said == [
+        f"int8kv-shim: no weight files of {empty} found on this machine, so no estimate of the KV "
+        "memory: vLLM's default max_num_seqs 256 stays (a line after the cache is sized says what "
+        "the tail pool takes)"
+    ]
 
 
 def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -> None:
