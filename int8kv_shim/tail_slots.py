@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from int8kv_shim import sink_pages
 from int8kv_shim._logging import get_logger
 
 logger = get_logger()
@@ -228,22 +229,44 @@ def v1_states_updated(runner: Any, scheduler_output: Any) -> None:
         return
     slots.release(_ended(scheduler_output))
     batch = runner.input_batch
-    slots.assign(batch.req_ids[: batch.num_reqs], renew=_resumed(scheduler_output))
+    req_ids = batch.req_ids[: batch.num_reqs]
+    slots.assign(req_ids, renew=_resumed(scheduler_output))
+    sinks = sink_pages.manager()
+    if sinks is not None:
+        sink_pages.ended(sinks, scheduler_output)
+        _assign_sinks(sinks, slots, req_ids, scheduler_output)
+
+
+def _assign_sinks(
+    sinks: sink_pages.SinkPages, slots: TailSlots, req_ids: Sequence[str], scheduler_output: Any
+) -> None:
+    sink_pages.scheduled(sinks, scheduler_output)
+    held = [slots.slot_of(r) for r in req_ids]
+    sinks.assign(req_ids, [-1 if s is None else s for s in held])
 
 
 def v2_requests_finished(scheduler_output: Any) -> None:
     """After V2's ``GPUModelRunner.finish_requests`` (finished and preempted requests)."""
     if _manager is not None:
         _manager.release(_ended(scheduler_output))
+    sinks = sink_pages.manager()
+    if sinks is not None:
+        sink_pages.ended(sinks, scheduler_output)
 
 
 def v2_inputs_prepared(input_batch: Any, scheduler_output: Any) -> None:
     """After V2's ``GPUModelRunner.prepare_inputs``: ``input_batch.req_ids`` is the row order."""
     if _manager is not None:
         _manager.assign(input_batch.req_ids, renew=_resumed(scheduler_output))
+        sinks = sink_pages.manager()
+        if sinks is not None:
+            _assign_sinks(sinks, _manager, input_batch.req_ids, scheduler_output)
 
 
 def dummy_run_starts() -> None:
     """Before a dummy run of either runner (profiling, CUDA-graph capture, idle DP steps)."""
     if _manager is not None:
         _manager.clear_rows()
+    sinks = sink_pages.manager()
+    if sinks is not None:
+        sinks.clear_rows()

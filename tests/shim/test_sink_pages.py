@@ -15,11 +15,13 @@ Z = list(range(500, 600))
 
 
 def _rows(pages: SinkPages, *req_ids: str) -> list[tuple[int, int]]:
-    pages.assign(list(req_ids))
-    read, store = pages.sink_of_seq.tolist(), pages.sink_store_of_seq.tolist()
-    assert read[len(req_ids) :] == [-1] * (len(read) - len(req_ids))  # rows past the batch
-    assert store[len(req_ids) :] == [-1] * (len(store) - len(req_ids))
-    return list(zip(read[: len(req_ids)], store[: len(req_ids)], strict=True))
+    """(read, store) of each request, given tail slots in reverse row order (slots are not rows)."""
+    slots = [pages.num_sinks + 1 - i for i in range(len(req_ids))]
+    pages.assign(list(req_ids), slots)
+    read, store = pages.sink_of_slot.tolist(), pages.sink_store_of_slot.tolist()
+    others = [s for s in range(len(read)) if s not in slots]
+    assert [read[s] for s in others] == [store[s] for s in others] == [-1] * len(others)
+    return [(read[s], store[s]) for s in slots]
 
 
 def _start(pages: SinkPages, req_id: str, prompt: list[int], computed: int, scheduled: int) -> None:
@@ -37,7 +39,7 @@ def test_the_key_is_the_first_page_and_the_adapter() -> None:
 
 
 def test_an_owner_writes_its_page_then_everyone_reads_it() -> None:
-    pages = SinkPages(4, 6, "cpu")
+    pages = SinkPages(4, 8, "cpu")
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]  # reads (where its page is full) and writes sink 0
     pages.computed("a", 100, 1)
@@ -48,7 +50,7 @@ def test_an_owner_writes_its_page_then_everyone_reads_it() -> None:
 
 
 def test_a_page_still_being_written_is_read_by_nobody_else() -> None:
-    pages = SinkPages(4, 4, "cpu")
+    pages = SinkPages(4, 8, "cpu")
     _start(pages, "a", X, 0, 32)  # a chunked prefill: half its first page this step
     _start(pages, "b", X, 0, 100)
     assert _rows(pages, "a", "b") == [(0, 0), (-1, -1)]
@@ -59,7 +61,7 @@ def test_a_page_still_being_written_is_read_by_nobody_else() -> None:
 
 
 def test_an_owner_that_ends_before_its_page_is_done_drops_the_sink() -> None:
-    pages = SinkPages(2, 2, "cpu")
+    pages = SinkPages(2, 8, "cpu")
     _start(pages, "a", X, 0, 32)
     assert _rows(pages, "a") == [(0, 0)]
     pages.end(["a"])  # aborted half-way through its first page
@@ -70,7 +72,7 @@ def test_an_owner_that_ends_before_its_page_is_done_drops_the_sink() -> None:
 
 
 def test_a_finished_sink_stays_until_its_slot_is_needed_least_recently_used_first() -> None:
-    pages = SinkPages(2, 2, "cpu")
+    pages = SinkPages(2, 8, "cpu")
     for req, prompt in (("a", X), ("b", Y)):
         _start(pages, req, prompt, 0, 100)
         assert _rows(pages, req) == [(0 if req == "a" else 1,) * 2]
@@ -86,7 +88,7 @@ def test_a_finished_sink_stays_until_its_slot_is_needed_least_recently_used_firs
 
 
 def test_every_sink_read_by_a_running_request_leaves_a_new_one_without() -> None:
-    pages = SinkPages(1, 2, "cpu")
+    pages = SinkPages(1, 8, "cpu")
     _start(pages, "a", X, 0, 100)
     _start(pages, "b", Y, 0, 100)
     assert _rows(pages, "a", "b") == [(0, 0), (-1, -1)]
@@ -94,7 +96,7 @@ def test_every_sink_read_by_a_running_request_leaves_a_new_one_without() -> None
 
 
 def test_a_preempted_owner_keeps_its_complete_sink_and_reads_it_when_it_resumes() -> None:
-    pages = SinkPages(2, 2, "cpu")
+    pages = SinkPages(2, 8, "cpu")
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]
     pages.end(["a"], finished=False)  # preempted after that step: its page was complete
@@ -109,13 +111,13 @@ def test_a_preempted_owner_keeps_its_complete_sink_and_reads_it_when_it_resumes(
 
 
 def test_short_prompts_and_dummy_runs_read_and_write_nothing() -> None:
-    pages = SinkPages(2, 3, "cpu")
+    pages = SinkPages(2, 8, "cpu")
     _start(pages, "short", X[:10], 0, 10)
     assert _rows(pages, "short", "unknown") == [(-1, -1), (-1, -1)]
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]
     pages.clear_rows()
-    assert pages.sink_of_seq.tolist() == [-1] * 3 and pages.sink_store_of_seq.tolist() == [-1] * 3
+    assert pages.sink_of_slot.tolist() == [-1] * 8 and pages.sink_store_of_slot.tolist() == [-1] * 8
 
 
 def test_from_vllms_scheduler_output() -> None:
@@ -147,7 +149,7 @@ def test_from_vllms_scheduler_output() -> None:
             preempted_req_ids=set(preempted),
         )  # fmt: skip
 
-    pages = SinkPages(4, 4, "cpu")
+    pages = SinkPages(4, 8, "cpu")
     out = step([new("a", X, 0), new("l", X, 0, lora=2)], [], {"a": 100, "l": 100})
     sink_pages.ended(pages, out)
     sink_pages.scheduled(pages, out)
@@ -156,3 +158,42 @@ def test_from_vllms_scheduler_output() -> None:
     sink_pages.ended(pages, out)
     sink_pages.scheduled(pages, out)
     assert _rows(pages, "a", "b") == [(0, -1), (0, -1)]
+
+
+def test_the_tail_slot_hooks_fill_the_sinks_by_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from int8kv_shim import tail_slots
+
+    slots = tail_slots.TailSlots(4, "cpu")
+    sinks = SinkPages(2, 4, "cpu")
+    monkeypatch.setattr(tail_slots, "_manager", slots)
+    monkeypatch.setattr(sink_pages, "_manager", sinks)
+
+    def out(new_reqs=(), cached=(), scheduled=None, finished=()):
+        return SimpleNamespace(
+            scheduled_new_reqs=[SimpleNamespace(req_id=r, prompt_token_ids=p, mm_features=None,
+                                                num_computed_tokens=c, lora_request=None)
+                                for r, p, c in new_reqs],
+            scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached],
+                                                  num_computed_tokens=[c for _, c in cached],
+                                                  resumed_req_ids=set()),
+            num_scheduled_tokens=scheduled or {}, finished_req_ids=set(finished),
+            preempted_req_ids=set(),
+        )  # fmt: skip
+
+    # V1: rows in the persistent batch's order; the sinks land at each request's tail slot
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "s"], num_reqs=2))
+    tail_slots.v1_states_updated(
+        runner, out([("a", X, 0), ("s", X[:9], 0)], (), {"a": 100, "s": 9})
+    )
+    a, s = slots.slot_of("a"), slots.slot_of("s")
+    assert (sinks.sink_of_slot[a].item(), sinks.sink_store_of_slot[a].item()) == (0, 0)
+    assert (sinks.sink_of_slot[s].item(), sinks.sink_store_of_slot[s].item()) == (-1, -1)
+    # V2: finish_requests, then prepare_inputs with its own row order
+    tail_slots.v2_requests_finished(out(finished=["s"]))
+    batch = SimpleNamespace(req_ids=["b", "a"])
+    tail_slots.v2_inputs_prepared(batch, out([("b", X, 64)], [("a", 100)], {"a": 1, "b": 36}))
+    b = slots.slot_of("b")
+    assert sinks.sink_of_slot.tolist()[a] == sinks.sink_of_slot.tolist()[b] == 0
+    assert sinks.sink_store_of_slot.tolist() == [-1] * 4
+    tail_slots.dummy_run_starts()
+    assert sinks.sink_of_slot.tolist() == [-1] * 4
