@@ -71,3 +71,15 @@ def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether our kernels launch directly (``INT8KV_DIRECT_LAUNCH``; on unless switched off)."""
     env = os.environ if environ is None else environ
     return not is_falsy(env.get(INT8KV_DIRECT_LAUNCH))
+
+
+INT8KV_INT4_SINK_PAGE = "INT8KV_INT4_SINK_PAGE"
+"""``1`` / ``on`` / ``true`` / ``yes``: ``int4`` keeps each sequence's first page in the model's
+dtype beside its 4-bit page (``sink_pages.py``), one more page per ``max_num_seqs`` slot and
+layer. Off unless set, until measurements through the cache decide it."""
+
+
+def int4_sink_page_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``int4`` keeps sink pages (``INT8KV_INT4_SINK_PAGE``; off unless switched on)."""
+    env = os.environ if environ is None else environ
+    return is_truthy(env.get(INT8KV_INT4_SINK_PAGE))
