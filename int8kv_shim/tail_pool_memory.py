@@ -43,6 +43,14 @@ MIN_CAPPED_SEQS = 8
 GIB = 2**30
 
 
+def pages_per_slot() -> int:
+    """BF16 pages a tail slot costs each layer: its tail page, and a sink page when they are on
+    (``INT8KV_INT4_SINK_PAGE``: one sink per slot)."""
+    from int8kv_shim.environment_variables import int4_sink_page_enabled
+
+    return 2 if int4_sink_page_enabled() else 1
+
+
 @dataclass(frozen=True)
 class TailPoolCost:
     """One worker's tail pool against its KV cache (bytes; per-token sums over the pool's layers)."""
@@ -100,7 +108,7 @@ def tail_pool_cost(
         dtype=entry.name,
         slots=max_num_seqs,
         layers=len(ours),
-        slot_bytes=sum(entry.tail_slot_bytes(s.num_kv_heads, s.head_size, elem_bytes) for s in ours),
+        slot_bytes=pages_per_slot() * sum(entry.tail_slot_bytes(s.num_kv_heads, s.head_size, elem_bytes) for s in ours),
         cache_bytes=cache_bytes,
         cache_bytes_per_token=sum(s.num_kv_heads * entry.bytes_per_token_head(s.head_size) for s in ours),
         bf16_bytes_per_token=sum(s.num_kv_heads * 2 * 2 * s.head_size for s in ours),
@@ -160,7 +168,7 @@ def capped_max_num_seqs(
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
-    slot = layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+    slot = pages_per_slot() * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
     fits = int(share * kv_memory_estimate // slot)
     cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
     return cap if cap < vllm_default else None
@@ -228,7 +236,7 @@ def default_max_num_seqs(
     if cap is None:
         return None
     entry = load_catalogue().get_dtype(kv_dtype)
-    slot_mib = layers * entry.tail_slot_bytes(kv_heads, model_config.get_head_size(),
+    slot_mib = pages_per_slot() * layers * entry.tail_slot_bytes(kv_heads, model_config.get_head_size(),
                                               model_config.dtype.itemsize) / 2**20  # fmt: skip
     return cap, (
         f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "

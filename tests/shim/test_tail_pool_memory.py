@@ -300,3 +300,12 @@ def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -
     monkeypatch.setattr(current_platform, "get_device_total_memory", no_gpu)
     args = _engine_args(tmp_path)
     assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs is None
+
+
+def test_sink_pages_double_what_a_slot_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    single = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    double = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    assert double.slot_bytes == 2 * single.slot_bytes
+    # 4% of 5 GiB holds 12 slots of two 8 MiB pages: the minimum, 8
+    assert tail_pool_memory.capped_max_num_seqs("int4", 256, 5 * GIB, 32, 8, 128, 2) == 8
