@@ -173,6 +173,33 @@ def write_kv_cache_int4_ref(
         tail_page[slot] = int(block_table[r, last])
 
 
+def write_sink_int4_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sink: torch.Tensor,
+    sink_of_seq: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_seqs: int,
+    block_size: int = 64,
+    kv_dtype: str = "int4",
+) -> None:
+    """Reference for ``write_sink_int4``, in place on ``sink``: for each row r < num_seqs with
+    s = sink_of_seq[r] >= 0, its new token at position p < block_size goes to sink[s, 0, :, p]
+    (K) and sink[s, 1, :, p] (V), converted to sink's dtype; nothing else is written."""
+    del kv_dtype
+    qsl, lens, sinks = query_start_loc.tolist(), seq_lens.tolist(), sink_of_seq.tolist()
+    for r in range(num_seqs):
+        q0, q1, s = qsl[r], qsl[r + 1], sinks[r]
+        ctx = lens[r] - (q1 - q0)
+        if s < 0 or q1 <= q0 or ctx >= block_size:
+            continue
+        n = min(lens[r], block_size) - ctx
+        sink[s, 0, :, ctx : ctx + n] = key[q0 : q0 + n].transpose(0, 1).to(sink.dtype)
+        sink[s, 1, :, ctx : ctx + n] = value[q0 : q0 + n].transpose(0, 1).to(sink.dtype)
+
+
 def dequantize_cache_int4(
     kv_cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
