@@ -654,14 +654,6 @@ def _attn_int4_fwd(
         if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
             full = full - BLOCK_SIZE
     page_hi = tl.minimum(key_hi, full)
-    pages_lo = key_lo  # the int4 loops read keys [pages_lo, page_hi)
-    if HAS_SINK:
-        sink = tl.load(sink_of_seq_ptr + seq).to(tl.int64)
-        # page 0 from the row's sink, exact, when it is a full int4 page and this program's keys
-        # start at it (one split of a split sequence, a window reaching back to page 0); the
-        # loops then start a page later (decode's page pairs need no alignment)
-        use_sink = (sink >= 0) & (full > 0) & (key_lo == 0)
-        pages_lo = tl.where(use_sink, key_lo + BLOCK_SIZE, key_lo)
 
     # rows scaled by a power of two to max |q| <= 2^Q_EXP (q * s then fits fp16, see the docstring)
     q_unit = _pow2_at_most(tl.maximum(tl.max(tl.abs(q_lo), axis=1), tl.max(tl.abs(q_hi), axis=1)),
@@ -680,6 +672,12 @@ def _attn_int4_fwd(
     az_lo = tl.zeros([BLOCK_M], tl.float32)  # sum_j p z of the low half's V group
     az_hi = tl.zeros([BLOCK_M], tl.float32)  # of the high half's (the same group when NGV == 1)
     offs_n = tl.arange(0, BLOCK_SIZE)
+    pages_lo = key_lo  # the int4 loops read keys [pages_lo, page_hi)
+    if HAS_SINK:
+        # page 0 is read from the row's sink (after the loops) instead: they start a page later
+        # (decode's page pairs need no alignment)
+        sink = tl.load(sink_of_seq_ptr + seq)
+        pages_lo = tl.where((sink >= 0) & (full > 0) & (key_lo == 0), BLOCK_SIZE, key_lo)
     if DECODE:
         m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _decode_pages(
             cache_ptr, cache16_ptr, bt_row, kvh, stride_block, pages_lo, page_hi,
@@ -712,16 +710,21 @@ def _attn_int4_fwd(
             )  # fmt: skip
             page = page_next
 
-    # The sink: keys [0, 64) exact from the row's sink instead of int4 page 0 (which the loop
-    # above then started after), in the program whose keys start at 0 when page 0 is a full int4
-    # page (while the tail holds page 0, full == 0: the tail below reads it).
+    # The sink: keys [0, 64) exact from the row's sink instead of int4 page 0, when page 0 is a
+    # full int4 page (while it is the tail's, full == 0: the tail below reads it) and this
+    # program's keys start at it (one split of a split sequence; a window reaching back to page
+    # 0, whose masks apply as to any page's). After the loops, and its index loaded again
+    # (volatile: not merged with the load above), so nothing of it is live across them: read
+    # before the loops, its page took the D=128 decode program from 168 registers to 247 (two
+    # programs per SM instead of three), and its index kept live spilled 12 bytes per step of
+    # the 32/8 decode loop (sm80, Triton 3.6).
     if HAS_SINK:
-        if use_sink:
-            key = offs_n
+        sink = tl.load(sink_of_seq_ptr + seq, volatile=True).to(tl.int64)
+        if (sink >= 0) & (full > 0) & (key_lo == 0):
             s_row = sink_ptr + sink * stride_ss + kvh * stride_sh + offs_n * stride_sp
             m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
-                s_row, stride_skv, key, key < key_hi, q_lo, q_hi, score_scale, pos, window,
-                soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW,
+                s_row, stride_skv, offs_n, offs_n < key_hi, q_lo, q_hi, score_scale, pos,
+                window, soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW,
                 USE_SOFTCAP, DOT_F32,
             )  # fmt: skip
 
