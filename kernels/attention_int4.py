@@ -5,7 +5,9 @@ Keys of sequence r: positions [0, F) from int4 pages and [F, seq_len) from
 less when seq_len is a multiple of 64 and ``tail_page[slot]`` is the last page's block (the step
 that completed it left it in the tail, cache_write_int4.py: it is read exact until the sequence's
 next token starts a new page; a page another sequence's tail holds, or a prefix-cache page, is
-read from the cache). The same launch shapes as the int8
+read from the cache). With a sink page (``sink`` / ``sink_of_seq``, paged_attention_int4), keys
+[0, 64) of a row that has one come from its sink, in the model's dtype, whenever they would
+otherwise come from int4 page 0. The same launch shapes as the int8
 kernel (attention_plan.py): decode packs the query heads of a GQA group into the rows of one
 program, so each page is read once per group, and long contexts are split across programs
 (flash-decoding) with the shared workspace and merge; prefill / mixed batches take blocks of query
@@ -25,7 +27,8 @@ the score's scale), so q * s stays inside fp16, with its 11 significant bits, fo
 a realistic range (Q_EXP). The codes are unpacked four bytes at a time by inline PTX (_nibbles:
 bit operations and exact fp16-pair arithmetic, no integer conversion). Under the interpreter
 (DOT_F32) the same steps run in fp32.
-The tail tile is the model's dtype, dotted as it is (as FlashAttention does with a BF16 cache).
+The tail tile, and the sink page's, is the model's dtype, dotted as it is (as FlashAttention does
+with a BF16 cache: _exact_page).
 
 Decode (the configuration with at most 16 query rows) runs its own loop, _decode_pages: the dot's
 M side would pad a GQA group's 1-16 rows to 16, so the keys take M and the rows N (padded to 8),

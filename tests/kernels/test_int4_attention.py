@@ -393,3 +393,24 @@ GPU_CASES = [
 def test_int4_attention_matches_reference_gpu(case):
     _, q_lens, seq_lens, nq, nkv, d, kw = case
     check(q_lens, seq_lens, nq, nkv, d, "cuda", **kw)
+
+
+# Real sizes with a sink page: decode at 8K (split by the heuristic; rows without a sink, a
+# 64-token row whose tail holds page 0), a continuation batch (chunks on a full page 0, a fresh
+# prompt, a 2-token continuation), Gemma 3's head size with a window (page 0 behind it for the
+# long rows, inside it for the short)
+GPU_SINK_CASES = [
+    ("decode_b8_8k", [1] * 8, [8192 + 13] * 6 + [64, 3000], 32, 8, 128,
+     [0, 1, -1, 2, 3, -1, 4, 5], {"held": (6,)}),
+    ("continuation_mixed", [1, 300, 16, 2, 513], [5000, 300, 4096, 640, 2000], 32, 8, 128,
+     [0, 1, 2, 3, -1], {}),
+    ("gemma3_window_d256", [1, 1, 2, 1], [8193, 300, 8192, 500], 4, 1, 256, [0, 1, 2, 3],
+     {"sliding_window": 512}),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_SINK_CASES, ids=[c[0] for c in GPU_SINK_CASES])
+def test_int4_sink_matches_reference_gpu(case):
+    _, q_lens, seq_lens, nq, nkv, d, sinks, kw = case
+    check_sink(q_lens, seq_lens, nq, nkv, d, "cuda", sinks, **kw)

@@ -414,3 +414,25 @@ def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:
         pool.tail_page[[5, 7, 9, 11][r]] = int(table[r, (seq_lens[r] - q_lens[r]) // B])
     k, v = _kv(sum(q_lens), pool)
     _write(pool, k, v, q_lens, seq_lens, table, [5, 7, 9, 11, 2, 3], [0, 0, 0, 0, 1, 1])
+
+
+@pytest.mark.gpu
+def test_sink_write_real_size_gpu():
+    # 64 rows: decodes before and past page 0, prompts of up to 2000 tokens, a third without sink
+    q_lens = [1] * 40 + [2000, 70, 33, 500] * 6
+    seq_lens = [30 + 3 * i for i in range(40)] + [2000, 100, 40, 900] * 6
+    sinks = [i if i % 3 else -1 for i in range(64)]
+    n = sum(q_lens)
+    key = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    qsl = torch.zeros(65, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    sink = torch.randint(-(2**15), 2**15, (64, 2, 8, B, 128), dtype=torch.int16, device="cuda")
+    sink = sink.view(torch.bfloat16)
+    kw = dict(query_start_loc=qsl.cuda(), seq_lens=torch.tensor(seq_lens, dtype=torch.int32,
+              device="cuda"), num_seqs=64)  # fmt: skip
+    sink_of_seq = torch.tensor(sinks, dtype=torch.int32, device="cuda")
+    want = sink.clone()
+    write_sink_int4_ref(key, value, want, sink_of_seq, **kw)
+    write_sink_int4(key, value, sink, sink_of_seq, **kw)
+    assert torch.equal(sink.view(torch.int16), want.view(torch.int16))
