@@ -30,6 +30,7 @@ from int8kv_kernels.attention_plan import MAX_SHARED_BYTES, merge_splits  # noqa
 from int8kv_kernels.cache_write import _write_kv_kernel, write_launch  # noqa: E402
 from int8kv_kernels.cache_write_int4 import (  # noqa: E402
     _flush_pages_kernel,
+    _store_sink_kernel,
     _store_tail_kernel,
     int4_flush_launch,
 )
@@ -43,11 +44,12 @@ ATTN_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*i8", "cache16_
              "block_table_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
              "static_k_ptr": "*fp32", "static_v_ptr": "*fp32", "ws_acc_ptr": "*fp32",
              "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
-# of attention_int4.py's _attn_int4_fwd, bf16 queries and tail (compile_int4 swaps in fp16)
+# of attention_int4.py's _attn_int4_fwd, bf16 queries, tail and sink (compile_int4 swaps in fp16)
 ATTN_INT4_PTRS = {"q_ptr": "*bf16", "out_ptr": "*bf16", "cache_ptr": "*u8",
                   "cache16_ptr": "*fp16", "tail_ptr": "*bf16", "tail_page_ptr": "*i32",
                   "block_table_ptr": "*i32",
                   "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "slot_of_seq_ptr": "*i32",
+                  "sink_ptr": "*bf16", "sink_of_seq_ptr": "*i32",
                   "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32", "ws_l_ptr": "*fp32"}  # fmt: skip
 FLOAT_ARGS = {"softmax_scale", "soft_cap"}
 
@@ -243,9 +245,10 @@ def main() -> int:
 
 
 def compile_int4() -> int:
-    """int4: the page flush and the tail store for every catalogue head size (one program per
-    sequence and per page), attention decode (split and not) and prefill for each head size, GQA
-    groups 1 / 3 / 4 / 8, window + soft-cap, bf16 and fp16."""
+    """int4: the page flush, the tail store and the sink store for every catalogue head size (one
+    program per sequence and per page), attention decode (split and not) and prefill for each
+    head size, GQA groups 1 / 3 / 4 / 8, window + soft-cap, bf16 and fp16, with and without a
+    sink page."""
     n = 0
     for dt, nkv, d, per_seq in (("bf16", 8, 128, 0), ("fp16", 3, 64, 2), ("bf16", 2, 256, 2),
                                 ("bf16", 1, 128, 2)):  # fmt: skip
@@ -267,34 +270,49 @@ def compile_int4() -> int:
             dict(HEAD_SIZE=d, BLOCK_SIZE=64),
             num_warps=4,
         )  # fmt: skip
-        n += 2
+        compile_one(
+            _store_sink_kernel,
+            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "sink_ptr": f"*{dt}", "qsl_ptr": "*i32",
+             "seq_lens_ptr": "*i32", "sink_of_seq_ptr": "*i32"},
+            dict(HEAD_SIZE=d, BLOCK_SIZE=64),
+            num_warps=4,
+        )  # fmt: skip
+        n += 3
         print("ok write int4", dt, nkv, d, per_seq, flush=True)
-    cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split)
-        ("bf16", 32, 8, 128, 1, False, False, True),
-        ("bf16", 32, 8, 128, 1, False, False, False),
-        ("fp16", 8, 8, 128, 1, False, False, True),
-        ("bf16", 9, 3, 64, 1, True, True, True),
-        ("bf16", 16, 2, 256, 1, False, False, True),
-        ("bf16", 4, 1, 256, 1, True, True, True),
+    cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split, sink)
+        ("bf16", 32, 8, 128, 1, False, False, True, False),
+        ("bf16", 32, 8, 128, 1, False, False, False, False),
+        ("fp16", 8, 8, 128, 1, False, False, True, False),
+        ("bf16", 9, 3, 64, 1, True, True, True, False),
+        ("bf16", 16, 2, 256, 1, False, False, True, False),
+        ("bf16", 4, 1, 256, 1, True, True, True, False),
         # the decode configuration's 16-row variant (short continuations, speculative tokens)
-        ("bf16", 4, 1, 256, 2, True, False, True),
-        ("bf16", 32, 8, 128, 2, False, False, True),
-        ("bf16", 32, 8, 128, 2048, False, False, False),
-        ("bf16", 9, 3, 64, 512, True, True, False),
-        ("fp16", 8, 8, 256, 512, False, False, False),
-        ("bf16", 4, 1, 256, 512, True, True, False),
-        ("bf16", 64, 8, 128, 512, True, False, False),
+        ("bf16", 4, 1, 256, 2, True, False, True, False),
+        ("bf16", 32, 8, 128, 2, False, False, True, False),
+        ("bf16", 32, 8, 128, 2048, False, False, False, False),
+        ("bf16", 9, 3, 64, 512, True, True, False, False),
+        ("fp16", 8, 8, 256, 512, False, False, False, False),
+        ("bf16", 4, 1, 256, 512, True, True, False, False),
+        ("bf16", 64, 8, 128, 512, True, False, False, False),
+        # with a sink page (one more model-dtype page before the tail's)
+        ("bf16", 32, 8, 128, 1, False, False, True, True),
+        ("fp16", 9, 3, 64, 1, True, True, True, True),
+        ("bf16", 4, 1, 256, 1, True, False, True, True),
+        ("bf16", 4, 1, 256, 2, True, False, True, True),
+        ("bf16", 32, 8, 128, 2048, False, False, False, True),
+        ("bf16", 4, 1, 256, 512, True, True, False, True),
     ]
-    for dt, nq, nkv, d, mq, window, softcap, split in cases:
+    for dt, nq, nkv, d, mq, window, softcap, split, sink in cases:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
         cfg = choose_config_int4(group, d, mq)
-        ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}"}
+        ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
+                "sink_ptr": f"*{dt}"}  # fmt: skip
         k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
-                 DOT_F32=False, **lay.kernel_constexprs()),
+                 HAS_SINK=sink, DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
@@ -302,8 +320,8 @@ def compile_int4() -> int:
         check_v_operand(k)
         if cfg.block_m <= 16:  # the decode configuration
             check_int4_decode_in_flight(k)
-        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split, k.metadata.shared,
-              flush=True)  # fmt: skip
+        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split, sink,
+              k.metadata.shared, flush=True)  # fmt: skip
         if cfg.split and split:
             compile_one(
                 merge_splits,
@@ -334,8 +352,8 @@ def compile_int4_decode_sm90() -> int:
         k = compile_one(
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, DOT_F32=False,
-                 **lay.kernel_constexprs()),
+                 USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, HAS_SINK=d == 256,
+                 DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_shared=None, target=SM90,
         )  # fmt: skip
         ptx = k.asm["ptx"]

@@ -118,9 +118,10 @@ def family(op: str, kv_dtype: str = "int8") -> str:
     return "other (softmax, addressing, control)"
 
 
-def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
+def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int, sink: bool = False):
     """(compiled kernel, launch config, page layout) of the decode specialisation that serving
-    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap."""
+    launches for ``kv_dtype`` at this shape: split, no window, no soft-cap (``sink``: int4's
+    variant that reads a sink page, not launched by serving yet)."""
     group = nq // nkv
     if kv_dtype in INT4_DTYPES:
         lay = Int4PageLayout(get_dtype(kv_dtype).page_tokens, nkv, d, kv_dtype)
@@ -128,8 +129,8 @@ def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
         k = compile_one(
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, DOT_F32=False,
-                 **lay.kernel_constexprs()),
+                 USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, HAS_SINK=sink,
+                 DOT_F32=False, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return k, cfg, lay
@@ -146,8 +147,8 @@ def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int):
     return k, cfg, lay
 
 
-def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128) -> dict:
-    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d)
+def budget(kv_dtype: str, nq: int = 32, nkv: int = 8, d: int = 128, sink: bool = False) -> dict:
+    k, cfg, lay = compile_decode(kv_dtype, nq, nkv, d, sink)
     ops = main_loop_ops(k.asm["ptx"])
     per_thread = sum(ops.values())
     # K/V bytes one program streams per tile: its kv-head's share of each page, scales (and int4's

@@ -5,7 +5,9 @@ Keys of sequence r: positions [0, F) from int4 pages and [F, seq_len) from
 less when seq_len is a multiple of 64 and ``tail_page[slot]`` is the last page's block (the step
 that completed it left it in the tail, cache_write_int4.py: it is read exact until the sequence's
 next token starts a new page; a page another sequence's tail holds, or a prefix-cache page, is
-read from the cache). The same launch shapes as the int8
+read from the cache). With a sink page (``sink`` / ``sink_of_seq``, paged_attention_int4), keys
+[0, 64) of a row that has one come from its sink, in the model's dtype, whenever they would
+otherwise come from int4 page 0. The same launch shapes as the int8
 kernel (attention_plan.py): decode packs the query heads of a GQA group into the rows of one
 program, so each page is read once per group, and long contexts are split across programs
 (flash-decoding) with the shared workspace and merge; prefill / mixed batches take blocks of query
@@ -25,7 +27,8 @@ the score's scale), so q * s stays inside fp16, with its 11 significant bits, fo
 a realistic range (Q_EXP). The codes are unpacked four bytes at a time by inline PTX (_nibbles:
 bit operations and exact fp16-pair arithmetic, no integer conversion). Under the interpreter
 (DOT_F32) the same steps run in fp32.
-The tail tile is the model's dtype, dotted as it is (as FlashAttention does with a BF16 cache).
+The tail tile, and the sink page's, is the model's dtype, dotted as it is (as FlashAttention does
+with a BF16 cache: _exact_page).
 
 Decode (the configuration with at most 16 query rows) runs its own loop, _decode_pages: the dot's
 M side would pad a GQA group's 1-16 rows to 16, so the keys take M and the rows N (padded to 8),
@@ -57,7 +60,7 @@ from .attention_plan import (
     plan_launch,
     softmax_step,
 )
-from .cache_write_int4 import check_tail
+from .cache_write_int4 import check_sink, check_tail
 from .launch import DirectLauncher
 from .page_layout import cached_int4_layout, next_power_of_2
 
@@ -513,12 +516,41 @@ def _decode_pages(
             tl.sum(az_hi, axis=0))  # fmt: skip
 
 
+@triton.jit
+def _exact_page(
+    row, stride_kv, key, key_ok, q_lo, q_hi, score_scale, pos, window, soft_cap, m_i, l_i, acc_lo,
+    acc_hi, az_lo, az_hi, HEAD_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """A page of keys held in the model's dtype (a tail, a sink), dotted as it is (as
+    FlashAttention does with a BF16 cache): key j's K row at row[j], its V row at
+    row[j] + stride_kv ([B] pointers), keys ``key`` [B], visible where key_ok (the rest load as 0:
+    a pool's rows there may hold anything, NaN included). One online-softmax step:
+    (m, l, acc_lo, acc_hi, az_lo, az_hi) as the int4 loops keep them."""
+    HALF: tl.constexpr = HEAD_SIZE // 2
+    c = tl.arange(0, HALF)
+    kt_lo = tl.load(row[None, :] + c[:, None], mask=key_ok[None, :], other=0.0)  # [D/2, B]
+    kt_hi = tl.load(row[None, :] + HALF + c[:, None], mask=key_ok[None, :], other=0.0)
+    vt_lo = tl.load(row[:, None] + stride_kv + c[None, :], mask=key_ok[:, None], other=0.0)
+    vt_hi = tl.load(row[:, None] + stride_kv + HALF + c[None, :], mask=key_ok[:, None], other=0.0)
+    dt = kt_lo.dtype
+    if DOT_F32:
+        dt = tl.float32
+    s = tl.dot(q_lo.to(dt), kt_lo.to(dt)) + tl.dot(q_hi.to(dt), kt_hi.to(dt))
+    p, alpha, m_i, l_i = softmax_step(
+        s * score_scale, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
+    )
+    acc_lo = acc_lo * alpha[:, None] + tl.dot(p.to(dt), vt_lo.to(dt))
+    acc_hi = acc_hi * alpha[:, None] + tl.dot(p.to(dt), vt_hi.to(dt))
+    return m_i, l_i, acc_lo, acc_hi, az_lo * alpha, az_hi * alpha
+
+
 # Batch-dependent ints are not specialized on (== 1, % 16), nor the alignment of the metadata
 # pointers: one compiled variant serves every batch instead of a Triton compile mid-serving when
 # a new size class shows up (as _attn_fwd; int8kv_shim/kernel_warmup.py compiles it at start-up).
 @triton.jit(
     do_not_specialize=["num_seqs", "window", "stride_bt"],
-    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr"],
+    do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr", "sink_of_seq_ptr"],
 )
 def _attn_int4_fwd(
     q_ptr,
@@ -531,6 +563,8 @@ def _attn_int4_fwd(
     qsl_ptr,
     seq_lens_ptr,
     slot_of_seq_ptr,
+    sink_ptr,  # HAS_SINK: sink pool [sinks, 2, H, 64, D] and each row's sink (-1: none)
+    sink_of_seq_ptr,
     ws_acc_ptr,
     ws_m_ptr,
     ws_l_ptr,
@@ -544,6 +578,10 @@ def _attn_int4_fwd(
     stride_tkv,
     stride_th,
     stride_tp,
+    stride_ss,  # sink strides: sink, K/V, head, position (elements)
+    stride_skv,
+    stride_sh,
+    stride_sp,
     num_seqs,
     softmax_scale,
     soft_cap,
@@ -562,6 +600,7 @@ def _attn_int4_fwd(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SPLIT: tl.constexpr,
+    HAS_SINK: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
@@ -636,9 +675,15 @@ def _attn_int4_fwd(
     az_lo = tl.zeros([BLOCK_M], tl.float32)  # sum_j p z of the low half's V group
     az_hi = tl.zeros([BLOCK_M], tl.float32)  # of the high half's (the same group when NGV == 1)
     offs_n = tl.arange(0, BLOCK_SIZE)
+    pages_lo = key_lo  # the int4 loops read keys [pages_lo, page_hi)
+    if HAS_SINK:
+        # page 0 is read from the row's sink (after the loops) instead: they start a page later
+        # (decode's page pairs need no alignment)
+        sink = tl.load(sink_of_seq_ptr + seq)
+        pages_lo = tl.where((sink >= 0) & (full > 0) & (key_lo == 0), BLOCK_SIZE, key_lo)
     if DECODE:
         m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _decode_pages(
-            cache_ptr, cache16_ptr, bt_row, kvh, stride_block, key_lo, page_hi,
+            cache_ptr, cache16_ptr, bt_row, kvh, stride_block, pages_lo, page_hi,
             ctx + qb * BLOCK_Q, pos, window, soft_cap, qn_lo, qn_hi, q16_lo, q16_hi, row_scale,
             BLOCK_M, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW,
             USE_SOFTCAP, DOT_F32,
@@ -646,8 +691,9 @@ def _attn_int4_fwd(
     else:
         # The block-table entry of the next page is loaded one tile ahead, so a tile's loads never
         # wait on the gather of their own page id.
-        page = tl.load(bt_row + key_lo // BLOCK_SIZE, mask=key_lo < page_hi, other=0).to(tl.int64)
-        for start in range(key_lo, page_hi, BLOCK_SIZE):
+        page = tl.load(bt_row + pages_lo // BLOCK_SIZE, mask=pages_lo < page_hi, other=0)
+        page = page.to(tl.int64)
+        for start in range(pages_lo, page_hi, BLOCK_SIZE):
             nxt = start + BLOCK_SIZE
             page_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < page_hi, other=0)
             page_next = page_next.to(tl.int64)
@@ -667,28 +713,32 @@ def _attn_int4_fwd(
             )  # fmt: skip
             page = page_next
 
+    # The sink: keys [0, 64) exact from the row's sink instead of int4 page 0, when page 0 is a
+    # full int4 page (while it is the tail's, full == 0: the tail below reads it) and this
+    # program's keys start at it (one split of a split sequence; a window reaching back to page
+    # 0, whose masks apply as to any page's). After the loops, and its index loaded again
+    # (volatile: not merged with the load above), so nothing of it is live across them: read
+    # before the loops, its page took the D=128 decode program from 168 registers to 247 (two
+    # programs per SM instead of three), and its index kept live spilled 12 bytes per step of
+    # the 32/8 decode loop (sm80, Triton 3.6).
+    if HAS_SINK:
+        sink = tl.load(sink_of_seq_ptr + seq, volatile=True).to(tl.int64)
+        if (sink >= 0) & (full > 0) & (key_lo == 0):
+            s_row = sink_ptr + sink * stride_ss + kvh * stride_sh + offs_n * stride_sp
+            m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
+                s_row, stride_skv, offs_n, offs_n < key_hi, q_lo, q_hi, score_scale, pos,
+                window, soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW,
+                USE_SOFTCAP, DOT_F32,
+            )  # fmt: skip
+
     # The tail: at most one page of keys [full, seq_len), rows 0.. of the sequence's slot.
     if (key_hi > full) & (slot >= 0) & (key_lo < key_hi):
         key = full + offs_n
-        key_ok = key < key_hi
         t_row = tail_ptr + slot * stride_ts + kvh * stride_th + offs_n * stride_tp
-        # keys past key_hi load as 0: the pool's rows there may hold anything, NaN included
-        kt_lo = tl.load(t_row[None, :] + c[:, None], mask=key_ok[None, :], other=0.0)  # [D/2, B]
-        kt_hi = tl.load(t_row[None, :] + HALF + c[:, None], mask=key_ok[None, :], other=0.0)
-        vt_lo = tl.load(t_row[:, None] + stride_tkv + c[None, :], mask=key_ok[:, None], other=0.0)
-        vt_hi = tl.load(t_row[:, None] + stride_tkv + HALF + c[None, :], mask=key_ok[:, None],
-                        other=0.0)  # fmt: skip
-        dt = kt_lo.dtype
-        if DOT_F32:
-            dt = tl.float32
-        s = tl.dot(q_lo.to(dt), kt_lo.to(dt)) + tl.dot(q_hi.to(dt), kt_hi.to(dt))
-        p, alpha, m_i, l_i = softmax_step(
-            s * score_scale, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW, USE_SOFTCAP
-        )
-        acc_lo = acc_lo * alpha[:, None] + tl.dot(p.to(dt), vt_lo.to(dt))
-        acc_hi = acc_hi * alpha[:, None] + tl.dot(p.to(dt), vt_hi.to(dt))
-        az_lo = az_lo * alpha
-        az_hi = az_hi * alpha
+        m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
+            t_row, stride_tkv, key, key < key_hi, q_lo, q_hi, score_scale, pos, window, soft_cap,
+            m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW, USE_SOFTCAP, DOT_F32,
+        )  # fmt: skip
 
     if NGV == 1:
         az_hi = az_lo
@@ -766,6 +816,8 @@ def paged_attention_int4(
     soft_cap: float | None = None,
     workspace: AttentionWorkspace | None = None,
     num_splits: int | None = None,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
 ) -> None:
     """``paged_attention`` over ``int4`` pages and the sequences' tails (module docstring): the
     same arguments and semantics, plus ``tail`` [num_slots, 2, num_kv_heads, 64, head_size]
@@ -774,12 +826,25 @@ def paged_attention_int4(
     complete pages are read from the cache). Runs after the step's ``write_kv_cache_int4``. Rows
     past query_start_loc[num_seqs] (CUDA-graph padding) keep what they held. No host sync,
     CUDA-graph safe with ``workspace``.
+
+    ``sink`` [num_sinks, 2, num_kv_heads, 64, head_size] (bf16/fp16) and ``sink_of_seq`` int32
+    [>= num_seqs], both or neither: a row r with sink_of_seq[r] = s >= 0 reads its keys 0..63
+    exact from sink[s] (as ``write_sink_int4`` stores them) instead of from int4 page 0, whenever
+    page 0 is a full page read from the cache; while page 0 is the tail's, the tail is read and
+    the sink is not. Without them (or with every sink_of_seq -1) the output is bit for bit the
+    same. reference_int4.paged_attention_int4_ref is the spec.
     """
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     check_shapes(query, output, kv_cache, num_kv_heads)
     check_tail(tail, tail_page, layout)
+    if (sink is None) != (sink_of_seq is None):
+        raise ValueError("int4 attention takes sink and sink_of_seq together, or neither")
+    if sink is not None:
+        check_sink(sink, sink_of_seq, layout)
+        if sink_of_seq.shape[0] < num_seqs:
+            raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads
@@ -790,6 +855,11 @@ def paged_attention_int4(
     ws = plan.workspace
     ws_acc, ws_m, ws_l = (ws.acc, ws.m, ws.l) if use_split else (output, output, output)
     ts = tail.stride()
+    # no sink: the tail stands in for its pointers and strides, never read (HAS_SINK False)
+    has_sink = sink is not None
+    if not has_sink:
+        sink, sink_of_seq = tail, slot_of_seq
+    ss = sink.stride()
     launch_attn_int4(
         (plan.num_q_blocks, num_kv_heads, plan.splits),
         query,
@@ -802,6 +872,8 @@ def paged_attention_int4(
         query_start_loc,
         seq_lens,
         slot_of_seq,
+        sink,
+        sink_of_seq,
         ws_acc,
         ws_m,
         ws_l,
@@ -815,6 +887,10 @@ def paged_attention_int4(
         ts[1],
         ts[2],
         ts[3],
+        ss[0],
+        ss[1],
+        ss[2],
+        ss[3],
         num_seqs,
         float(softmax_scale),
         float(soft_cap) if soft_cap else 1.0,
@@ -826,6 +902,7 @@ def paged_attention_int4(
         USE_WINDOW=bool(sliding_window),
         USE_SOFTCAP=bool(soft_cap),
         SPLIT=use_split,
+        HAS_SINK=has_sink,
         DOT_F32=query.device.type != "cuda",
         **layout.kernel_constexprs(),
         num_warps=cfg.num_warps,

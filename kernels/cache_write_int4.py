@@ -23,6 +23,12 @@ the launch order is what keeps every read before those writes (the tail launch r
 ``tail_page`` it overwrites only in its own program). Programs of one launch never write what
 another program of it reads.
 
+``write_sink_int4`` is a launch of its own, for the sequences given a sink (their first page, the
+attention-sink tokens, kept exact for good): it copies the new tokens at positions 0..63 into
+``sink`` in the model's dtype and leaves the two launches above as they are (page 0 is quantized
+into the cache all the same: a prefix-cache sharer without a sink reads it there). It reads only
+key/value and writes only ``sink``, so it may run before or after them.
+
 Page programs are numbered per sequence from ``qsl[r] // 64 + 2 r`` (a bound on the pages a
 sequence of q_len new tokens touches, ceil((q_len - 1) / 64) + 1, that needs no prefix sum); a
 decode step (max_query_len == 1: one page per sequence) uses one program per sequence.
@@ -297,6 +303,50 @@ def _store_tail_kernel(
             tl.store(tail_page_ptr + slot, -1)
 
 
+# As _store_tail_kernel, but no block table: the sink rows are addressed by position alone.
+@triton.jit(do_not_specialize_on_alignment=["qsl_ptr", "seq_lens_ptr", "sink_of_seq_ptr"])
+def _store_sink_kernel(
+    key_ptr,
+    value_ptr,
+    sink_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    sink_of_seq_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ss,  # sink strides: sink, K/V, head, position (elements)
+    stride_skv,
+    stride_sh,
+    stride_sp,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q0
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len
+    sink = tl.load(sink_of_seq_ptr + seq).to(tl.int64)
+    # a row past page 0 (every decode step after the 64th token) stops here: one program of
+    # scalar loads per row and kv-head
+    if (sink >= 0) & (ctx < BLOCK_SIZE) & (q_len > 0):
+        r = tl.arange(0, BLOCK_SIZE)  # positions 0..63, the sink rows
+        m = (r >= ctx) & (r < seq_len)
+        tok = tl.where(m, q0 + r - ctx, 0).to(tl.int64)
+        d = tl.arange(0, HEAD_SIZE)
+        dst = sink_ptr + sink * stride_ss + head * stride_sh + r * stride_sp
+        k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
+                    mask=m[:, None])  # fmt: skip
+        v = tl.load(value_ptr + (tok * stride_vt + head * stride_vh)[:, None] + d[None, :],
+                    mask=m[:, None])  # fmt: skip
+        tl.store(dst[:, None] + d[None, :], k.to(sink_ptr.dtype.element_ty), mask=m[:, None])
+        tl.store(dst[:, None] + stride_skv + d[None, :], v.to(sink_ptr.dtype.element_ty),
+                 mask=m[:, None])  # fmt: skip
+
+
 def int4_flush_launch(layout: Int4PageLayout) -> int:
     """Warps of the flush: a page's K (or V) is [64, D] fp32 in registers."""
     return 8 if layout.head_size > 128 else 4
@@ -304,22 +354,35 @@ def int4_flush_launch(layout: Int4PageLayout) -> int:
 
 launch_flush = DirectLauncher(_flush_pages_kernel)
 launch_tail = DirectLauncher(_store_tail_kernel)
+launch_sink = DirectLauncher(_store_sink_kernel)
 
 
 def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayout) -> None:
     """The tail pool's shape contract: [slots, 2, H, 64, D] model dtype, int32 [slots]."""
-    h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
-    if tail.dim() != 5 or tuple(tail.shape[1:]) != (2, h, b, d) or tail.stride(4) != 1:
-        raise ValueError(
-            f"tail must be [num_slots, 2, {h}, {b}, {d}] with unit stride along head_size, "
-            f"got {tuple(tail.shape)}"
-        )
-    if tail.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"tail must be bf16 or fp16, got {tail.dtype}")
+    _check_page_pool(tail, "tail", "num_slots", layout)
     if tail_page is not None and (
         tail_page.dtype != torch.int32 or tail_page.shape[0] != tail.shape[0]
     ):
         raise ValueError("tail_page must be int32 [num_slots]")
+
+
+def check_sink(sink: torch.Tensor, sink_of_seq: torch.Tensor, layout: Int4PageLayout) -> None:
+    """The sink pool's shape contract, the tail's: [sinks, 2, H, 64, D] model dtype; sink_of_seq
+    int32, one entry per row at least (checked against the batch by the callers)."""
+    _check_page_pool(sink, "sink", "num_sinks", layout)
+    if sink_of_seq.dtype != torch.int32 or sink_of_seq.dim() != 1:
+        raise ValueError("sink_of_seq must be int32 [>= num_seqs]")
+
+
+def _check_page_pool(pool: torch.Tensor, name: str, rows: str, layout: Int4PageLayout) -> None:
+    h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
+    if pool.dim() != 5 or tuple(pool.shape[1:]) != (2, h, b, d) or pool.stride(4) != 1:
+        raise ValueError(
+            f"{name} must be [{rows}, 2, {h}, {b}, {d}] with unit stride along head_size, "
+            f"got {tuple(pool.shape)}"
+        )
+    if pool.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{name} must be bf16 or fp16, got {pool.dtype}")
 
 
 def write_kv_cache_int4(
@@ -413,6 +476,61 @@ def write_kv_cache_int4(
         ts[1],
         ts[2],
         ts[3],
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        num_warps=4,
+    )
+
+
+def write_sink_int4(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sink: torch.Tensor,
+    sink_of_seq: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_seqs: int,
+    block_size: int = 64,
+    kv_dtype: str = "int4",
+) -> None:
+    """Copy the new tokens at positions 0..63 (a sequence's first page, its attention-sink tokens)
+    into the sequence's sink rows, exact in ``sink``'s dtype, beside the int4 write (which still
+    quantizes that page into the cache); ``paged_attention_int4`` reads them instead of the page.
+    reference_int4.write_sink_int4_ref is the spec.
+
+    key, value, query_start_loc, seq_lens: as ``write_kv_cache_int4``. sink: [num_sinks, 2,
+    num_kv_heads, 64, head_size] bf16/fp16 (sink[s, 0] K, sink[s, 1] V, position p in row p);
+    sink_of_seq: int32 [>= num_seqs], the row's sink or -1 (nothing written). Tokens at positions
+    >= 64 and rows past num_seqs write nothing. One launch, grid (num_seqs, num_kv_heads): no host
+    sync, CUDA-graph safe.
+    """
+    _, num_kv_heads, head_size = key.shape
+    layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("key/value must be contiguous along head_size")
+    check_sink(sink, sink_of_seq, layout)
+    if sink_of_seq.shape[0] < num_seqs:
+        raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
+    if num_seqs == 0 or key.shape[0] == 0:
+        return
+    ss = sink.stride()
+    launch_sink(
+        (num_seqs, num_kv_heads),
+        key,
+        value,
+        sink,
+        query_start_loc,
+        seq_lens,
+        sink_of_seq,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        ss[0],
+        ss[1],
+        ss[2],
+        ss[3],
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
         num_warps=4,

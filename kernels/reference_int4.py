@@ -26,6 +26,11 @@ next token starts a new one. A complete last page the write left (a full prefix-
 ``tail_page[slot] = -1``. Attention reads the pages from the cache but the last one, which it reads
 from the tail when ``tail_page[slot]`` is that page's block or the page is partial
 (``int4_kv_slots``).
+
+The sink (``write_sink_int4_ref``, ``paged_attention_int4_ref``): a sequence given one keeps its
+first page (keys 0..63, the attention-sink tokens) in the model's dtype for good, beside the int4
+page 0 the write still quantizes; attention reads those keys from the sink whenever it would read
+them from int4 page 0 (page 0 full and not the tail's).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 
 from .cache_write_int4 import FP16_MAX, INT4_LEVELS  # the write kernel's constants
 from .page_layout import Int4PageLayout
+from .reference import attention_ref
 
 
 def quantize_int4(x: torch.Tensor, group_size: int):
@@ -173,6 +179,33 @@ def write_kv_cache_int4_ref(
         tail_page[slot] = int(block_table[r, last])
 
 
+def write_sink_int4_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sink: torch.Tensor,
+    sink_of_seq: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_seqs: int,
+    block_size: int = 64,
+    kv_dtype: str = "int4",
+) -> None:
+    """Reference for ``write_sink_int4``, in place on ``sink``: for each row r < num_seqs with
+    s = sink_of_seq[r] >= 0, its new token at position p < block_size goes to sink[s, 0, :, p]
+    (K) and sink[s, 1, :, p] (V), converted to sink's dtype; nothing else is written."""
+    del kv_dtype
+    qsl, lens, sinks = query_start_loc.tolist(), seq_lens.tolist(), sink_of_seq.tolist()
+    for r in range(num_seqs):
+        q0, q1, s = qsl[r], qsl[r + 1], sinks[r]
+        ctx = lens[r] - (q1 - q0)
+        if s < 0 or q1 <= q0 or ctx >= block_size:
+            continue
+        n = min(lens[r], block_size) - ctx
+        sink[s, 0, :, ctx : ctx + n] = key[q0 : q0 + n].transpose(0, 1).to(sink.dtype)
+        sink[s, 1, :, ctx : ctx + n] = value[q0 : q0 + n].transpose(0, 1).to(sink.dtype)
+
+
 def dequantize_cache_int4(
     kv_cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,3 +256,54 @@ def int4_kv_slots(
             k[block, :n] = tail[slot, 0, :, :n].transpose(0, 1).float()
             v[block, :n] = tail[slot, 1, :, :n].transpose(0, 1).float()
     return k, v, torch.tensor(readable, dtype=torch.int32)
+
+
+def paged_attention_int4_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    block_size: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    softmax_scale: float,
+    tail: torch.Tensor,
+    tail_page: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference for ``paged_attention_int4``: ``reference.attention_ref`` (fp64) over what the
+    kernel reads (``int4_kv_slots``), and, for a row r with sink_of_seq[r] = s >= 0 whose page 0
+    is a full page read from the cache (not the tail's), keys 0..63 from sink[s] instead (the
+    row's own copy of page 0: a block other rows share keeps its int4 values for them). Returns
+    fp32 [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
+    k, v, readable = int4_kv_slots(
+        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(),
+        block_table=block_table.cpu(), slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
+    )  # fmt: skip
+    table = block_table.clone()
+    if sink is not None:
+        sinks, slots, holders = sink_of_seq.tolist(), slot_of_seq.tolist(), tail_page.tolist()
+        k_rows, v_rows = [k], [v]
+        for r, seq_len in enumerate(seq_lens.tolist()):
+            full = (seq_len // block_size) * block_size
+            held = (
+                full == seq_len
+                and full
+                and slots[r] >= 0
+                and holders[slots[r]] == int(block_table[r, full // block_size - 1])
+            )
+            if sinks[r] < 0 or full - (block_size if held else 0) <= 0:
+                continue  # no sink, or page 0 is partial or the tail's
+            table[r, 0] = sum(x.shape[0] for x in k_rows)
+            k_rows.append(sink[sinks[r], 0].transpose(0, 1)[None].float().to(k.device))
+            v_rows.append(sink[sinks[r], 1].transpose(0, 1)[None].float().to(v.device))
+        k, v = torch.cat(k_rows), torch.cat(v_rows)
+    return attention_ref(
+        query, k.to(query.device), v.to(query.device), query_start_loc=query_start_loc,
+        seq_lens=seq_lens, block_table=table, softmax_scale=softmax_scale,
+        sliding_window=sliding_window, soft_cap=soft_cap, readable=readable,
+    )  # fmt: skip

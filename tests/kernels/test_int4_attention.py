@@ -7,9 +7,15 @@ import pytest
 import torch
 from kvbatch import assert_close_bf16, make_batch
 
-from int8kv_kernels import Int4PageLayout, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels import (
+    Int4PageLayout,
+    make_workspace,
+    paged_attention,
+    paged_attention_int4,
+    write_kv_cache,
+)
 from int8kv_kernels.reference import attention_ref
-from int8kv_kernels.reference_int4 import int4_kv_slots
+from int8kv_kernels.reference_int4 import paged_attention_int4_ref
 
 B = 64
 
@@ -62,7 +68,9 @@ def run_int4(b, cache, tail, slots, nkv, out=None, tail_page=None, **kw):
     if out is None:
         out = torch.empty_like(b.query)
     out.fill_(float("nan"))
-    paged_attention(
+    # the sink keywords are paged_attention_int4's only (the dispatcher does not take them yet)
+    attend = paged_attention_int4 if "sink" in kw else paged_attention
+    attend(
         b.query, cache, out, kv_dtype="int4", block_size=B, num_kv_heads=nkv,
         query_start_loc=b.query_start_loc, seq_lens=b.seq_lens, block_table=b.block_table,
         max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
@@ -78,14 +86,11 @@ def _no_held_page(tail):
 
 def reference_int4(b, cache, tail, slots, tail_page=None, **kw):
     tail_page = _no_held_page(tail) if tail_page is None else tail_page
-    k, v, readable = int4_kv_slots(cache, tail, block_size=B, seq_lens=b.seq_lens.cpu(),
-                                   block_table=b.block_table.cpu(), slot_of_seq=slots.cpu(),
-                                   tail_page=tail_page.cpu())  # fmt: skip
     kw = {n: x for n, x in kw.items() if n not in ("num_splits", "workspace")}
-    ref = attention_ref(
-        b.query, k.to(b.query.device), v.to(b.query.device), query_start_loc=b.query_start_loc,
-        seq_lens=b.seq_lens, block_table=b.block_table, softmax_scale=b.query.shape[-1] ** -0.5,
-        readable=readable, **kw,
+    ref = paged_attention_int4_ref(
+        b.query, cache, block_size=B, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+        block_table=b.block_table, softmax_scale=b.query.shape[-1] ** -0.5, tail=tail,
+        tail_page=tail_page, slot_of_seq=slots, **kw,
     )  # fmt: skip
     return ref[: int(b.query_start_loc[-1])]
 
@@ -255,6 +260,103 @@ def test_int4_through_the_write_stays_within_the_quantization_error(device):
     assert_close_bf16(out[1:3], exact[1:3])
 
 
+def sink_pool(q_lens, seq_lens, sinks, nkv, d, device, held=(), sliding_window=None):
+    """A sink per row that names one (unit-variance rows, unrelated to the cache's page 0, so
+    reading either in place of the other shows) and sink_of_seq, whose padding entries name a
+    real sink. A sink attention must not read (page 0 partial or the tail's, or behind every
+    query's window) is NaN: reading its V turns the row's output NaN."""
+    sink = torch.randn(max([*sinks, 0]) + 1, 2, nkv, B, d).to(torch.bfloat16)
+    for r, (q, n, s) in enumerate(zip(q_lens, seq_lens, sinks, strict=True)):
+        full = n // B * B - (B if r in held and n % B == 0 else 0)
+        hidden = sliding_window is not None and n - q - sliding_window + 1 >= B
+        if s >= 0 and (full <= 0 or hidden):
+            sink[s] = float("nan")
+    sink_of_seq = torch.tensor(sinks + [0] * 3, dtype=torch.int32)
+    return sink.to(device), sink_of_seq.to(device)
+
+
+def check_sink(q_lens, seq_lens, nq, nkv, d, device, sinks, held=(), **kw):
+    """``check`` with a sink per row (``sinks``: its index, -1 none)."""
+    sink, sink_of_seq = sink_pool(q_lens, seq_lens, sinks, nkv, d, device, held,
+                                  kw.get("sliding_window"))  # fmt: skip
+    return check(q_lens, seq_lens, nq, nkv, d, device, held=held, sink=sink,
+                 sink_of_seq=sink_of_seq, **kw)  # fmt: skip
+
+
+# (name, q_lens, seq_lens, nq, nkv, head_size, sinks, extra kwargs)
+SINK_CASES = [
+    # rows with and without a sink in one batch; a sink whose page 0 is still the tail's (a
+    # 64-token row that completed it, held; a 40-token row); a 64-token prefix-cache row (page 0
+    # full in the cache, the slot holds nothing): its sink is read
+    ("decode_mixed", [1, 1, 1, 1, 1], [200, 130, 64, 40, 64], 8, 2, 64, [0, -1, 1, 2, 3],
+     {"held": (2,)}),
+    ("decode_gqa8_split_d128", [1, 1, 1], [300, 65, 128], 8, 1, 128, [1, 0, -1],
+     {"num_splits": 3}),
+    ("decode_split_d256", [1, 1], [330, 192], 4, 2, 256, [0, 1], {"num_splits": 4}),
+    # the decode configuration's 16-row variant: speculative tokens, a 4-token row finishing page 0
+    ("decode_16_rows", [3, 2, 4], [333, 190, 64], 8, 2, 64, [0, 1, 2], {"num_splits": 2}),
+    # prefix-cache style: a continuation whose page 0 is full in the cache; a fresh prompt whose
+    # first query block sees only part of page 0
+    ("continuation_d128", [70, 1], [200, 90], 8, 2, 128, [0, 1], {}),
+    ("prefill_fresh", [150, 20], [150, 20], 4, 2, 64, [1, 0], {}),
+    # windows: page 0 behind the window (sink NaN), partly inside it, wholly inside
+    ("window_decode_split", [1, 1, 1], [460, 150, 100], 4, 1, 64, [0, 1, 2],
+     {"sliding_window": 120, "num_splits": 2}),
+    ("window_prefill", [100, 1], [180, 129], 4, 2, 64, [0, 1], {"sliding_window": 50}),
+    ("window_decode_config_continuation_d256", [1, 2], [700, 640], 4, 1, 256, [0, 1],
+     {"sliding_window": 650, "num_splits": 4}),
+    ("soft_cap", [1, 30], [150, 90], 4, 1, 128, [0, 1], {"soft_cap": 3.0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SINK_CASES, ids=[c[0] for c in SINK_CASES])
+def test_int4_sink_matches_reference(case, device):
+    _, q_lens, seq_lens, nq, nkv, d, sinks, kw = case
+    check_sink(q_lens, seq_lens, nq, nkv, d, device, sinks,
+               q_std=2.0 if "soft_cap" in kw else 1.0, **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "seq_lens", "kw"),
+    [([1, 1], [300, 130], {"num_splits": 3}), ([70, 1], [200, 90], {}),
+     ([1, 40], [460, 150], {"sliding_window": 120, "soft_cap": 5.0})],
+)  # fmt: skip
+def test_int4_sink_absent_or_unused_is_bit_identical(q_lens, seq_lens, kw, device):
+    """With no sink, or with every sink_of_seq entry -1: the same bits as without the arguments."""
+    nq, nkv, d = 4, 2, 64
+    b = make_batch(q_lens, seq_lens, nq, d, B, device)
+    cache = random_int4_cache(nkv, d, b.num_blocks, device)
+    tail = random_tail(len(q_lens), nkv, d, device)
+    _poison_unused_tail_rows(tail, seq_lens, list(range(len(q_lens))))
+    slots = torch.arange(len(q_lens) + 3, dtype=torch.int32, device=device) % len(q_lens)
+    tail_page = tail_pages(b, seq_lens, list(range(len(q_lens))), len(q_lens), device=device)
+    plain = run_int4(b, cache, tail, slots, nkv, tail_page=tail_page, **kw).clone()
+    sink = torch.full((2, 2, nkv, B, d), float("nan"), dtype=torch.bfloat16, device=device)
+    none = torch.full((len(q_lens) + 3,), -1, dtype=torch.int32, device=device)
+    unused = run_int4(b, cache, tail, slots, nkv, tail_page=tail_page, sink=sink,
+                      sink_of_seq=none, **kw)  # fmt: skip
+    assert torch.equal(plain, unused)
+    assert not plain.isnan().any()
+    # and the sinks are read where named: the same batch with them differs
+    sink.normal_()
+    used = run_int4(b, cache, tail, slots, nkv, tail_page=tail_page, sink=sink,
+                    sink_of_seq=torch.zeros_like(none), **kw)  # fmt: skip
+    assert not torch.equal(plain, used)
+
+
+def test_int4_sink_arguments_are_checked(device):
+    b = make_batch([1], [100], 4, 64, B, device)
+    cache = random_int4_cache(1, 64, b.num_blocks, device)
+    tail, slots = random_tail(1, 1, 64, device), torch.zeros(1, dtype=torch.int32, device=device)
+    sink = torch.zeros(1, 2, 1, B, 64, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="sink and sink_of_seq together"):
+        run_int4(b, cache, tail, slots, 1, sink=sink)
+    with pytest.raises(ValueError, match="sink must be"):
+        run_int4(b, cache, tail, slots, 1, sink=sink[:, :, :, :32], sink_of_seq=slots)
+    with pytest.raises(ValueError, match="entries for 1 rows"):
+        run_int4(b, cache, tail, slots, 1, sink=sink, sink_of_seq=slots[:0])
+
+
 GPU_CASES = [
     ("decode_b8_8k_plus_13", [1] * 8, [8192 + 13] * 8, 32, 8, 128, {}),
     ("decode_d256_window", [1] * 4, [4096 + 5, 100, 3000, 64], 4, 1, 256,
@@ -291,3 +393,24 @@ GPU_CASES = [
 def test_int4_attention_matches_reference_gpu(case):
     _, q_lens, seq_lens, nq, nkv, d, kw = case
     check(q_lens, seq_lens, nq, nkv, d, "cuda", **kw)
+
+
+# Real sizes with a sink page: decode at 8K (split by the heuristic; rows without a sink, a
+# 64-token row whose tail holds page 0), a continuation batch (chunks on a full page 0, a fresh
+# prompt, a 2-token continuation), Gemma 3's head size with a window (page 0 behind it for the
+# long rows, inside it for the short)
+GPU_SINK_CASES = [
+    ("decode_b8_8k", [1] * 8, [8192 + 13] * 6 + [64, 3000], 32, 8, 128,
+     [0, 1, -1, 2, 3, -1, 4, 5], {"held": (6,)}),
+    ("continuation_mixed", [1, 300, 16, 2, 513], [5000, 300, 4096, 640, 2000], 32, 8, 128,
+     [0, 1, 2, 3, -1], {}),
+    ("gemma3_window_d256", [1, 1, 2, 1], [8193, 300, 8192, 500], 4, 1, 256, [0, 1, 2, 3],
+     {"sliding_window": 512}),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_SINK_CASES, ids=[c[0] for c in GPU_SINK_CASES])
+def test_int4_sink_matches_reference_gpu(case):
+    _, q_lens, seq_lens, nq, nkv, d, sinks, kw = case
+    check_sink(q_lens, seq_lens, nq, nkv, d, "cuda", sinks, **kw)

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from int8kv_kernels import Int4PageLayout, get_page_bytes, write_kv_cache
+from int8kv_kernels.cache_write_int4 import write_sink_int4
 from int8kv_kernels.catalogue import TAIL_DTYPES, get_dtype
 from int8kv_kernels.reference_int4 import (
     dequantize_cache_int4,
     page_views,
     quantize_page,
     write_kv_cache_int4_ref,
+    write_sink_int4_ref,
 )
 
 B = 64  # tokens per int4 page
@@ -314,6 +316,63 @@ def test_int4_write_rejects_bad_tails_and_static_scales():
                        tail_page=pool.tail_page, **{**kw, "block_size": 16})  # fmt: skip
 
 
+# (q_len, seq_len, sink) rows of one step: decode rows before and past position 64, a prefill
+# chunk crossing 64, a chunk entirely past it, a whole prompt under 64, rows without a sink, a
+# row without new tokens; then two padding rows (past num_seqs: tokens, a sink, but no request)
+SINK_ROWS = [(1, 5, 0), (1, 64, 1), (1, 65, 2), (50, 80, 3), (20, 90, 4), (40, 40, 5),
+             (1, 10, -1), (70, 70, -1), (0, 30, 7), (3, 40, 6), (4, 4, 6)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("nkv", "d", "dtype"), [(3, 64, torch.bfloat16), (2, 128, torch.float16),
+                                                 (1, 256, torch.bfloat16)])  # fmt: skip
+def test_sink_write_matches_reference_bit_for_bit(nkv, d, dtype):
+    dev = Pool(nkv=1, d=64).device
+    q_lens, seq_lens, sinks = (list(x) for x in zip(*SINK_ROWS, strict=True))
+    num_seqs = len(q_lens) - 2
+    n = sum(q_lens[:num_seqs])
+    key = torch.randn(n + 7, nkv, d).to(torch.bfloat16).to(dev)  # + the padding rows' tokens
+    value = torch.randn_like(key)
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    # random bits everywhere: a byte written where the reference writes none (or not written where
+    # it writes one) differs
+    sink = torch.randint(-(2**15), 2**15, (8, 2, nkv, B, d), dtype=torch.int16).view(dtype)
+    sink = sink.to(dev)
+    kw = dict(query_start_loc=qsl.to(dev), seq_lens=torch.tensor(seq_lens, dtype=torch.int32,
+              device=dev), num_seqs=num_seqs)  # fmt: skip
+    sink_of_seq = torch.tensor(sinks, dtype=torch.int32, device=dev)
+    want = sink.clone()
+    write_sink_int4_ref(key, value, want, sink_of_seq, **kw)
+    before = sink.clone()
+    write_sink_int4(key, value, sink, sink_of_seq, **kw)
+    assert torch.equal(sink.view(torch.int16), want.view(torch.int16))
+    # what the reference wrote, by hand: row 3 (ctx 30, 50 tokens) fills positions 30..63 of
+    # sink 3 from its first 34 tokens; row 4 (ctx 70) and the rows past num_seqs write nothing
+    t0 = int(qsl[3])
+    for kv, x in enumerate((key, value)):
+        assert torch.equal(
+            sink[3, kv, :, 30:].cpu(), x[t0 : t0 + 34].transpose(0, 1).to(dtype).cpu()
+        )
+    assert torch.equal(sink[3, :, :, :30].view(torch.int16), before[3, :, :, :30].view(torch.int16))
+    for untouched in (4, 6, 7):
+        assert torch.equal(sink[untouched].view(torch.int16), before[untouched].view(torch.int16))
+    assert torch.equal(sink[1, 0, :, 63].cpu(), key[int(qsl[1])].to(dtype).cpu())
+    assert torch.equal(sink[2].view(torch.int16), before[2].view(torch.int16))  # position 64
+
+
+def test_sink_write_refuses_bad_shapes():
+    k = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
+    kw = dict(query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+              seq_lens=torch.tensor([1], dtype=torch.int32), num_seqs=1)  # fmt: skip
+    ok = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="sink must be"):
+        write_sink_int4(k, k, torch.zeros(1, 2, 1, B, 64, dtype=torch.bfloat16), ok, **kw)
+    with pytest.raises(ValueError, match="sink_of_seq must be int32"):
+        write_sink_int4(k, k, torch.zeros(1, 2, 2, B, 64, dtype=torch.bfloat16), ok.long(), **kw)
+    with pytest.raises(ValueError, match="entries for 1 rows"):
+        write_sink_int4(k, k, torch.zeros(1, 2, 2, B, 64, dtype=torch.bfloat16), ok[:0], **kw)
+
+
 @pytest.mark.gpu
 def test_int4_write_real_size_gpu():
     # decode rows reach 30 pages (64 * 30 tokens): a table of 30 columns, 32 * 30 distinct pages
@@ -355,3 +414,25 @@ def _write_gemma3_step(window: int | None, device: str, scale: int = 1) -> None:
         pool.tail_page[[5, 7, 9, 11][r]] = int(table[r, (seq_lens[r] - q_lens[r]) // B])
     k, v = _kv(sum(q_lens), pool)
     _write(pool, k, v, q_lens, seq_lens, table, [5, 7, 9, 11, 2, 3], [0, 0, 0, 0, 1, 1])
+
+
+@pytest.mark.gpu
+def test_sink_write_real_size_gpu():
+    # 64 rows: decodes before and past page 0, prompts of up to 2000 tokens, a third without sink
+    q_lens = [1] * 40 + [2000, 70, 33, 500] * 6
+    seq_lens = [30 + 3 * i for i in range(40)] + [2000, 100, 40, 900] * 6
+    sinks = [i if i % 3 else -1 for i in range(64)]
+    n = sum(q_lens)
+    key = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    qsl = torch.zeros(65, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    sink = torch.randint(-(2**15), 2**15, (64, 2, 8, B, 128), dtype=torch.int16, device="cuda")
+    sink = sink.view(torch.bfloat16)
+    kw = dict(query_start_loc=qsl.cuda(), seq_lens=torch.tensor(seq_lens, dtype=torch.int32,
+              device="cuda"), num_seqs=64)  # fmt: skip
+    sink_of_seq = torch.tensor(sinks, dtype=torch.int32, device="cuda")
+    want = sink.clone()
+    write_sink_int4_ref(key, value, want, sink_of_seq, **kw)
+    write_sink_int4(key, value, sink, sink_of_seq, **kw)
+    assert torch.equal(sink.view(torch.int16), want.view(torch.int16))
