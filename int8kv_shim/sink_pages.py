@@ -6,7 +6,7 @@ whole sequence attends to), and per-token quantization of that page instead made
 (``kv_quant_sim_first_page*.json``): what the page needs is precision. This module decides, per
 step and per batch row, which sink each row reads and which it writes; the layers own the pools
 (``sink`` [num_sinks, 2, num_kv_heads, 64, head_size] per layer, like the tail pool) and the
-kernels read and write them (``int8kv_kernels``: ``paged_attention_int4(sink=, ...)``,
+kernels read and write them (``int8kv_kernels``: ``paged_attention_int4(sink=, sink_of_seq=)``,
 ``write_sink_int4``).
 
 **Keyed by content**, not by request or block: the first 64 prompt token ids and the LoRA adapter
@@ -16,10 +16,10 @@ share a first page share its sink. Prompts shorter than a page, prompts given as
 multimodal prompts get none (their first page is read from the 4-bit cache, as without sinks).
 
 * The first request that computes a page of a content it has no complete sink for **owns** a new
-  sink and writes it (``sink_store_of_slot``) as its tokens 0..63 go into the cache; the sink is
+  sink and writes it (``sink_store_of_seq``) as its tokens 0..63 go into the cache; the sink is
   **complete** once that request's computed tokens reach 64 (at the start of a later step).
 * Every row whose content has a complete sink, and the owner itself, **read** it
-  (``sink_of_slot``); the kernels read it only where the page is a full 4-bit page.
+  (``sink_of_seq``); the kernels read it only where the page is a full 4-bit page.
 * A finished request's sink stays (a later prompt with the same start, a multi-turn
   conversation's next turn, finds it); when every sink is taken, the least recently used one that
   no running request reads is reused. A request that then finds no sink reads its 4-bit page: less
@@ -82,11 +82,10 @@ def sink_key(prompt_token_ids: Sequence[int] | None, lora_id: int = 0,
 
 
 class SinkPages:
-    """Content -> sink index, and the per-step ``sink_of_slot`` / ``sink_store_of_slot`` buffers,
-    indexed by tail slot (``tail_slots.py``): the kernels find a row's slot in ``slot_of_seq``,
-    so these need no slicing by row and keep one address for the engine's life."""
+    """Content -> sink index, and the per-step ``sink_of_seq`` / ``sink_store_of_seq`` buffers in
+    the rows of the step's block table (the rows of ``tail_slots.TailSlots``)."""
 
-    def __init__(self, num_sinks: int, num_slots: int, device: torch.device | str) -> None:
+    def __init__(self, num_sinks: int, num_rows: int, device: torch.device | str) -> None:
         if num_sinks < 1:
             raise ValueError(f"int8kv-shim: the sink pool needs at least one sink, not {num_sinks}")
         device = torch.device(device)
@@ -98,12 +97,12 @@ class SinkPages:
         self._idle: OrderedDict[int, None] = OrderedDict()
         self._free = list(range(num_sinks - 1, -1, -1))  # popped from the end: 0 first
         self._requests: dict[str, _Request] = {}
-        # Row 0 sink_of_slot, row 1 sink_store_of_slot: one tensor, so one copy per step.
-        self._rows = torch.full((2, num_slots), -1, dtype=torch.int32, device=device)
-        self.sink_of_slot = self._rows[0]
-        self.sink_store_of_slot = self._rows[1]
+        # Row 0 sink_of_seq, row 1 sink_store_of_seq: one tensor, so one copy per step.
+        self._rows = torch.full((2, num_rows), -1, dtype=torch.int32, device=device)
+        self.sink_of_seq = self._rows[0]
+        self.sink_store_of_seq = self._rows[1]
         cuda = device.type == "cuda"
-        self._host = torch.full((2, num_slots), -1, dtype=torch.int32, device="cpu",
+        self._host = torch.full((2, num_rows), -1, dtype=torch.int32, device="cpu",
                                 pin_memory=cuda)  # fmt: skip
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event() if cuda else None
@@ -160,22 +159,20 @@ class SinkPages:
     # ---------------------------------------------------------------------------------------
     # the step's rows
 
-    def assign(self, req_ids: Sequence[str], slots: Sequence[int]) -> None:
-        """Fill the buffers for a step whose requests ``req_ids`` hold tail slots ``slots``
-        (every other slot: -1)."""
+    def assign(self, req_ids: Sequence[str]) -> None:
+        """Fill the buffers for a batch whose row r is request ``req_ids[r]`` (rows past it: -1)."""
         if self._copied is not None:
             self._copied.synchronize()
         host = self._host_np
-        host[:] = -1
-        for req_id, slot in zip(req_ids, slots, strict=True):
-            if slot >= 0:
-                host[0, slot], host[1, slot] = self._row(req_id)
+        for row, req_id in enumerate(req_ids):
+            host[0, row], host[1, row] = self._row(req_id)
+        host[:, len(req_ids) :] = -1
         self._rows.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 
     def clear_rows(self) -> None:
-        """Every slot -1, for dummy runs (profiling, capture, idle data-parallel steps)."""
+        """Every row -1, for dummy runs (profiling, capture, idle data-parallel steps)."""
         self._rows.fill_(-1)
 
     def _row(self, req_id: str) -> tuple[int, int]:
@@ -273,12 +270,12 @@ def manager() -> SinkPages | None:
     return _manager
 
 
-def install(num_sinks: int, num_slots: int, device: torch.device | str) -> SinkPages:
+def install(num_sinks: int, num_rows: int, device: torch.device | str) -> SinkPages:
     """The process's manager (made on the first call; the tail slots' runner hooks feed it)."""
     global _manager
     device = torch.device(device)
     if _manager is None:
-        _manager = SinkPages(num_sinks, num_slots, device)
+        _manager = SinkPages(num_sinks, num_rows, device)
     elif (_manager.num_sinks, _manager.device) != (num_sinks, device):
         raise ValueError(
             f"int8kv-shim: this process's sink pool has {_manager.num_sinks} sinks on "

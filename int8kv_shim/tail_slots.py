@@ -234,15 +234,14 @@ def v1_states_updated(runner: Any, scheduler_output: Any) -> None:
     sinks = sink_pages.manager()
     if sinks is not None:
         sink_pages.ended(sinks, scheduler_output)
-        _assign_sinks(sinks, slots, req_ids, scheduler_output)
+        _assign_sinks(sinks, req_ids, scheduler_output)
 
 
 def _assign_sinks(
-    sinks: sink_pages.SinkPages, slots: TailSlots, req_ids: Sequence[str], scheduler_output: Any
+    sinks: sink_pages.SinkPages, req_ids: Sequence[str], scheduler_output: Any
 ) -> None:
     sink_pages.scheduled(sinks, scheduler_output)
-    held = [slots.slot_of(r) for r in req_ids]
-    sinks.assign(req_ids, [-1 if s is None else s for s in held])
+    sinks.assign(req_ids)
 
 
 def v2_requests_finished(scheduler_output: Any) -> None:
@@ -260,7 +259,7 @@ def v2_inputs_prepared(input_batch: Any, scheduler_output: Any) -> None:
         _manager.assign(input_batch.req_ids, renew=_resumed(scheduler_output))
         sinks = sink_pages.manager()
         if sinks is not None:
-            _assign_sinks(sinks, _manager, input_batch.req_ids, scheduler_output)
+            _assign_sinks(sinks, input_batch.req_ids, scheduler_output)
 
 
 def dummy_run_starts() -> None:

@@ -15,13 +15,11 @@ Z = list(range(500, 600))
 
 
 def _rows(pages: SinkPages, *req_ids: str) -> list[tuple[int, int]]:
-    """(read, store) of each request, given tail slots in reverse row order (slots are not rows)."""
-    slots = [pages.num_sinks + 1 - i for i in range(len(req_ids))]
-    pages.assign(list(req_ids), slots)
-    read, store = pages.sink_of_slot.tolist(), pages.sink_store_of_slot.tolist()
-    others = [s for s in range(len(read)) if s not in slots]
-    assert [read[s] for s in others] == [store[s] for s in others] == [-1] * len(others)
-    return [(read[s], store[s]) for s in slots]
+    pages.assign(list(req_ids))
+    read, store = pages.sink_of_seq.tolist(), pages.sink_store_of_seq.tolist()
+    assert read[len(req_ids) :] == [-1] * (len(read) - len(req_ids))  # rows past the batch
+    assert store[len(req_ids) :] == [-1] * (len(store) - len(req_ids))
+    return list(zip(read[: len(req_ids)], store[: len(req_ids)], strict=True))
 
 
 def _start(pages: SinkPages, req_id: str, prompt: list[int], computed: int, scheduled: int) -> None:
@@ -117,7 +115,7 @@ def test_short_prompts_and_dummy_runs_read_and_write_nothing() -> None:
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]
     pages.clear_rows()
-    assert pages.sink_of_slot.tolist() == [-1] * 8 and pages.sink_store_of_slot.tolist() == [-1] * 8
+    assert pages.sink_of_seq.tolist() == [-1] * 8 and pages.sink_store_of_seq.tolist() == [-1] * 8
 
 
 def test_from_vllms_scheduler_output() -> None:
@@ -160,7 +158,7 @@ def test_from_vllms_scheduler_output() -> None:
     assert _rows(pages, "a", "b") == [(0, -1), (0, -1)]
 
 
-def test_the_tail_slot_hooks_fill_the_sinks_by_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tail_slot_hooks_fill_the_sink_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     from int8kv_shim import tail_slots
 
     slots = tail_slots.TailSlots(4, "cpu")
@@ -180,20 +178,18 @@ def test_the_tail_slot_hooks_fill_the_sinks_by_slot(monkeypatch: pytest.MonkeyPa
             preempted_req_ids=set(),
         )  # fmt: skip
 
-    # V1: rows in the persistent batch's order; the sinks land at each request's tail slot
+    # V1: rows in the persistent batch's order
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "s"], num_reqs=2))
     tail_slots.v1_states_updated(
         runner, out([("a", X, 0), ("s", X[:9], 0)], (), {"a": 100, "s": 9})
     )
-    a, s = slots.slot_of("a"), slots.slot_of("s")
-    assert (sinks.sink_of_slot[a].item(), sinks.sink_store_of_slot[a].item()) == (0, 0)
-    assert (sinks.sink_of_slot[s].item(), sinks.sink_store_of_slot[s].item()) == (-1, -1)
+    assert sinks.sink_of_seq.tolist() == [0, -1, -1, -1]
+    assert sinks.sink_store_of_seq.tolist() == [0, -1, -1, -1]
     # V2: finish_requests, then prepare_inputs with its own row order
     tail_slots.v2_requests_finished(out(finished=["s"]))
     batch = SimpleNamespace(req_ids=["b", "a"])
     tail_slots.v2_inputs_prepared(batch, out([("b", X, 64)], [("a", 100)], {"a": 1, "b": 36}))
-    b = slots.slot_of("b")
-    assert sinks.sink_of_slot.tolist()[a] == sinks.sink_of_slot.tolist()[b] == 0
-    assert sinks.sink_store_of_slot.tolist() == [-1] * 4
+    assert sinks.sink_of_seq.tolist() == [0, 0, -1, -1]  # rows b, a: both read a's sink
+    assert sinks.sink_store_of_seq.tolist() == [-1] * 4
     tail_slots.dummy_run_starts()
-    assert sinks.sink_of_slot.tolist() == [-1] * 4
+    assert sinks.sink_of_seq.tolist() == [-1] * 4
