@@ -749,6 +749,8 @@ def paged_attention(
     tail: torch.Tensor | None = None,
     slot_of_seq: torch.Tensor | None = None,
     tail_page: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
 ) -> None:
     """Causal varlen attention of ``query`` over the INT8 paged cache, written into ``output``.
 
@@ -765,7 +767,9 @@ def paged_attention(
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
     ``int4`` (attention_int4.py): no static scales, and ``tail`` [num_slots, 2, num_kv_heads, 64,
     head_size] / ``slot_of_seq`` int32 [>= num_seqs] / ``tail_page`` int32 [num_slots]: the
-    sequences' last pages in the model's dtype and the block each slot holds.
+    sequences' last pages in the model's dtype and the block each slot holds; ``sink`` /
+    ``sink_of_seq`` (optional): the sequences' first pages in the model's dtype
+    (``paged_attention_int4``).
     """
     if kv_dtype in INT4_DTYPES:
         if k_scale is not None or v_scale is not None:
@@ -779,7 +783,7 @@ def paged_attention(
             block_table=block_table, max_query_len=max_query_len, max_seq_len=max_seq_len,
             softmax_scale=softmax_scale, tail=tail, tail_page=tail_page, slot_of_seq=slot_of_seq,
             sliding_window=sliding_window, soft_cap=soft_cap, workspace=workspace,
-            num_splits=num_splits,
+            num_splits=num_splits, sink=sink, sink_of_seq=sink_of_seq,
         )  # fmt: skip
     # Everything that decides the launches (checks, grid, binary, arguments) but the addresses of
     # the calling layer's own tensors: a model's layers repeat one step's call with only those
@@ -793,6 +797,7 @@ def paged_attention(
         None if v_scale is None else v_scale.shape, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
         tail is None, slot_of_seq is None, tail_page is None,  # int4's, unused here
+        sink is None, sink_of_seq is None,  # int4's sink pages, unused here
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
                     static_v_ptr=v_scale):  # fmt: skip

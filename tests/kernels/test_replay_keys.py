@@ -58,7 +58,7 @@ def _attention_args():
         block_table=_int32(4, 2, fill=torch.arange(8).view(4, 2)), max_query_len=1,
         max_seq_len=20, softmax_scale=0.125, sliding_window=None, soft_cap=None, k_scale=None,
         v_scale=None, workspace=None, num_splits=None, v_format="int8", tail=None, slot_of_seq=None,
-        tail_page=None,
+        tail_page=None, sink=None, sink_of_seq=None,
     )  # fmt: skip
 
 
@@ -82,6 +82,7 @@ def _attention_changes(a):
         # int4's (ignored by int8 pages, but part of the call)
         "tail": [torch.zeros(1, 2, NKV, 64, D, dtype=torch.bfloat16)],
         "slot_of_seq": [_int32(4)], "tail_page": [_int32(1)],
+        "sink": [torch.zeros(1, 2, NKV, 64, D, dtype=torch.bfloat16)], "sink_of_seq": [_int32(4)],
     }  # fmt: skip
 
 
