@@ -28,6 +28,7 @@ from int8kv_kernels import (
     make_workspace,
     paged_attention,
     write_kv_cache,
+    write_sink_int4,
 )
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
 from int8kv_kernels.catalogue import (
@@ -40,10 +41,14 @@ from int8kv_kernels.catalogue import (
 )
 from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
-from int8kv_shim import flash_prefill, tail_slots
+from int8kv_shim import flash_prefill, sink_pages, tail_slots
 from int8kv_shim._logging import get_logger
 from int8kv_shim.catalogue_loader import needs_tail_pool, page_tokens
-from int8kv_shim.environment_variables import INT8KV_DIRECT_LAUNCH, direct_launch_enabled
+from int8kv_shim.environment_variables import (
+    INT8KV_DIRECT_LAUNCH,
+    direct_launch_enabled,
+    int4_sink_page_enabled,
+)
 from int8kv_shim.flash_prefill import (
     CONTEXT_BUFFER_BYTES,
     MIN_CONTINUATION_TOKENS,
@@ -105,6 +110,9 @@ class Int8KVAttentionMetadata:
     # views of the process's persistent buffers (tail_slots.py), in the rows of block_table.
     slot_of_seq: torch.Tensor | None = None
     slot_is_new: torch.Tensor | None = None
+    # int4 with sink pages (sink_pages.py): row r's sink to read (-1: none) and to write (-1: none)
+    sink_of_seq: torch.Tensor | None = None
+    sink_store_of_seq: torch.Tensor | None = None
 
 
 class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMetadata]):
@@ -138,6 +146,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.slots = _slot_manager() if needs_tail_pool(our_dtype) else None
         if self.slots is not None:
             self.slots.log_pool_once()
+        # and, with sink pages on, the sink manager the same layers made
+        self.sinks = sink_pages.manager() if self.slots is not None else None
         # Decided once per builder, like the impl's own choice (same cached function).
         self.flash_prefill = flash_attention(model_config.get_head_size()) is not None
         # Continuations need their context dequantized into BF16 (int8 / int8_static only: part
@@ -193,11 +203,16 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
                 )
             slot_of_seq = self.slots.slot_of_seq[: m.num_reqs]
             slot_is_new = self.slots.slot_is_new[: m.num_reqs]
+        sink_of_seq = sink_store_of_seq = None
+        if self.sinks is not None:
+            sink_of_seq = self.sinks.sink_of_seq[: m.num_reqs]
+            sink_store_of_seq = self.sinks.sink_store_of_seq[: m.num_reqs]
         split = None
         if m.max_query_len > 1:
             split, reason = self._prefill_route(
-                m, first_seq=num_decodes if mixed else 0, slot_of_seq=slot_of_seq
-            )
+                m, first_seq=num_decodes if mixed else 0, slot_of_seq=slot_of_seq,
+                sink_of_seq=sink_of_seq,
+            )  # fmt: skip
             self._log_route(split, reason)
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
@@ -221,6 +236,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             split=split,
             slot_of_seq=slot_of_seq,
             slot_is_new=slot_is_new,
+            sink_of_seq=sink_of_seq,
+            sink_store_of_seq=sink_store_of_seq,
         )
 
     def _prefill_route(
@@ -228,6 +245,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         m: CommonAttentionMetadata,
         first_seq: int,
         slot_of_seq: torch.Tensor | None = None,
+        sink_of_seq: torch.Tensor | None = None,
     ) -> tuple[PrefillSplit | None, str | None]:
         """The FlashAttention-2 split of a batch with prefills, or None and why, in words (for
         the log)."""
@@ -253,6 +271,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             self.min_continuation_tokens,
             first_seq=first_seq,
             slot_of_seq=slot_of_seq,
+            sink_of_seq=sink_of_seq,
         )
         if split is None:
             return None, "our kernels (no sequence qualifies for FlashAttention-2)"
@@ -361,8 +380,11 @@ class Int8KVAttentionImpl(AttentionImpl):
         self.uses_tail = needs_tail_pool(kv_cache_dtype)
         self.tail: torch.Tensor | None = None
         self.tail_page: torch.Tensor | None = None
+        self.sink: torch.Tensor | None = None  # int4's sink pages (INT8KV_INT4_SINK_PAGE)
         if self.uses_tail and kv_sharing_target_layer_name is None:
-            self.tail, self.tail_page = _allocate_tail(kv_cache_dtype, num_kv_heads, head_size)
+            self.tail, self.tail_page, self.sink = _allocate_tail(
+                kv_cache_dtype, num_kv_heads, head_size
+            )
 
     @property
     def flash_prefill(self) -> bool:
@@ -423,16 +445,20 @@ class Int8KVAttentionImpl(AttentionImpl):
             # Before any attention of this step, FlashAttention's first chunks included: the
             # write needs the step's metadata (do_kv_cache_update gets only the slot mapping).
             self._write_with_tail(key, value, kv_cache, md)
+            if md.sink_store_of_seq is not None and self.sink is not None:
+                write_sink_int4(key, value, self.sink, md.sink_store_of_seq,
+                                query_start_loc=md.query_start_loc, seq_lens=md.seq_lens,
+                                num_seqs=md.num_reqs)  # fmt: skip
         lo = 0  # first token after the decodes that run as their own launch
         qsl, seq_lens, block_table = md.query_start_loc, md.seq_lens, md.block_table
-        slots = md.slot_of_seq
+        slots, sinks = md.slot_of_seq, md.sink_of_seq
         if md.prefill_query_start_loc is not None:
             nd, lo = md.num_decodes, md.num_decode_tokens
             self._paged(query[:lo], kv_cache, output[:lo], md, qsl[: nd + 1], seq_lens[:nd],
-                        block_table[:nd], 1, _rows(slots, 0, nd))  # fmt: skip
+                        block_table[:nd], 1, _rows(slots, 0, nd), _rows(sinks, 0, nd))  # fmt: skip
             qsl, seq_lens = md.prefill_query_start_loc, seq_lens[nd : md.num_reqs]
             block_table = block_table[nd : md.num_reqs]
-            slots = _rows(slots, nd, md.num_reqs)
+            slots, sinks = _rows(slots, nd, md.num_reqs), _rows(sinks, nd, md.num_reqs)
         split = md.split if self._flash_attention is not None and key is not None else None
         if split is not None:
             try:
@@ -443,7 +469,7 @@ class Int8KVAttentionImpl(AttentionImpl):
                 flash_prefill.disable(e.__cause__ or e)
                 self._flash_attention = None
         self._paged(query[lo:n], kv_cache, output[lo:n], md, qsl, seq_lens, block_table,
-                    md.max_query_len, slots)  # fmt: skip
+                    md.max_query_len, slots, sinks)  # fmt: skip
         return output
 
     def _write_with_tail(
@@ -496,7 +522,7 @@ class Int8KVAttentionImpl(AttentionImpl):
 
         def paged(q: torch.Tensor, out: torch.Tensor, s: Subset) -> None:
             self._paged(q, kv_cache, out, md, s.query_start_loc, s.seq_lens, s.block_table,
-                        s.max_query_len, s.slot_of_seq)  # fmt: skip
+                        s.max_query_len, s.slot_of_seq, s.sink_of_seq)  # fmt: skip
 
         return flash_prefill.forward_split(
             query, key, value, output, split, flash_attention=self._flash_attention,
@@ -515,13 +541,17 @@ class Int8KVAttentionImpl(AttentionImpl):
         block_table: torch.Tensor,
         max_query_len: int,
         slot_of_seq: torch.Tensor | None = None,
+        sink_of_seq: torch.Tensor | None = None,
     ) -> None:
         """Our kernels over the quantized pages, for the sequences these tensors describe
-        (``slot_of_seq``: their tail slots, for dtypes with a tail pool)."""
+        (``slot_of_seq``: their tail slots, for dtypes with a tail pool; ``sink_of_seq``: their
+        sink pages, for int4 with sink pages)."""
         tail = {}
         if self.uses_tail:
             tail = {"tail": self._attention_tail(), "slot_of_seq": slot_of_seq,
                     "tail_page": self.tail_page}  # fmt: skip
+            if sink_of_seq is not None:
+                tail.update(sink=self._attention_sink(), sink_of_seq=sink_of_seq)
         paged_attention(
             query,
             kv_cache,
@@ -542,6 +572,15 @@ class Int8KVAttentionImpl(AttentionImpl):
             **tail,
             **self._kernel_scales(),
         )
+
+    def _attention_sink(self) -> torch.Tensor:
+        """This layer's sink pool, or, for a layer reading another layer's cache, that layer's."""
+        if self.sink is None:
+            from vllm.forward_context import get_forward_context
+
+            layers = get_forward_context().no_compile_layers
+            self.sink = layers[self.kv_sharing_target_layer_name].impl.sink
+        return self.sink
 
     def _attention_tail(self) -> torch.Tensor:
         """This layer's tail pool, or, for a layer reading another layer's cache, that layer's
@@ -601,8 +640,9 @@ def _slot_manager() -> tail_slots.TailSlots:
 
 def _allocate_tail(
     kv_cache_dtype: str, num_kv_heads: int, head_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's (tail, tail_page), sized from the vLLM config being built."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One layer's (tail, tail_page, sink), sized from the vLLM config being built: ``sink``, a
+    page per slot like the tail's, only with ``INT8KV_INT4_SINK_PAGE`` (else None)."""
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()
@@ -622,11 +662,14 @@ def _allocate_tail(
     assert tokens is not None, kv_cache_dtype
     tail = torch.zeros(num_slots, 2, num_kv_heads, tokens, head_size, dtype=dtype, device=device)
     tail_page = torch.full((num_slots,), -1, dtype=torch.int32, device=device)
+    sink = None
+    if int4_sink_page_enabled():
+        sink_pages.install(num_slots, num_slots, device)
+        sink = torch.zeros_like(tail)
     cache_bytes_per_token = num_kv_heads * get_dtype(kv_cache_dtype).bytes_per_token_head(head_size)
-    slots.count_pool(
-        tail.numel() * tail.element_size() + tail_page.numel() * 4, cache_bytes_per_token
-    )
-    return tail, tail_page
+    pool_bytes = tail.numel() * tail.element_size() * (1 if sink is None else 2)
+    slots.count_pool(pool_bytes + tail_page.numel() * 4, cache_bytes_per_token)
+    return tail, tail_page, sink
 
 
 def _block_size(kv_cache: torch.Tensor, kv_dtype: str, num_kv_heads: int, head_size: int) -> int:

@@ -92,6 +92,8 @@ class Subset:
     token_range: tuple[int, int] | None = None
     # int32 [seqs]: their rows of the batch's tail slots (dtypes with a tail pool), else None
     slot_of_seq: torch.Tensor | None = None
+    # int32 [seqs]: their rows of the batch's sink pages (int4 with sink pages), else None
+    sink_of_seq: torch.Tensor | None = None
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """This subset's rows of a full-batch tensor: a view when they are contiguous."""
@@ -198,6 +200,7 @@ def make_subset(
     block_table: torch.Tensor,
     num_computed_cpu: torch.Tensor | None = None,
     slot_of_seq: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
 ) -> Subset:
     """The compact varlen description of ``seqs`` (host work, small copies, two gathers).
 
@@ -229,6 +232,7 @@ def make_subset(
         block_table=block_table.index_select(0, seq_index),
         token_range=(int(offsets[0]), int(offsets[0] + ends[-1])) if contiguous else None,
         slot_of_seq=None if slot_of_seq is None else slot_of_seq.index_select(0, seq_index),
+        sink_of_seq=None if sink_of_seq is None else sink_of_seq.index_select(0, seq_index),
     )
     if num_computed_cpu is not None:
         contexts = num_computed_cpu.to(torch.int64)[seqs_cpu]
@@ -254,11 +258,12 @@ def split_batch(
     min_continuation_tokens: int = MIN_CONTINUATION_TOKENS,
     first_seq: int = 0,
     slot_of_seq: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
 ) -> PrefillSplit | None:
     """The split of a batch, or None (nothing for FlashAttention, or no CPU computed counts).
 
-    ``seq_lens`` / ``block_table`` / ``slot_of_seq`` (tail slots, or None): the batch's device
-    tensors (subsets are gathered from them).
+    ``seq_lens`` / ``block_table`` / ``slot_of_seq`` (tail slots, or None) / ``sink_of_seq``
+    (sink pages, or None): the batch's device tensors (subsets are gathered from them).
     ``max_context_tokens`` / ``min_continuation_tokens`` / ``first_seq``: as in :func:`plan_split`.
     """
     if num_computed_cpu is None:
@@ -278,11 +283,18 @@ def split_batch(
     def subset(seqs: list[int]) -> Subset | None:
         if not seqs:
             return None
-        return make_subset(query_start_loc_cpu, seqs, seq_lens, block_table, None, slot_of_seq)
+        return make_subset(query_start_loc_cpu, seqs, seq_lens, block_table, None, slot_of_seq,
+                           sink_of_seq)  # fmt: skip
 
     return PrefillSplit(
         flash=make_subset(
-            query_start_loc_cpu, flash, seq_lens, block_table, num_computed_cpu, slot_of_seq
+            query_start_loc_cpu,
+            flash,
+            seq_lens,
+            block_table,
+            num_computed_cpu,
+            slot_of_seq,
+            sink_of_seq,
         ),
         rest=subset(longer),
         decodes=subset(one),

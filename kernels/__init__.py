@@ -3,6 +3,7 @@
 Public API:
     write_kv_cache      quantize new K/V into INT8 / INT4 pages (cache_write.py)
     write_kv_cache_int4 the int4 write with its tail pool (cache_write_int4.py)
+    write_sink_int4     int4's sink pages: a sequence's first page in the model's dtype
     paged_attention_int4  attention over int4 pages + tails (attention_int4.py)
     paged_attention     varlen causal attention over INT8 pages (attention.py)
     gather_kv_context   dequantize chunked-prefill contexts into contiguous K/V (context_gather.py)
@@ -47,7 +48,7 @@ else:
     from .attention import AttentionWorkspace, choose_num_splits, make_workspace, paged_attention
     from .attention_int4 import paged_attention_int4
     from .cache_write import write_kv_cache
-    from .cache_write_int4 import write_kv_cache_int4
+    from .cache_write_int4 import write_kv_cache_int4, write_sink_int4
     from .catalogue import INT4_DTYPES, INT8_DTYPES, V_FORMATS
     from .context_gather import gather_kv_context
     from .page_layout import Int4PageLayout, PageLayout, get_page_bytes
@@ -67,4 +68,5 @@ __all__ = [
     "paged_attention_int4",
     "write_kv_cache",
     "write_kv_cache_int4",
+    "write_sink_int4",
 ]

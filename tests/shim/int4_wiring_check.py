@@ -23,9 +23,10 @@ from vllm.config import set_current_vllm_config
 from vllm.forward_context import ForwardContext, override_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from int8kv_shim import attention_impl, tail_slots
+from int8kv_shim import attention_impl, sink_pages, tail_slots
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
+from int8kv_shim.sink_pages import sink_key
 
 NQ, NKV, D, BS, SLOTS = 4, 2, 64, 64, 4
 
@@ -196,8 +197,17 @@ def kernels() -> None:
                            dtype=torch.int8)  # fmt: skip
     k = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
     v = [torch.randn(n, NKV, D, dtype=torch.bfloat16) for n in seq_lens]
+    # With INT8KV_INT4_SINK_PAGE=1 the layer keeps sink pages: s2 and s3 have prompts of a page or
+    # more (s0's 40 and s1's 9 tokens are shorter: no sink); fed as the runner hooks feed them.
+    sinks = sink_pages.manager()
+    prompts = [list(range(1000 * s, 1000 * s + n)) for s, n in enumerate(seq_lens)]
     # step 1: the history of s0 and s2 (new slots), through the impl like any step
     slots.assign(["s0", "s2", "s3"])
+    if sinks is not None:
+        for s in (0, 2, 3):
+            sinks.add(f"s{s}", sink_key(prompts[s]), 0)
+            sinks.computed(f"s{s}", 0, seq_lens[s] - q_lens[s])
+        sinks.assign(["s0", "s2", "s3"])
     old = [0, 2, 3]
     hist = [seq_lens[s] - q_lens[s] for s in old]
     md = builder.build(0, _common(hist, hist, block_table[old].contiguous()))
@@ -207,6 +217,14 @@ def kernels() -> None:
     impl.forward(None, scratch.clone(), hk, hv, kv_cache, md, scratch)
     # step 2: s0 and s2 continue on their slots, s1 is new; decodes first
     slots.assign(["s0", "s1", "s2", "s3"])
+    if sinks is not None:
+        sinks.add("s1", sink_key(prompts[1]), 0)
+        for s in range(4):
+            sinks.computed(f"s{s}", seq_lens[s] - q_lens[s], q_lens[s])
+        sinks.assign(["s0", "s1", "s2", "s3"])
+        # s2 reads the sink its first step wrote; s3 writes and reads its own, page 0 completing
+        assert sinks.sink_of_seq.tolist()[:4] == [-1, -1, 0, 1], sinks.sink_of_seq.tolist()
+        assert sinks.sink_store_of_seq.tolist()[:4] == [-1, -1, -1, 1]
     common = _common(q_lens, seq_lens, block_table)
     md = builder.build(0, common)
     new_k = torch.cat([k[s][-q_lens[s] :] for s in range(4)])
@@ -230,6 +248,13 @@ def kernels() -> None:
     tail_ref = torch.cat([ref[:10], ref[15:]])
     assert (tail_only <= 4e-3 + 2.0**-7 * tail_ref.abs()).all(), tail_only.max()
     assert int(impl.tail_page[slots.slot_of("s3")]) == 5  # s3's page 0, quantized and kept
+    if sinks is not None:
+        # s2's page 0 from its sink, exact: every sequence within rounding
+        assert torch.equal(impl.sink[0, 0].transpose(0, 1), k[2][:BS])
+        assert torch.equal(impl.sink[0, 1].transpose(0, 1), v[2][:BS])
+        assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), diff.max()
+        print(f"kernels with sink pages ok (max abs error {diff.max().item():.2e})")
+        return
     assert diff[10:15].max() < 0.15, diff[10:15].max()  # s2 reads one 4-bit page
     assert diff[10:15].max() > 1e-4, "page 0 of s2 was read unquantized?"
     print(f"kernels ok (max abs error {diff.max().item():.2e})")

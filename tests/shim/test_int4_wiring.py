@@ -11,8 +11,8 @@ from int8kv_kernels.catalogue import get_dtype
 CHECK = Path(__file__).with_name("int4_wiring_check.py")
 
 
-def _run(*args: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+def _run(*args: str, **extra_env: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", **extra_env}
     env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed
     run = subprocess.run(
         [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=600
@@ -39,3 +39,9 @@ def test_int4_builder_and_impl_wiring() -> None:
 
 def test_int4_through_the_glue_with_the_real_kernels() -> None:
     assert "kernels ok" in _run("kernels")
+
+
+def test_int4_sink_pages_through_the_glue_with_the_real_kernels() -> None:
+    # the page a sequence wrote in an earlier step comes back exact from its sink
+    log = _run("kernels", INT8KV_INT4_SINK_PAGE="1")
+    assert "kernels with sink pages ok" in log, log[-2000:]
