@@ -20,7 +20,8 @@ specialized on by the kernels (``do_not_specialize``), so these few launches cov
 cache and a scratch pool of one slot, shaped like the layer's, never on the engine's pool, whose
 slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
 longer chunk), each a page flush then a tail store; its attention is warmed as int8's (it has no
-context gather: its continuations stay on our kernels).
+context gather: its continuations stay on our kernels), with sink pages (``INT8KV_INT4_SINK_PAGE``)
+the variant that reads them and their store too.
 """
 
 from __future__ import annotations
@@ -31,12 +32,19 @@ from typing import Any
 
 import torch
 
-from int8kv_kernels import gather_kv_context, make_workspace, paged_attention, write_kv_cache
+from int8kv_kernels import (
+    gather_kv_context,
+    make_workspace,
+    paged_attention,
+    write_kv_cache,
+    write_sink_int4,
+)
 from int8kv_kernels.attention import MAX_SPLITS
 from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
 from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT4_DTYPES, INT8_DTYPES, STATIC_DTYPE
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim._logging import get_logger
+from int8kv_shim.environment_variables import int4_sink_page_enabled
 
 logger = get_logger()
 
@@ -65,6 +73,7 @@ class WarmupKey:
     v_format: str
     gather: bool
     model_dtype: torch.dtype
+    sink: bool = False  # int4 with sink pages: the attention variant that reads them, their store
 
 
 _warmed: set[WarmupKey] = set()
@@ -85,6 +94,7 @@ def layer_key(impl: Any, block_size: int, model_dtype: torch.dtype) -> WarmupKey
         v_format=impl.v_format,
         gather=impl.kv_cache_dtype in FLASH_CONTEXT_DTYPES and impl.flash_prefill,
         model_dtype=model_dtype,
+        sink=impl.kv_cache_dtype in INT4_DTYPES and int4_sink_page_enabled(),
     )
 
 
@@ -191,9 +201,19 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
             num_seqs=1, max_query_len=q_len,
         )  # fmt: skip
         launches += 1
+    sinks: dict[str, torch.Tensor] = {}
+    if key.sink:  # a scratch sink pool of one page, read and written as the engine's would be
+        sinks = {"sink": torch.zeros_like(tail), "sink_of_seq": slot_of_seq}
+        kv = torch.zeros(_PREFILL_LEN, hk, d, dtype=key.model_dtype, device=device)
+        write_sink_int4(
+            kv, kv, sinks["sink"], slot_of_seq,
+            query_start_loc=torch.tensor([0, _PREFILL_LEN], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([_PREFILL_LEN], dtype=torch.int32, device=device), num_seqs=1,
+        )  # fmt: skip
+        launches += 1
     return launches + _attention_launches(
         key, kv_cache, block_table, softmax_scale, device, tail=tail, tail_page=tail_page,
-        slot_of_seq=slot_of_seq,
+        slot_of_seq=slot_of_seq, **sinks,
     )  # fmt: skip
 
 

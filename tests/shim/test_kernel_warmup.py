@@ -108,3 +108,26 @@ def test_warmup_launches_run_on_the_interpreter(
         impl, block_size=block_size, model_dtype=torch.bfloat16, device=torch.device("cpu")
     )
     assert n == launches
+
+
+def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_them(
+    monkeypatch,
+) -> None:
+    calls: list[tuple[str, dict]] = []
+    monkeypatch.setattr(kernel_warmup, "_warmed", set())
+    for name in ("paged_attention", "write_kv_cache", "write_sink_int4"):
+        monkeypatch.setattr(kernel_warmup, name,
+                            lambda *a, _n=name, **kw: calls.append((_n, kw)))  # fmt: skip
+    impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
+    kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
+    launches = kernel_warmup.warm_up_layer(impl, **kw)
+    assert "write_sink_int4" not in [n for n, _ in calls]
+    assert all("sink" not in c for n, c in calls if n == "paged_attention")
+    calls.clear()
+    monkeypatch.setattr(kernel_warmup, "_warmed", set())
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    assert kernel_warmup.warm_up_layer(impl, **kw) == launches + 1
+    assert [n for n, _ in calls].count("write_sink_int4") == 1
+    attention = [c for n, c in calls if n == "paged_attention"]
+    assert attention and all(c["sink"].shape == (1, 2, 2, 64, 64) for c in attention)
+    assert all(c["sink_of_seq"] is c["slot_of_seq"] for c in attention)
