@@ -244,11 +244,10 @@ def lora_id(new_req: Any) -> int:
 
 def scheduled(pages: SinkPages, scheduler_output: Any) -> None:
     """Record the step's new, resumed and running requests (before ``assign``)."""
+    scheduled_tokens = scheduler_output.num_scheduled_tokens
     for new in scheduler_output.scheduled_new_reqs:
         key = sink_key(new.prompt_token_ids, lora_id(new), bool(getattr(new, "mm_features", None)))
         pages.add(new.req_id, key, new.num_computed_tokens)
-    scheduled_tokens = scheduler_output.num_scheduled_tokens
-    for new in scheduler_output.scheduled_new_reqs:
         pages.computed(new.req_id, new.num_computed_tokens, scheduled_tokens.get(new.req_id, 0))
     cached = scheduler_output.scheduled_cached_reqs
     for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
