@@ -173,6 +173,16 @@ def test_on_unless_switched_off_variables(value: str | None, on: bool) -> None:
     assert direct_launch_enabled(env) is on
 
 
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, False), ("", False), ("1", True), (" On ", True), ("0", False)]
+)
+def test_off_unless_switched_on_variables(value: str | None, on: bool) -> None:
+    from int8kv_shim.environment_variables import int4_sink_page_enabled
+
+    env = {} if value is None else {"INT8KV_INT4_SINK_PAGE": value}
+    assert int4_sink_page_enabled(env) is on
+
+
 # --------------------------------------------------------------------------------------------------
 # int8kv run
 
