@@ -238,6 +238,21 @@ def _flush_pages_kernel(
                  page16, head, HEAD_SIZE, BLOCK_SIZE, NGV, V_DATA, V_SZ)  # fmt: skip
 
 
+@triton.jit
+def _store_rows(key_ptr, value_ptr, dst, stride_dkv, tok, m, head, stride_kt, stride_kh,
+                stride_vt, stride_vh, HEAD_SIZE: tl.constexpr):  # fmt: skip
+    """The new tokens ``tok`` (rows ``m``) of one kv-head, K and V, into a model-dtype page's rows
+    ``dst`` (K there, V ``stride_dkv`` after): a tail slot's or a sink's."""
+    d = tl.arange(0, HEAD_SIZE)
+    k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
+                mask=m[:, None])  # fmt: skip
+    v = tl.load(value_ptr + (tok * stride_vt + head * stride_vh)[:, None] + d[None, :],
+                mask=m[:, None])  # fmt: skip
+    ty = dst.dtype.element_ty
+    tl.store(dst[:, None] + d[None, :], k.to(ty), mask=m[:, None])
+    tl.store(dst[:, None] + stride_dkv + d[None, :], v.to(ty), mask=m[:, None])
+
+
 @triton.jit(  # as _flush_pages_kernel
     do_not_specialize=["num_seqs", "stride_bt"],
     do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr", "slot_is_new_ptr"],
@@ -288,15 +303,9 @@ def _store_tail_kernel(
             pos = p0 + r
             m = (pos >= ctx) & (pos < seq_len)
             tok = tl.where(m, q0 + pos - ctx, 0).to(tl.int64)
-            d = tl.arange(0, HEAD_SIZE)
             dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
-            k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
-                        mask=m[:, None])  # fmt: skip
-            v = tl.load(value_ptr + (tok * stride_vt + head * stride_vh)[:, None] + d[None, :],
-                        mask=m[:, None])  # fmt: skip
-            tl.store(dst[:, None] + d[None, :], k.to(tail_ptr.dtype.element_ty), mask=m[:, None])
-            tl.store(dst[:, None] + stride_tkv + d[None, :], v.to(tail_ptr.dtype.element_ty),
-                     mask=m[:, None])  # fmt: skip
+            _store_rows(key_ptr, value_ptr, dst, stride_tkv, tok, m, head, stride_kt, stride_kh,
+                        stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
             if head == 0:
                 tl.store(tail_page_ptr + slot, block)
         elif head == 0:  # a prefix-cache page the flush left: the slot holds nothing
@@ -336,15 +345,9 @@ def _store_sink_kernel(
         r = tl.arange(0, BLOCK_SIZE)  # positions 0..63, the sink rows
         m = (r >= ctx) & (r < seq_len)
         tok = tl.where(m, q0 + r - ctx, 0).to(tl.int64)
-        d = tl.arange(0, HEAD_SIZE)
         dst = sink_ptr + sink * stride_ss + head * stride_sh + r * stride_sp
-        k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
-                    mask=m[:, None])  # fmt: skip
-        v = tl.load(value_ptr + (tok * stride_vt + head * stride_vh)[:, None] + d[None, :],
-                    mask=m[:, None])  # fmt: skip
-        tl.store(dst[:, None] + d[None, :], k.to(sink_ptr.dtype.element_ty), mask=m[:, None])
-        tl.store(dst[:, None] + stride_skv + d[None, :], v.to(sink_ptr.dtype.element_ty),
-                 mask=m[:, None])  # fmt: skip
+        _store_rows(key_ptr, value_ptr, dst, stride_skv, tok, m, head, stride_kt, stride_kh,
+                    stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
 
 
 def int4_flush_launch(layout: Int4PageLayout) -> int:
