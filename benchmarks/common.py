@@ -79,6 +79,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
     "int4": {"kv_cache_dtype": "int4", "shim": True},
+    # int4 with each sequence's first page kept in the model's dtype (int8kv_shim/sink_pages.py)
+    "int4_sink_page": {
+        "kv_cache_dtype": "int4",
+        "shim": True,
+        "env": {"INT8KV_INT4_SINK_PAGE": "1"},
+    },
 }
 
 

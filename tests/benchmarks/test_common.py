@@ -369,6 +369,10 @@ def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("INT8KV_DIRECT_LAUNCH", raising=False)
     assert common.child_env("int8_kernel_grid")["INT8KV_DIRECT_LAUNCH"] == "0"
     assert "INT8KV_DIRECT_LAUNCH" not in common.child_env("int8")
+    monkeypatch.delenv("INT8KV_INT4_SINK_PAGE", raising=False)
+    assert common.llm_kwargs_for("int4_sink_page") == {"kv_cache_dtype": "int4"}
+    assert common.child_env("int4_sink_page")["INT8KV_INT4_SINK_PAGE"] == "1"
+    assert "INT8KV_INT4_SINK_PAGE" not in common.child_env("int4")
 
 
 def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_path, monkeypatch):
