@@ -56,10 +56,6 @@ class _Sink:
     owner: str | None  # the request writing it, until its page is complete
     readers: set[str] = field(default_factory=set)  # running requests with its content
 
-    @property
-    def complete(self) -> bool:
-        return self.owner is None
-
 
 @dataclass
 class _Request:

@@ -152,6 +152,15 @@ def report(
     return cost
 
 
+def slot_bytes(
+    kv_dtype: str, layers: int, num_kv_heads: int, head_size: int, elem_bytes: int
+) -> int:
+    """What one sequence slot costs over ``layers`` layers: its tail page and, with sink pages on,
+    its sink page, in every layer."""
+    entry = load_catalogue().get_dtype(kv_dtype)
+    return pages_per_slot() * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+
+
 def capped_max_num_seqs(
     kv_dtype: str,
     vllm_default: int,
@@ -168,7 +177,7 @@ def capped_max_num_seqs(
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
-    slot = pages_per_slot() * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+    slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes)
     fits = int(share * kv_memory_estimate // slot)
     cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
     return cap if cap < vllm_default else None
@@ -235,9 +244,8 @@ def default_max_num_seqs(
     )  # fmt: skip
     if cap is None:
         return None
-    entry = load_catalogue().get_dtype(kv_dtype)
-    slot_mib = pages_per_slot() * layers * entry.tail_slot_bytes(kv_heads, model_config.get_head_size(),
-                                              model_config.dtype.itemsize) / 2**20  # fmt: skip
+    slot_mib = slot_bytes(kv_dtype, layers, kv_heads, model_config.get_head_size(),
+                          model_config.dtype.itemsize) / 2**20  # fmt: skip
     return cap, (
         f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "
         f"{vllm_default}, so that its tail pool ({slot_mib:.1f} MiB a sequence) stays within "
