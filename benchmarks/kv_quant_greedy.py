@@ -41,6 +41,7 @@ Writes ``--out`` (default ``benchmarks/results/kv_quant_greedy.json``) through
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -107,6 +108,46 @@ def greedy_continuation(model: torch.nn.Module, prompt: torch.Tensor, tokens: in
     return decode_logits(model, prompt, None, tokens - 1).argmax(-1).tolist()
 
 
+def prompt_indices(set_size: int, num: int, lengths: int = len(GREEDY_LENGTHS)) -> list[int]:
+    """Which ``num`` of ``accuracy.py``'s ``set_size`` greedy prompts to run: one in every
+    ``set_size // num`` consecutive ones, spread over the corpus as the whole set is, the k-th
+    taken at the k-th of the ``lengths`` cycling prompt lengths (every length as often)."""
+    if num < 1 or set_size % num:
+        raise ValueError(f"{num} prompts do not divide the set of {set_size}")
+    stride = set_size // num
+    if 1 < stride < lengths:
+        raise ValueError(f"one in {stride} prompts cannot cycle through {lengths} lengths")
+    return [k * stride + (k - k * stride) % lengths for k in range(num)]
+
+
+def gpu_same_prompts(
+    details: dict[str, Any], indices: Sequence[int], tokens: int, versus: str
+) -> dict[str, Any]:
+    """A GPU run's greedy agreement (``accuracy.py``'s details file: each row's per-prompt
+    ``greedy_prefix`` over its prompt set) on the prompts ``indices`` of that set: per row its
+    mean and standard error, and its ratio to the ``versus`` row's with the delta method's
+    standard error, for comparing the simulation with the GPU on the same prompts."""
+    if details["greedy"]["tokens"] != tokens:
+        raise ValueError(
+            f"the GPU run generated {details['greedy']['tokens']} tokens, not {tokens}"
+        )
+    fracs = {
+        label: np.asarray([run["greedy_prefix"][i] for i in indices], dtype=np.float64) / tokens
+        for label, run in details["runs"].items()
+        if "greedy_prefix" in run
+    }
+    rows = {}
+    for label, f in fracs.items():
+        row = {"greedy_agree": round(float(np.mean(f)), 6)}
+        if f.size > 1:
+            row["greedy_agree_se"] = round(common.standard_error(f), 6)
+            if versus in fracs:
+                r, se = ratio_se(f, fracs[versus])
+                row["ratio_vs_versus"], row["ratio_se"] = round(r, 4), round(se, 4)
+        rows[label] = row
+    return {"versus": versus, "rows": rows}
+
+
 def ratio_se(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """mean(a) / mean(b) over paired samples and its delta-method standard error:
     sqrt(var(a - r b) / n) / mean(b), r the ratio."""
@@ -153,7 +194,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--model", required=True, help="Hugging Face folder")
     p.add_argument("--model-name", default="SmolLM2-135M-Instruct")
     p.add_argument("--corpus", default=str(common.DEFAULT_CORPUS))
-    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument(
+        "--prompt-set",
+        type=int,
+        default=256,
+        help="the greedy prompts accuracy.py makes (its --greedy-prompts; default 256, its own)",
+    )
+    p.add_argument("--prompts", type=int, default=64, help="how many of them (prompt_indices)")
+    p.add_argument(
+        "--gpu-details",
+        default="",
+        help="an accuracy.py details file of the same prompt set: its rows' agreement on these "
+        "prompts is recorded beside the simulation's",
+    )
+    p.add_argument("--gpu-versus", default="int8", help="the GPU row its ratios are taken over")
     p.add_argument("--tokens", type=int, default=GREEDY_TOKENS)
     p.add_argument(
         "--variants",
@@ -192,7 +246,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     model.eval()
     ids = common.load_corpus_ids(args.model, args.corpus)
     bos = common.tokenizer_bos(args.model)
-    prompts = common.make_greedy_prompts(ids, args.prompts, GREEDY_LENGTHS, bos=bos)
+    try:
+        indices = prompt_indices(args.prompt_set, args.prompts)
+    except ValueError as e:
+        p.error(str(e))
+    every = common.make_greedy_prompts(ids, args.prompt_set, GREEDY_LENGTHS, bos=bos)
+    prompts = [every[i] for i in indices]
+    details = None
+    if args.gpu_details:
+        details = json.loads(Path(args.gpu_details).read_text())
+        if details["greedy"]["prompts"] != args.prompt_set:
+            p.error(f"{args.gpu_details} ran {details['greedy']['prompts']} greedy prompts")
+        try:
+            gpu_same_prompts(details, indices, args.tokens, args.gpu_versus)
+        except ValueError as e:
+            p.error(str(e))
     # the commit the run started from: the tree may change under a run of hours
     commit = common.git_commit()
     continuations: dict[str, list[list[int]]] = {n: [] for n in names}
@@ -210,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "model": args.model_name,
             "corpus": Path(args.corpus).name,
             "bos": bos,
+            "prompt_set": args.prompt_set,
+            "prompt_indices": indices,
             "prompts": len(prompts),
             "prompts_done": done,
             "lengths": list(GREEDY_LENGTHS),
@@ -220,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             "seconds": round(time.time() - start, 1),
             "rows": summarize(continuations, args.tokens, versus) if done > 1 else [],
         }
+        if details is not None:  # its rows over the prompts done so far
+            result["gpu_same_prompts"] = {
+                "file": Path(args.gpu_details).name,
+                **gpu_same_prompts(details, indices[:done], args.tokens, args.gpu_versus),
+            }
         common.write_json(result, args.out)
     for row in result["rows"]:
         ratio = (

@@ -8,8 +8,10 @@ import pytest
 import torch
 from tiny_models import WORDS, tiny_gemma3_config, tiny_model_dir
 
+from benchmarks import common
 from benchmarks import kv_quant_greedy as greedy
 from benchmarks import kv_quant_sim as sim
+from benchmarks.accuracy import GREEDY_LENGTHS
 
 PROMPT, STEPS = 30, 120  # decode positions 29..149: across the ends of pages 0 and 1
 
@@ -151,12 +153,43 @@ def test_main_writes_every_prompts_continuations_led_by_bos(tmp_path, monkeypatc
     out = tmp_path / "greedy.json"
     greedy.main(["--model", str(folder), "--prompts", "2", "--tokens", "5", "--corpus",
                  str(corpus), "--out", str(out)])  # fmt: skip
+    ids = common.load_corpus_ids(folder, corpus)
+    every = common.make_greedy_prompts(ids, 256, GREEDY_LENGTHS, bos=2)
+    assert seen[0] == every[0] and seen[4] == every[129]
     doc = json.loads(out.read_text())
     # head size 256: int8's scales per 64 channels, int4's V per 128
     assert [r["variant"] for r in doc["rows"]] == greedy.catalogue_variants(256)
     assert doc["versus"] == "int8_g64" and doc["prompts_done"] == 2 and doc["gpu"] is None
-    assert [len(p) for p in seen] == [129] * 4 + [257] * 4  # BOS + GREEDY_LENGTHS, per variant
+    # prompts 0 and 129 of accuracy.py's 256: BOS + 128 and 256 tokens, for each variant
+    assert doc["prompt_indices"] == [0, 129] and doc["prompt_set"] == 256
+    assert [len(p) for p in seen] == [129] * 4 + [257] * 4
     assert all(p[0] == 2 for p in seen)
     assert doc["rows"][0]["greedy_agree"] == 1 and doc["rows"][0]["first_divergence"] == [5, 5]
     assert all(0 <= d <= 5 for r in doc["rows"] for d in r["first_divergence"])
     assert len(doc["git_commit"]) >= 7 and doc["command"].startswith("python")
+
+
+def test_prompt_indices_spread_over_the_set_and_cycle_the_lengths() -> None:
+    picked = greedy.prompt_indices(256, 64)
+    assert picked[:6] == [0, 5, 10, 15, 16, 21] and len(set(picked)) == 64
+    assert [i % 4 for i in picked] == [k % 4 for k in range(64)]  # every length 16 times
+    assert all(4 * k <= i < 4 * k + 4 for k, i in enumerate(picked))  # one per 4 consecutive
+    assert greedy.prompt_indices(8, 8) == list(range(8))
+    for size, num in ((256, 60), (256, 128)):
+        with pytest.raises(ValueError):
+            greedy.prompt_indices(size, num)
+
+
+def test_gpu_same_prompts_takes_the_rows_agreement_on_the_picked_prompts() -> None:
+    details = {"greedy": {"tokens": 4}, "runs": {
+        "auto": {"greedy_prefix": [4, 4, 4, 4]},
+        "int8": {"greedy_prefix": [4, 0, 2, 1]},
+        "int4": {"greedy_prefix": [1, 3, 1, 0]},
+        "failed": {"rc": 1},
+    }}  # fmt: skip
+    out = greedy.gpu_same_prompts(details, [0, 2], 4, "int8")
+    assert set(out["rows"]) == {"auto", "int8", "int4"}
+    assert out["rows"]["int8"]["greedy_agree"] == 0.75
+    assert out["rows"]["int4"]["ratio_vs_versus"] == pytest.approx(0.25 / 0.75, abs=1e-4)
+    with pytest.raises(ValueError, match="generated 4 tokens"):
+        greedy.gpu_same_prompts(details, [0, 2], 32, "int8")
