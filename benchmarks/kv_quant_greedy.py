@@ -5,9 +5,13 @@ a proxy for greedy agreement. This module decodes: for each prompt and variant i
 prompt through the simulated cache, then generates ``--tokens`` tokens greedily, one at a time,
 with a KV cache, and compares the continuation with the unquantized ``bf16`` variant's the way
 ``benchmarks/accuracy.py`` compares vLLM's (``common.greedy_prefix_fractions``: the share of the
-tokens generated before the first divergence). The prompts are ``accuracy.py``'s
-(``common.make_greedy_prompts`` with ``accuracy.GREEDY_LENGTHS``, each led by the model's BOS where
-its tokenizer adds one).
+tokens generated before the first divergence). The prompts are ``--prompts`` of ``accuracy.py``'s
+``--prompt-set`` (its 256 by default: ``common.make_greedy_prompts`` with
+``accuracy.GREEDY_LENGTHS``, each led by the model's BOS where its tokenizer adds one), one in
+every ``--prompt-set / --prompts`` (``prompt_indices``), so that with ``--gpu-details`` (an
+``accuracy.py`` details file of that set, which keeps each row's per-prompt prefix) the GPU's
+agreement on the very same prompts is recorded beside the simulation's (``gpu_same_prompts``):
+whether the simulation is calibrated is then not blurred by another sample of prompts.
 
 Every K and V is stored as ``kv_quant_sim``'s variant says (its ``install``): the prefill's
 queries read the earlier pages quantized and their own page from the BF16 tail, and each decode
@@ -24,15 +28,20 @@ Without ``--variants`` the rows are the catalogue's formats at the model's head 
 ``int4`` (``int4_tail_full_v_g<G>``, G from the catalogue) and the same with its BF16 sink page
 (``..._sinks64``, ``INT8KV_INT4_SINK_PAGE=1``).
 
-    python -m benchmarks.kv_quant_greedy --model /path/to/SmolLM2-135M-Instruct --prompts 64
+    python -m benchmarks.kv_quant_greedy --model /path/to/SmolLM2-135M-Instruct --prompts 64 \
+        --gpu-details benchmarks/results/accuracy_chunk16_details.json
     python -m benchmarks.kv_quant_greedy --model /path/to/gemma3-270m --model-name gemma-3-270m \
-        --prompts 32 --out benchmarks/results/kv_quant_greedy_gemma3.json
+        --prompts 64 --gpu-details benchmarks/results/accuracy_gemma3_chunk16_details.json \
+        --out benchmarks/results/kv_quant_greedy_gemma3.json
 
 Writes ``--out`` (default ``benchmarks/results/kv_quant_greedy.json``) through
 ``common.write_json`` after every prompt, so a cut run leaves the prompts it finished:
-``{"gpu": null, "device", "model", "corpus", "bos", "prompts", "prompts_done", "lengths",
-"tokens", "versus", "command", "seconds", "rows": [{"variant", "greedy_agree",
-"greedy_agree_se", "greedy_seq_agree", "ratio_vs_versus", "ratio_se", "first_divergence"}]}``.
+``{"gpu": null, "device", "model", "corpus", "bos", "prompt_set", "prompt_indices", "prompts",
+"prompts_done", "lengths", "tokens", "versus", "command", "seconds", "rows": [{"variant",
+"greedy_agree", "greedy_agree_se", "greedy_seq_agree", "ratio_vs_versus", "ratio_se",
+"first_divergence"}]}`` and, with ``--gpu-details``, ``"gpu_same_prompts": {"file", "versus",
+"rows": {label: {"greedy_agree", "greedy_agree_se", "ratio_vs_versus", "ratio_se"}}}`` over the
+prompts done.
 ``first_divergence`` lists per prompt the index of the first generated token that differs from
 ``bf16``'s (``tokens`` when none does); ``ratio_vs_versus`` is the row's mean agreement over the
 ``versus`` row's (``int8``'s), its standard error by the delta method over the paired prompts.

@@ -65,6 +65,9 @@ def test_decode_keeps_the_sliding_window_and_absolute_positions() -> None:
     decoded = _decode("bf16")
     tokens = decoded.argmax(-1)[:-1]
     torch.testing.assert_close(decoded, _window(None, tokens), rtol=1e-4, atol=1e-4)
+    # fed the same tokens, the teacher-forced decode is the greedy one
+    sim.install([_variant("bf16")])
+    assert torch.equal(greedy.decode_logits(_model(6), _ids(), tokens, STEPS), decoded)
     # ... and the window matters: without it (a sliding window past the sequence) it differs
     unlimited = _window(None, tokens, sliding_window=256)
     assert (unlimited - decoded).abs().max() > 1e-3
