@@ -117,16 +117,19 @@ def greedy_continuation(model: torch.nn.Module, prompt: torch.Tensor, tokens: in
     return decode_logits(model, prompt, None, tokens - 1).argmax(-1).tolist()
 
 
-def prompt_indices(set_size: int, num: int, lengths: int = len(GREEDY_LENGTHS)) -> list[int]:
+def prompt_indices(
+    set_size: int, num: int, lengths: int = len(GREEDY_LENGTHS), shift: int = 0
+) -> list[int]:
     """Which ``num`` of ``accuracy.py``'s ``set_size`` greedy prompts to run: one in every
     ``set_size // num`` consecutive ones, spread over the corpus as the whole set is, the k-th
-    taken at the k-th of the ``lengths`` cycling prompt lengths (every length as often)."""
+    taken at the (k + ``shift``)-th of the ``lengths`` cycling prompt lengths (every length as
+    often; shifts 0 to ``lengths`` - 1 pick disjoint sets when one in ``lengths`` is taken)."""
     if num < 1 or set_size % num:
         raise ValueError(f"{num} prompts do not divide the set of {set_size}")
     stride = set_size // num
     if 1 < stride < lengths:
         raise ValueError(f"one in {stride} prompts cannot cycle through {lengths} lengths")
-    return [k * stride + (k - k * stride) % lengths for k in range(num)]
+    return [k * stride + (k + shift - k * stride) % lengths for k in range(num)]
 
 
 def gpu_same_prompts(
@@ -211,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--prompts", type=int, default=64, help="how many of them (prompt_indices)")
     p.add_argument(
+        "--shift", type=int, default=0, help="prompt_indices' shift: another subset of the set"
+    )
+    p.add_argument(
         "--gpu-details",
         default="",
         help="an accuracy.py details file of the same prompt set: its rows' agreement on these "
@@ -256,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ids = common.load_corpus_ids(args.model, args.corpus)
     bos = common.tokenizer_bos(args.model)
     try:
-        indices = prompt_indices(args.prompt_set, args.prompts)
+        indices = prompt_indices(args.prompt_set, args.prompts, shift=args.shift)
     except ValueError as e:
         p.error(str(e))
     every = common.make_greedy_prompts(ids, args.prompt_set, GREEDY_LENGTHS, bos=bos)

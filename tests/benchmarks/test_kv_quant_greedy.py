@@ -178,6 +178,9 @@ def test_prompt_indices_spread_over_the_set_and_cycle_the_lengths() -> None:
     assert [i % 4 for i in picked] == [k % 4 for k in range(64)]  # every length 16 times
     assert all(4 * k <= i < 4 * k + 4 for k, i in enumerate(picked))  # one per 4 consecutive
     assert greedy.prompt_indices(8, 8) == list(range(8))
+    shifted = [greedy.prompt_indices(256, 64, shift=s) for s in range(4)]
+    assert shifted[0] == picked and len({i for p in shifted for i in p}) == 256
+    assert [i % 4 for i in shifted[2]] == [(k + 2) % 4 for k in range(64)]
     for size, num in ((256, 60), (256, 128)):
         with pytest.raises(ValueError):
             greedy.prompt_indices(size, num)
