@@ -43,6 +43,9 @@ read unquantized at its last position too (the tail keeps a page its step comple
 does since 2026-12-04), ``int4_tail_full_v_g<G>_sinks64`` that one with its first page in BF16
 (``INT8KV_INT4_SINK_PAGE=1``). ``tail_attention`` also takes fewer queries than keys (the last
 positions', as a decode step with a KV cache: ``benchmarks/kv_quant_greedy.py``).
+Rows ending ``_pages<N>`` keep a longer tail, not built: a query reads its own page and the N - 1
+pages before it in BF16 (each full one also quantized into the cache when it filled, as now, but
+its BF16 copy kept until N pages later: a tail pool of N pages per sequence and kv-head).
 
 Tail rows with ``_varnorm`` normalize each K page tile (64 tokens x D channels of one kv-head)
 before its 4-bit quantization, Sinkhorn-style as KVarN does: ``VARNORM_ITERS`` times, divide every
@@ -144,6 +147,7 @@ class Variant:
     sink_bits: int = 16  # the sinks' storage: 16 (BF16, unquantized) or 8 (per-token int8)
     tail: bool = False  # the query's own, unfinished page of TAIL_PAGE tokens read unquantized
     tail_full: bool = False  # ... and its own page at its last position too (reads_tail)
+    tail_pages: int = 1  # pages of the tail: the query's own and the tail_pages - 1 before it
     group8: int = 0  # 8-bit: channels per fp16 scale (0: the whole head, as int8)
     k_varnorm: bool = False  # K page tiles normalized per token and channel (see above)
     # K's first page per token instead of per channel, in groups of this many channels (0: the
@@ -193,11 +197,13 @@ def _tail_variant(
     k_varnorm: bool = False,
     first_page_k_group: int | None = None,
     tail_full: bool = False,
+    tail_pages: int = 1,
 ) -> Variant:
     """The rebuilt int4: K per (64-token page, channel), V per (token, ``group``), no rotation,
     BF16 tail; ``sinks`` first tokens kept in ``sink_bits``; ``k_varnorm``: K tiles normalized;
     ``first_page_k_group``: K's first page per token, in groups of that many channels;
-    ``tail_full``: the tail keeps the page its step completed (``reads_tail``'s ``full_page``)."""
+    ``tail_full``: the tail keeps the page its step completed (``reads_tail``'s ``full_page``);
+    ``tail_pages``: the tail's pages, the query's own and those before it (``reads_tail``)."""
     name = f"int4_tail{'_full' if tail_full else ''}_v_g{group or 'D'}"
     if sinks:
         name += f"_sinks{sinks}" + ("" if sink_bits == 16 else f"_int{sink_bits}")
@@ -205,6 +211,8 @@ def _tail_variant(
         name += "_varnorm"
     if first_page_k_group is not None:
         name += f"_first_page_k_per_token_g{first_page_k_group or 'D'}"
+    if tail_pages != 1:
+        name += f"_pages{tail_pages}"
     return Variant(
         name,
         4,
@@ -218,6 +226,7 @@ def _tail_variant(
         k_varnorm=k_varnorm,
         first_page_k_group=first_page_k_group,
         tail_full=tail_full,
+        tail_pages=tail_pages,
     )
 
 
@@ -267,6 +276,13 @@ VARIANTS = [
     # today's int4 (the catalogue's V groups: the whole head up to 128 channels, 128 above) with
     # its BF16 sink page (INT8KV_INT4_SINK_PAGE=1)
     *(_tail_variant(g, TAIL_PAGE, tail_full=True) for g in (128, 0)),
+    # ... and a longer tail: the last two or four pages in BF16, with and without the sink page
+    *(
+        _tail_variant(g, sinks, tail_full=True, tail_pages=n)
+        for g in (128, 0)
+        for n in (2, 4)
+        for sinks in (0, TAIL_PAGE)
+    ),
 ]
 CLIP = 0.85
 
@@ -330,16 +346,20 @@ def reads_tail(
     device: torch.device | str = "cpu",
     full_page: bool = False,
     queries: int | None = None,
+    pages: int = 1,
 ) -> torch.Tensor:
     """[query, key] True where the query reads the key from the BF16 tail: keys of the query's
     own page, unless the query is that page's last token (the page is full and quantized) and
-    not ``full_page`` (the tail keeps the page its step completed). The queries are the last
-    ``queries`` of the ``tokens`` positions (all of them by default; 1 for a decode step)."""
+    not ``full_page`` (the tail keeps the page its step completed), and those of the ``pages`` - 1
+    pages before it (a longer tail). The queries are the last ``queries`` of the ``tokens``
+    positions (all of them by default; 1 for a decode step)."""
     first = tokens - (tokens if queries is None else queries)
-    i = torch.arange(first, tokens, device=device)[:, None]
-    j = torch.arange(tokens, device=device)[None, :]
-    last = (i % TAIL_PAGE == TAIL_PAGE - 1) & (not full_page)
-    return (i // TAIL_PAGE == j // TAIL_PAGE) & ~last
+    i = torch.arange(first, tokens, device=device)[:, None] // TAIL_PAGE
+    j = torch.arange(tokens, device=device)[None, :] // TAIL_PAGE
+    last = (torch.arange(first, tokens, device=device)[:, None] % TAIL_PAGE == TAIL_PAGE - 1) & (
+        not full_page
+    )
+    return ((i == j) & ~last) | ((j < i) & (j > i - pages))
 
 
 def tail_attention(
@@ -351,11 +371,12 @@ def tail_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     full_page: bool = False,
+    pages: int = 1,
 ) -> torch.Tensor:
     """Attention of queries [batch, heads, q, D] over keys [batch, kv_heads, t, D] (q <= t: the
     queries are the last q positions, as a decode step or a prefill after a KV cache's earlier
     tokens) in which each (query, key) pair reads the key and value unquantized (``key``,
-    ``value``) where ``reads_tail`` says so and quantized (``key_q``, ``value_q``) elsewhere;
+    ``value``) where ``reads_tail`` says so (with ``full_page`` and ``pages``) and quantized (``key_q``, ``value_q``) elsewhere;
     ``attention_mask`` is transformers' boolean SDPA mask [.., q, t] (True: attend) or None for
     plain causal. Returns [batch, q, heads, D].
 
@@ -370,7 +391,7 @@ def tail_attention(
         allowed = attention_mask
     else:
         raise ValueError(f"expected a boolean SDPA mask, got {attention_mask.dtype}")
-    tail = reads_tail(t, query.device, full_page, queries=q)
+    tail = reads_tail(t, query.device, full_page, queries=q, pages=pages)
     mask = torch.cat([allowed & ~tail, allowed & tail], dim=-1)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
@@ -549,7 +570,15 @@ def install(variant_ref: list[Variant], static: StaticCalibration | None = None)
         if kwargs.get("softcap") is not None or kwargs.get("dropout", 0.0):
             raise ValueError("the tail simulation has no soft cap or dropout")
         out = tail_attention(
-            query, key, value, key_q, value_q, attention_mask, kwargs.get("scaling"), v.tail_full
+            query,
+            key,
+            value,
+            key_q,
+            value_q,
+            attention_mask,
+            kwargs.get("scaling"),
+            v.tail_full,
+            v.tail_pages,
         )
         return out, None
 

@@ -270,6 +270,24 @@ def test_reads_tail_full_page_is_the_own_page_at_its_last_token_too(sim) -> None
     assert not _variant(sim, "int4_tail_v_gD").tail_full
 
 
+def test_reads_tail_pages_are_the_own_page_and_those_before_it(sim) -> None:
+    pos = torch.arange(300)
+    page = pos // 64
+    for pages in (1, 2, 4):
+        tail = sim.reads_tail(300, full_page=True, pages=pages)
+        expected = (page[None, :] <= page[:, None]) & (page[None, :] > page[:, None] - pages)
+        assert torch.equal(tail, expected), pages
+    # without full_page the own page's last token still reads its own page quantized, the page
+    # before it (complete earlier) from the tail
+    tail = sim.reads_tail(300, pages=2)
+    assert not bool(tail[191, 150]) and bool(tail[191, 100]) and not bool(tail[191, 63])
+    # the last queries of a decode step, as the whole matrix's last rows
+    assert torch.equal(sim.reads_tail(300, full_page=True, queries=5, pages=2),
+                       sim.reads_tail(300, full_page=True, pages=2)[-5:])  # fmt: skip
+    assert _variant(sim, "int4_tail_full_v_gD_sinks64_pages2").tail_pages == 2
+    assert _variant(sim, "int4_tail_full_v_gD").tail_pages == 1
+
+
 def _variant(sim, name: str):
     return {v.name: v for v in sim.VARIANTS}[name]
 
