@@ -40,7 +40,9 @@ every query. The tail (at most 64 BF16 tokens per sequence and kv-head) and the 
 fixed count per sequence and are not counted in the bytes; ``int4_no_tail_v_g<G>`` is the same
 format with every token read back quantized, ``int4_tail_full_v_g<G>`` the same with the own page
 read unquantized at its last position too (the tail keeps a page its step completed, as ``int4``
-does since 2026-12-04).
+does since 2026-12-04), ``int4_tail_full_v_g<G>_sinks64`` that one with its first page in BF16
+(``INT8KV_INT4_SINK_PAGE=1``). ``tail_attention`` also takes fewer queries than keys (the last
+positions', as a decode step with a KV cache: ``benchmarks/kv_quant_greedy.py``).
 
 Tail rows with ``_varnorm`` normalize each K page tile (64 tokens x D channels of one kv-head)
 before its 4-bit quantization, Sinkhorn-style as KVarN does: ``VARNORM_ITERS`` times, divide every
@@ -190,11 +192,13 @@ def _tail_variant(
     sink_bits: int = 16,
     k_varnorm: bool = False,
     first_page_k_group: int | None = None,
+    tail_full: bool = False,
 ) -> Variant:
     """The rebuilt int4: K per (64-token page, channel), V per (token, ``group``), no rotation,
     BF16 tail; ``sinks`` first tokens kept in ``sink_bits``; ``k_varnorm``: K tiles normalized;
-    ``first_page_k_group``: K's first page per token, in groups of that many channels."""
-    name = f"int4_tail_v_g{group or 'D'}"
+    ``first_page_k_group``: K's first page per token, in groups of that many channels;
+    ``tail_full``: the tail keeps the page its step completed (``reads_tail``'s ``full_page``)."""
+    name = f"int4_tail{'_full' if tail_full else ''}_v_g{group or 'D'}"
     if sinks:
         name += f"_sinks{sinks}" + ("" if sink_bits == 16 else f"_int{sink_bits}")
     if k_varnorm:
@@ -213,6 +217,7 @@ def _tail_variant(
         tail=True,
         k_varnorm=k_varnorm,
         first_page_k_group=first_page_k_group,
+        tail_full=tail_full,
     )
 
 
@@ -255,13 +260,13 @@ VARIANTS = [
     # rotation) with every token quantized, then with the BF16 tail, its sink pages on top
     *(replace(_tail_variant(g), name=f"int4_no_tail_v_g{g or 'D'}", tail=False) for g in (128, 0)),
     *(_tail_variant(g) for g in TAIL_GROUPS),
-    *(
-        replace(_tail_variant(g), name=f"int4_tail_full_v_g{g or 'D'}", tail_full=True)
-        for g in (128, 0)
-    ),
+    *(_tail_variant(g, tail_full=True) for g in (128, 0)),
     *(_tail_variant(g, TAIL_PAGE, bits) for g in TAIL_GROUPS for bits in (16, 8)),
     *(_tail_variant(g, k_varnorm=True) for g in TAIL_GROUPS),
     *(_tail_variant(g, first_page_k_group=fg) for g in TAIL_GROUPS for fg in (0, 64)),
+    # today's int4 (the catalogue's V groups: the whole head up to 128 channels, 128 above) with
+    # its BF16 sink page (INT8KV_INT4_SINK_PAGE=1)
+    *(_tail_variant(g, TAIL_PAGE, tail_full=True) for g in (128, 0)),
 ]
 CLIP = 0.85
 
@@ -321,13 +326,18 @@ def fake_quant(
 
 
 def reads_tail(
-    tokens: int, device: torch.device | str = "cpu", full_page: bool = False
+    tokens: int,
+    device: torch.device | str = "cpu",
+    full_page: bool = False,
+    queries: int | None = None,
 ) -> torch.Tensor:
     """[query, key] True where the query reads the key from the BF16 tail: keys of the query's
     own page, unless the query is that page's last token (the page is full and quantized) and
-    not ``full_page`` (the tail keeps the page its step completed)."""
-    pos = torch.arange(tokens, device=device)
-    i, j = pos[:, None], pos[None, :]
+    not ``full_page`` (the tail keeps the page its step completed). The queries are the last
+    ``queries`` of the ``tokens`` positions (all of them by default; 1 for a decode step)."""
+    first = tokens - (tokens if queries is None else queries)
+    i = torch.arange(first, tokens, device=device)[:, None]
+    j = torch.arange(tokens, device=device)[None, :]
     last = (i % TAIL_PAGE == TAIL_PAGE - 1) & (not full_page)
     return (i // TAIL_PAGE == j // TAIL_PAGE) & ~last
 
@@ -342,23 +352,25 @@ def tail_attention(
     scaling: float | None = None,
     full_page: bool = False,
 ) -> torch.Tensor:
-    """Attention of a prefill of [batch, heads, tokens, D] in which each (query, key) pair reads
-    the key and value unquantized (``key``, ``value``) where ``reads_tail`` says so and quantized
-    (``key_q``, ``value_q``) elsewhere; ``attention_mask`` is transformers' boolean SDPA mask
-    (True: attend) or None for plain causal. Returns [batch, tokens, heads, D].
+    """Attention of queries [batch, heads, q, D] over keys [batch, kv_heads, t, D] (q <= t: the
+    queries are the last q positions, as a decode step or a prefill after a KV cache's earlier
+    tokens) in which each (query, key) pair reads the key and value unquantized (``key``,
+    ``value``) where ``reads_tail`` says so and quantized (``key_q``, ``value_q``) elsewhere;
+    ``attention_mask`` is transformers' boolean SDPA mask [.., q, t] (True: attend) or None for
+    plain causal. Returns [batch, q, heads, D].
 
     Both versions of every key go into one SDPA call, each masked where the pair reads the other:
     one softmax over exactly the keys the query reads, with SDPA's arithmetic as the other rows."""
-    t = key.shape[-2]
-    if query.shape[-2] != t:
-        raise ValueError("the tail simulation scores a whole window at once (no KV cache)")
+    q, t = query.shape[-2], key.shape[-2]
+    if q > t:
+        raise ValueError(f"{q} queries over {t} keys: the queries must be the last keys' positions")
     if attention_mask is None:
-        allowed = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
+        allowed = torch.ones(q, t, dtype=torch.bool, device=query.device).tril(t - q)
     elif attention_mask.dtype == torch.bool:
         allowed = attention_mask
     else:
         raise ValueError(f"expected a boolean SDPA mask, got {attention_mask.dtype}")
-    tail = reads_tail(t, query.device, full_page)
+    tail = reads_tail(t, query.device, full_page, queries=q)
     mask = torch.cat([allowed & ~tail, allowed & tail], dim=-1)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,

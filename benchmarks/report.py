@@ -1143,6 +1143,66 @@ def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     return "\n".join(lines)
 
 
+def kv_quant_greedy_table(path: Path = RESULTS / "kv_quant_greedy.json") -> str:
+    """Greedy agreement with BF16 of simulated cache formats, decoded through a KV cache
+    (benchmarks/kv_quant_greedy.py)."""
+    result = _load(path)
+    bos = "" if result.get("bos") is None else f", each led by BOS id {result['bos']}"
+    lengths = "/".join(str(n) for n in result["lengths"])
+    done = result["prompts_done"]
+    which = [] if done == result["prompts"] else [f"the first {done} of {result['prompts']}"]
+    if "prompt_set" in result:
+        stride = result["prompt_set"] // result["prompts"]
+        first = result["prompt_indices"][0]
+        which.append(
+            f"one in every {stride} of `accuracy.py`'s {result['prompt_set']}"
+            + (f" from its prompt {first}" if first else "")
+        )
+    else:  # a run before prompt_set: the prompt maker asked for this many, not accuracy.py's
+        which.append(f"`make_greedy_prompts` for {result['prompts']}")
+    which.append(f"{lengths} tokens in turn{bos}")
+    versus = result["versus"]
+    lines = [
+        f"{result['model']}: {result['tokens']} greedy tokens after each of {done} prompts "
+        f"({'; '.join(which)}) from `{result['corpus']}`, {result['device']}, "
+        f"{_provenance(result)}, `{_short(result['command'])}`.",
+        "",
+        "| variant | greedy agreement with BF16 | ± (s.e.) | identical continuations "
+        f"| over `{versus}`'s agreement | ± (s.e., delta method) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, row in enumerate(result["rows"]):
+        # the reference row's ratio is 1 / versus's agreement: no measure of a format
+        ratio = row.get("ratio_vs_versus") if i else None
+        lines.append(
+            f"| `{row['variant']}` | {row['greedy_agree']:.3f} "
+            f"| {_num(row['greedy_agree_se'], '.3f')} | {row['greedy_seq_agree']:.2f} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}x'} "
+            f"| {'-' if ratio is None else _num(row.get('ratio_se'), '.2f')} |"
+        )
+    gpu = result.get("gpu_same_prompts")
+    if gpu:
+        cells = []
+        # the details file names its reference row: every other row's agreement is with it
+        reference = _load(RESULTS / gpu["file"])["reference"]
+        for label, row in gpu["rows"].items():
+            if label == reference:
+                continue
+            cell = (
+                f"`{label}` {row['greedy_agree']:.3f} ± {_num(row.get('greedy_agree_se'), '.3f')}"
+            )
+            if "ratio_vs_versus" in row and label != gpu["versus"]:
+                cell += f" ({row['ratio_vs_versus']:.2f}x ± {row['ratio_se']:.2f})"
+            cells.append(cell)
+        lines += [
+            "",
+            f"vLLM on the GPU, the same {done} prompts ([`{gpu['file']}`]"
+            f"(../benchmarks/results/{gpu['file']}), agreement with its `{reference}` row; in brackets "
+            f"over `{gpu['versus']}`'s): " + ", ".join(cells) + ".",
+        ]
+    return "\n".join(lines)
+
+
 def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -> str:
     """``int4``'s tokens over BF16's in the same KV memory, the tail pool taken out of it, by
     model, ``max_num_seqs`` and KV memory (computed: benchmarks/tail_pool_capacity.py)."""
@@ -1269,6 +1329,16 @@ TABLES = {
         RESULTS / "kv_quant_sim_int8_static_gemma3.json"
     ),
     "int8_static_simulation": lambda: kv_quant_sim_table(RESULTS / "kv_quant_sim_int8_static.json"),
+    "int4_greedy_simulation": kv_quant_greedy_table,
+    "int4_greedy_simulation_other_prompts": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_other_prompts.json"
+    ),
+    "int4_greedy_simulation_gemma3": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_gemma3.json"
+    ),
+    "int4_greedy_simulation_gemma3_other_prompts": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_gemma3_shift2.json"
+    ),
     "gpu_test_runs": gpu_test_runs_table,
     "tail_pool_capacity": tail_pool_capacity_table,
     # docs/measurement-history.md

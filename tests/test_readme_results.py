@@ -54,6 +54,10 @@ WHERE = {
     "int4_varnorm_simulation_gemma3": RESULTS,
     "int4_first_page_simulation": RESULTS,
     "int4_first_page_simulation_gemma3": RESULTS,
+    "int4_greedy_simulation": RESULTS,
+    "int4_greedy_simulation_other_prompts": RESULTS,
+    "int4_greedy_simulation_gemma3": RESULTS,
+    "int4_greedy_simulation_gemma3_other_prompts": RESULTS,
     "int8_group_simulation_gemma3": RESULTS,
     "int8_group_simulation": RESULTS,
     "int8_static_simulation_gemma3": RESULTS,
@@ -369,4 +373,50 @@ def test_dtype_choice_takes_a_dtypes_cells_from_the_first_file_of_its_model_that
     assert cells["int8_static"] == ["2.00x", "+1.800% ± 0.010", "0.500 ± 0.020"]
     assert (
         "[`chunk16.json`]" in table and "where it has no row of a dtype, [`chunk512.json`]" in table
+    )
+
+
+def test_greedy_simulation_table_names_its_prompts_and_the_gpus_agreement_on_them(
+    tmp_path,
+) -> None:
+    rows = [
+        {"variant": "bf16", "greedy_agree": 1.0, "greedy_agree_se": 0.0, "greedy_seq_agree": 1.0,
+         "ratio_vs_versus": 2.0, "ratio_se": 0.3},
+        {"variant": "int8", "greedy_agree": 0.5, "greedy_agree_se": 0.05,
+         "greedy_seq_agree": 0.25, "ratio_vs_versus": 1.0, "ratio_se": 0.0},
+        {"variant": "int4_tail_full_v_gD", "greedy_agree": 0.3, "greedy_agree_se": 0.04,
+         "greedy_seq_agree": 0.125, "ratio_vs_versus": 0.6, "ratio_se": 0.071},
+    ]  # fmt: skip
+    doc = {"gpu": None, "device": "cpu", "model": "M", "corpus": "c.txt", "bos": 2,
+           "prompt_set": 256, "prompt_indices": [2, 7], "prompts": 64, "prompts_done": 40,
+           "lengths": [128, 256], "tokens": 32, "versus": "int8",
+           "command": "python -m benchmarks.kv_quant_greedy --model /m", "date": "2026-12-05",
+           "git_commit": "b" * 40, "rows": rows}  # fmt: skip
+    path = tmp_path / "greedy.json"
+    path.write_text(json.dumps(doc))
+    lines = _report().kv_quant_greedy_table(path).splitlines()
+    assert lines[0].startswith(
+        "M: 32 greedy tokens after each of 40 prompts (the first 40 of 64; one in every 4 of "
+        "`accuracy.py`'s 256 from its prompt 2; 128/256 tokens in turn, each led by BOS id 2) "
+        "from `c.txt`"
+    )
+    assert "`python -m benchmarks.kv_quant_greedy`" in lines[0]
+    assert lines[4] == "| `bf16` | 1.000 | 0.000 | 1.00 | - | - |"
+    assert lines[6] == "| `int4_tail_full_v_gD` | 0.300 | 0.040 | 0.12 | 0.60x | 0.07 |"
+    assert len(lines) == 7
+    # the GPU's rows on the same prompts, its reference row (the details file's) left out
+    gpu_rows = {"auto": {"greedy_agree": 1.0, "greedy_agree_se": 0.0},
+                "int8": {"greedy_agree": 0.6, "greedy_agree_se": 0.05, "ratio_vs_versus": 1.0,
+                         "ratio_se": 0.0},
+                "int4": {"greedy_agree": 0.3, "greedy_agree_se": 0.04, "ratio_vs_versus": 0.5,
+                         "ratio_se": 0.06}}  # fmt: skip
+    gpu = {"file": "accuracy_chunk16_details.json", "versus": "int8", "rows": gpu_rows}
+    path.write_text(json.dumps(doc | {"gpu_same_prompts": gpu}))
+    last = _report().kv_quant_greedy_table(path).splitlines()[-1]
+    assert last.startswith(
+        "vLLM on the GPU, the same 40 prompts ([`accuracy_chunk16_details.json`]"
+    )
+    assert last.endswith(
+        "agreement with its `auto` row; in brackets over `int8`'s): `int8` 0.600 ± 0.050, "
+        "`int4` 0.300 ± 0.040 (0.50x ± 0.06)."
     )

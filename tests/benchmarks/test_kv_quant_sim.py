@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tiny_models import WORDS, tiny_gemma3_config, tiny_model_dir
 
 from benchmarks import kv_quant_sim
 from int8kv_kernels.reference import quantize_int8
@@ -114,28 +115,6 @@ def test_k_per_channel_bytes(sim) -> None:
             assert by_name[f"int4_k_per_channel_b{b}{suffix}"].bytes_per_token_head(64) == k + 36
 
 
-def _tiny_gemma3_config(sliding_window: int, positions: int = 64):
-    """Gemma 3's attention shape in miniature: head size 256 on one KV head, a sliding-window
-    layer before a full-attention one."""
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=256,
-        sliding_window=sliding_window,
-        layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=positions,
-        pad_token_id=0,
-        bos_token_id=2,
-        eos_token_id=1,
-    )
-
-
 def _logits(config, impl: str, state: dict | None, ids: torch.Tensor):
     from transformers import AutoModelForCausalLM
 
@@ -153,43 +132,18 @@ def test_sliding_window_layers_get_their_mask_through_the_sim(sim) -> None:
     # window included, on a sequence four times the window.
     sim.install([next(v for v in sim.VARIANTS if v.name == "bf16")])
     ids = torch.arange(3, 27)[None]
-    ref, state = _logits(_tiny_gemma3_config(6), "sdpa", None, ids)
-    ours, _ = _logits(_tiny_gemma3_config(6), "int8kv_sim", state, ids)
+    ref, state = _logits(tiny_gemma3_config(6), "sdpa", None, ids)
+    ours, _ = _logits(tiny_gemma3_config(6), "int8kv_sim", state, ids)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     # the window matters here: without it the logits after the first window differ
-    unlimited, _ = _logits(_tiny_gemma3_config(64), "sdpa", state, ids)
+    unlimited, _ = _logits(tiny_gemma3_config(64), "sdpa", state, ids)
     assert torch.equal(unlimited[:, :6], ref[:, :6])
     assert (unlimited[:, 6:] - ref[:, 6:]).abs().max() > 1e-3
 
 
-WORDS = "the a of and to in is was that it he she for on with as his her at by not be".split()
-
-
-def _tiny_model_dir(tmp_path, with_bos: bool):
-    """A saved tiny Gemma 3 and a word-level tokenizer that puts ``<bos>`` (id 2) in front of
-    every text when ``with_bos`` (as Gemma's does) and nothing otherwise (as SmolLM2's)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    if with_bos:
-        tok.post_processor = processors.TemplateProcessing(
-            single="<bos> $A", special_tokens=[("<bos>", 2)]
-        )
-    folder = tmp_path / ("bos" if with_bos else "no_bos")
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
-    ).save_pretrained(folder)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(_tiny_gemma3_config(6)).save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.parametrize("with_bos", [True, False])
 def test_every_scored_window_starts_with_the_models_bos(sim, tmp_path, monkeypatch, with_bos):
-    folder = _tiny_model_dir(tmp_path, with_bos)
+    folder = tiny_model_dir(tmp_path, with_bos)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(100)))
     seen = []
@@ -364,14 +318,14 @@ def test_tail_rows_through_a_model_keep_its_masks_and_read_the_first_page_in_bf1
     from dataclasses import replace
 
     ids = torch.arange(3, 3 + 130)[None] % 29 + 3
-    ref, state = _logits(_tiny_gemma3_config(6, 160), "sdpa", None, ids)
+    ref, state = _logits(tiny_gemma3_config(6, 160), "sdpa", None, ids)
     # unquantized through the tail path: plain SDPA, sliding window and causal layers alike
     sim.install([replace(_variant(sim, "bf16"), tail=True)])
-    ours, _ = _logits(_tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
+    ours, _ = _logits(tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     # int4 with the tail: every position of the first page but its last reads only BF16 keys
     sim.install([_variant(sim, "int4_tail_v_g128")])
-    tail, _ = _logits(_tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
+    tail, _ = _logits(tiny_gemma3_config(6, 160), "int8kv_sim", state, ids)
     torch.testing.assert_close(tail[:, :63], ref[:, :63], rtol=1e-5, atol=1e-5)
     assert (tail[:, 63] - ref[:, 63]).abs().max() > 1e-3
     assert (tail[:, 64:] - ref[:, 64:]).abs().max() > 1e-3
@@ -506,7 +460,7 @@ def test_static_variants_bytes_are_the_codes_only(sim) -> None:
 
 
 def test_static_rows_calibrate_on_the_shipped_text_led_by_bos(sim, tmp_path, monkeypatch) -> None:
-    folder = _tiny_model_dir(tmp_path, with_bos=True)
+    folder = tiny_model_dir(tmp_path, with_bos=True)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(100)))
     # as `int8kv calibrate` plans them: a last window under 16 tokens after the BOS is dropped
