@@ -1153,7 +1153,11 @@ def kv_quant_greedy_table(path: Path = RESULTS / "kv_quant_greedy.json") -> str:
     which = [] if done == result["prompts"] else [f"the first {done} of {result['prompts']}"]
     if "prompt_set" in result:
         stride = result["prompt_set"] // result["prompts"]
-        which.append(f"one in every {stride} of `accuracy.py`'s {result['prompt_set']}")
+        first = result["prompt_indices"][0]
+        which.append(
+            f"one in every {stride} of `accuracy.py`'s {result['prompt_set']}"
+            + (f" from its prompt {first}" if first else "")
+        )
     else:  # a run before prompt_set: the prompt maker asked for this many, not accuracy.py's
         which.append(f"`make_greedy_prompts` for {result['prompts']}")
     which.append(f"{lengths} tokens in turn{bos}")
@@ -1331,6 +1335,9 @@ TABLES = {
     ),
     "int4_greedy_simulation_gemma3": lambda: kv_quant_greedy_table(
         RESULTS / "kv_quant_greedy_gemma3.json"
+    ),
+    "int4_greedy_simulation_gemma3_other_prompts": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_gemma3_shift2.json"
     ),
     "gpu_test_runs": gpu_test_runs_table,
     "tail_pool_capacity": tail_pool_capacity_table,

@@ -41,15 +41,19 @@ from .attention_plan import (
     AttentionWorkspace,
     LaunchConfig,
     LaunchPlan,
+    block_rows,
     check_shapes,
     choose_num_splits,
     device_cc_major,
-    find_seq,
     launch_merge,
     launch_split_merge,
     make_workspace,
     plan_launch,
+    query_block,
+    score_scale_of,
     softmax_step,
+    store_split_stats,
+    visible_keys,
 )
 from .catalogue import INT4_DTYPES
 from .e4m3 import E4M3_F16_UNSCALE, check_v_format, e4m3_decode_f16
@@ -497,39 +501,19 @@ def _attn_fwd(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
 
-    seq = find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    qb = pid_q - (q_start // BLOCK_Q + seq)
+    seq, q_start, q_len, qb = query_block(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
     if qb * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len
 
-    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_SIZE)
-    q_idx = qb * BLOCK_Q + offs_m // GROUP
-    head = kvh * GROUP + offs_m % GROUP
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
-    token = (q_start + q_idx).to(tl.int64)
+    q_idx, head, row_ok, token = block_rows(q_start, q_len, qb, kvh, BLOCK_M, BLOCK_Q, GROUP)
     q_rows = q_ptr + token * stride_qt + head * stride_qh
     pos = ctx + q_idx  # absolute position of each row's query token
-
-    # Keys this query block can see: [key_lo, key_hi).
-    key_hi = tl.minimum(ctx + (qb + 1) * BLOCK_Q, seq_len)
-    key_lo = 0
-    if USE_WINDOW:
-        key_lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
-        key_lo = (key_lo // TILE_N) * TILE_N
-    if SPLIT:
-        n_tiles = tl.cdiv(key_hi - key_lo, TILE_N)
-        per_split = tl.cdiv(n_tiles, num_splits) * TILE_N
-        key_lo = key_lo + split * per_split
-        key_hi = tl.minimum(key_lo + per_split, key_hi)
-
-    score_scale = softmax_scale
-    if not USE_SOFTCAP:
-        score_scale = score_scale * LOG2E
+    key_lo, key_hi = visible_keys(ctx, seq_len, qb, window, split, num_splits, BLOCK_Q, TILE_N,
+                                  TILE_N, USE_WINDOW, SPLIT)  # fmt: skip
+    score_scale = score_scale_of(softmax_scale, USE_SOFTCAP)
     # q as two int8 halves; each row's unit and the softmax scale fold into one factor per row,
     # the per-token K scales into one per column (of each scale group's dot). Static K scales
     # are per channel: q . (codes * s) = (q * s) . codes, so they multiply q once, before its
@@ -656,9 +640,8 @@ def _attn_fwd(
             v_out_scale = v_out_scale * _E4M3_UNSCALE  # exact (power of two)
         accs = (accs[0] * v_out_scale[None, :],)  # static scales: one group
     if SPLIT:
-        ws = (token * NUM_Q_HEADS + head) * num_splits + split
-        tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
-        tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
+        ws = store_split_stats(ws_m_ptr, ws_l_ptr, token, head, split, num_splits, m_i, l_i,
+                               row_ok, NUM_Q_HEADS)  # fmt: skip
         for g in tl.static_range(NG):
             cols = g * G + offs_g
             tl.store(ws_acc_ptr + ws[:, None] * HEAD_SIZE + cols[None, :], accs[g],

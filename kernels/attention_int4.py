@@ -53,12 +53,16 @@ from .attention_plan import (
     SLICED_METADATA_PTRS,
     AttentionWorkspace,
     LaunchConfig,
+    block_rows,
     check_shapes,
     device_cc_major,
-    find_seq,
     launch_split_merge,
     plan_launch,
+    query_block,
+    score_scale_of,
     softmax_step,
+    store_split_stats,
+    visible_keys,
 )
 from .cache_write_int4 import check_sink, check_tail
 from .launch import DirectLauncher
@@ -613,41 +617,24 @@ def _attn_int4_fwd(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
 
-    seq = find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    qb = pid_q - (q_start // BLOCK_Q + seq)
+    seq, q_start, q_len, qb = query_block(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
     if qb * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len
 
-    offs_m = tl.arange(0, BLOCK_M)
     c = tl.arange(0, HALF)
-    q_idx = qb * BLOCK_Q + offs_m // GROUP
-    head = kvh * GROUP + offs_m % GROUP
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
-    token = (q_start + q_idx).to(tl.int64)
+    q_idx, head, row_ok, token = block_rows(q_start, q_len, qb, kvh, BLOCK_M, BLOCK_Q, GROUP)
     q_row = q_ptr + token * stride_qt + head * stride_qh
     q_lo = tl.load(q_row[:, None] + c[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     q_hi = tl.load(q_row[:, None] + HALF + c[None, :], mask=row_ok[:, None], other=0.0)
     q_hi = q_hi.to(tl.float32)
     pos = ctx + q_idx
 
-    # Keys this query block can see: [key_lo, key_hi).
-    key_hi = tl.minimum(ctx + (qb + 1) * BLOCK_Q, seq_len)
-    key_lo = 0
-    if USE_WINDOW:
-        key_lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
-        key_lo = (key_lo // BLOCK_SIZE) * BLOCK_SIZE
-    if SPLIT:
-        n_tiles = tl.cdiv(key_hi - key_lo, TILE_N)
-        per_split = tl.cdiv(n_tiles, num_splits) * TILE_N
-        key_lo = key_lo + split * per_split
-        key_hi = tl.minimum(key_lo + per_split, key_hi)
-    score_scale = softmax_scale
-    if not USE_SOFTCAP:
-        score_scale = score_scale * LOG2E
+    # (a window starts at a page: the loops' tiles are pages, decode's steps pairs of them)
+    key_lo, key_hi = visible_keys(ctx, seq_len, qb, window, split, num_splits, BLOCK_Q,
+                                  BLOCK_SIZE, TILE_N, USE_WINDOW, SPLIT)  # fmt: skip
+    score_scale = score_scale_of(softmax_scale, USE_SOFTCAP)
     full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are read from int4 pages
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
@@ -745,9 +732,8 @@ def _attn_int4_fwd(
     out_lo = acc_lo + az_lo[:, None]
     out_hi = acc_hi + az_hi[:, None]
     if SPLIT:
-        ws = (token * NUM_Q_HEADS + head) * num_splits + split
-        tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
-        tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
+        ws = store_split_stats(ws_m_ptr, ws_l_ptr, token, head, split, num_splits, m_i, l_i,
+                               row_ok, NUM_Q_HEADS)  # fmt: skip
         dst = ws_acc_ptr + ws[:, None] * HEAD_SIZE + c[None, :]
         tl.store(dst, out_lo, mask=row_ok[:, None])
         tl.store(dst + HALF, out_hi, mask=row_ok[:, None])

@@ -1,5 +1,5 @@
 """What the attention formats share: launch planning (configs, KV splits, the split-KV workspace),
-the split merge kernel, the owner search of a program and the online-softmax step.
+the split merge kernel, a program's query block, rows and keys, and the online-softmax step.
 
 ``attention.py`` (int8 pages) and ``attention_int4.py`` (int4 pages + tail) each choose their own
 tile config (``LaunchConfig``) and kernel; everything that decides how a batch is cut into
@@ -47,6 +47,74 @@ def find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr, PER_SEQ: tl.constexp
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def query_block(qsl_ptr, pid_q, num_seqs, BLOCK_Q: tl.constexpr):
+    """Program ``pid_q``'s query block: (seq, q_start, q_len, qb), its sequence, the sequence's
+    first query token and query count, and the block's index in it. The grid has a block for
+    every sequence's worst case: one with qb * BLOCK_Q >= q_len has no queries (its program
+    returns)."""
+    seq = find_seq(qsl_ptr, pid_q, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    qb = pid_q - (q_start // BLOCK_Q + seq)
+    return seq, q_start, q_len, qb
+
+
+@triton.jit
+def block_rows(q_start, q_len, qb, kvh, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+               GROUP: tl.constexpr):  # fmt: skip
+    """The block's BLOCK_M rows, BLOCK_Q query tokens x the GROUP query heads of kv-head kvh:
+    (q_idx, head, row_ok, token), each row's query index in the sequence, query head, whether
+    it is a real row (not padding, not past the sequence's queries) and token index (int64)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    q_idx = qb * BLOCK_Q + offs_m // GROUP
+    head = kvh * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    token = (q_start + q_idx).to(tl.int64)
+    return q_idx, head, row_ok, token
+
+
+@triton.jit
+def visible_keys(ctx, seq_len, qb, window, split, num_splits, BLOCK_Q: tl.constexpr,
+                 WINDOW_ALIGN: tl.constexpr, TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr,
+                 SPLIT: tl.constexpr):  # fmt: skip
+    """The keys [key_lo, key_hi) this program reads: those the block's queries can see (from
+    the window's first, rounded down to WINDOW_ALIGN, the loop's alignment), cut into
+    ``num_splits`` runs of whole TILE_N tiles, run ``split`` of them when SPLIT."""
+    key_hi = tl.minimum(ctx + (qb + 1) * BLOCK_Q, seq_len)
+    key_lo = 0
+    if USE_WINDOW:
+        key_lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
+        key_lo = (key_lo // WINDOW_ALIGN) * WINDOW_ALIGN
+    if SPLIT:
+        n_tiles = tl.cdiv(key_hi - key_lo, TILE_N)
+        per_split = tl.cdiv(n_tiles, num_splits) * TILE_N
+        key_lo = key_lo + split * per_split
+        key_hi = tl.minimum(key_lo + per_split, key_hi)
+    return key_lo, key_hi
+
+
+@triton.jit
+def score_scale_of(softmax_scale, USE_SOFTCAP: tl.constexpr):
+    """The factor of q . k in softmax_step's units: log2 (exp2 is the fast one) unless a soft cap
+    comes first (its tanh takes natural units; softmax_step converts after it)."""
+    score_scale = softmax_scale
+    if not USE_SOFTCAP:
+        score_scale = score_scale * LOG2E
+    return score_scale
+
+
+@triton.jit
+def store_split_stats(ws_m_ptr, ws_l_ptr, token, head, split, num_splits, m_i, l_i, row_ok,
+                      NUM_Q_HEADS: tl.constexpr):  # fmt: skip
+    """A split program's running max and sum into the workspace (merge_splits reads them);
+    returns the rows' workspace index, where its partial output goes too."""
+    ws = (token * NUM_Q_HEADS + head) * num_splits + split
+    tl.store(ws_m_ptr + ws, m_i, mask=row_ok)
+    tl.store(ws_l_ptr + ws, l_i, mask=row_ok)
+    return ws
 
 
 @triton.jit

@@ -57,6 +57,7 @@ WHERE = {
     "int4_greedy_simulation": RESULTS,
     "int4_greedy_simulation_other_prompts": RESULTS,
     "int4_greedy_simulation_gemma3": RESULTS,
+    "int4_greedy_simulation_gemma3_other_prompts": RESULTS,
     "int8_group_simulation_gemma3": RESULTS,
     "int8_group_simulation": RESULTS,
     "int8_static_simulation_gemma3": RESULTS,
@@ -387,8 +388,8 @@ def test_greedy_simulation_table_names_its_prompts_and_the_gpus_agreement_on_the
          "greedy_seq_agree": 0.125, "ratio_vs_versus": 0.6, "ratio_se": 0.071},
     ]  # fmt: skip
     doc = {"gpu": None, "device": "cpu", "model": "M", "corpus": "c.txt", "bos": 2,
-           "prompt_set": 256, "prompts": 64, "prompts_done": 40, "lengths": [128, 256],
-           "tokens": 32, "versus": "int8",
+           "prompt_set": 256, "prompt_indices": [2, 7], "prompts": 64, "prompts_done": 40,
+           "lengths": [128, 256], "tokens": 32, "versus": "int8",
            "command": "python -m benchmarks.kv_quant_greedy --model /m", "date": "2026-12-05",
            "git_commit": "b" * 40, "rows": rows}  # fmt: skip
     path = tmp_path / "greedy.json"
@@ -396,7 +397,8 @@ def test_greedy_simulation_table_names_its_prompts_and_the_gpus_agreement_on_the
     lines = _report().kv_quant_greedy_table(path).splitlines()
     assert lines[0].startswith(
         "M: 32 greedy tokens after each of 40 prompts (the first 40 of 64; one in every 4 of "
-        "`accuracy.py`'s 256; 128/256 tokens in turn, each led by BOS id 2) from `c.txt`"
+        "`accuracy.py`'s 256 from its prompt 2; 128/256 tokens in turn, each led by BOS id 2) "
+        "from `c.txt`"
     )
     assert "`python -m benchmarks.kv_quant_greedy`" in lines[0]
     assert lines[4] == "| `bf16` | 1.000 | 0.000 | 1.00 | - | - |"

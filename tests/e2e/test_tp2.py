@@ -21,7 +21,9 @@ rank reading the other rank's heads or a wrong scale gives real mismatches at th
 
 ``int8_static``: one calibration file (``int8kv calibrate`` at TP=1, holding both KV heads) serves
 TP=1 and TP=2 (each rank takes its own head's scales); compared the same way.
-``INT8KV_E2E_TP_DTYPES`` (default ``auto,int8,int8_static``) picks the dtypes. ``auto`` is the BF16
+``int4``: each rank keeps its own BF16 tail pool for its own KV head, and its sequences' tail slots
+come from its own worker's slot manager; compared the same way.
+``INT8KV_E2E_TP_DTYPES`` (default ``auto,int8,int8_static,int4``) picks the dtypes. ``auto`` is the BF16
 control, how much TP=2 alone moves greedy outputs on this model: with it listed, each quantized
 dtype must also stay within ``SLACK`` of it (measured on 2 H200s, 72 prompts: BF16 50/72
 identical, ``int8`` 46/72, every divergence a near tie with a logprob gap of at most 0.016 nats).
@@ -48,7 +50,7 @@ pytestmark = [
 
 TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))
 TP_DTYPES = [
-    d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static").split(",")
+    d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static,int4").split(",")
 ]
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,
