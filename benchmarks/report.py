@@ -1339,6 +1339,18 @@ TABLES = {
     "int4_greedy_simulation_gemma3_other_prompts": lambda: kv_quant_greedy_table(
         RESULTS / "kv_quant_greedy_gemma3_shift2.json"
     ),
+    "int4_tail_pages_simulation": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_tail_pages.json"
+    ),
+    "int4_tail_pages_simulation_gemma3": lambda: kv_quant_sim_table(
+        RESULTS / "kv_quant_sim_tail_pages_gemma3.json"
+    ),
+    "int4_greedy_simulation_tail_pages": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_tail_pages.json"
+    ),
+    "int4_greedy_simulation_tail_pages_gemma3": lambda: kv_quant_greedy_table(
+        RESULTS / "kv_quant_greedy_tail_pages_gemma3.json"
+    ),
     "gpu_test_runs": gpu_test_runs_table,
     "tail_pool_capacity": tail_pool_capacity_table,
     # docs/measurement-history.md

@@ -50,7 +50,8 @@ pytestmark = [
 
 TINY_MIN = float(os.environ.get("INT8KV_E2E_TINY_MIN", "0.25"))
 TP_DTYPES = [
-    d.strip() for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static,int4").split(",")
+    d.strip()
+    for d in os.environ.get("INT8KV_E2E_TP_DTYPES", "auto,int8,int8_static,int4").split(",")
 ]
 COMMON = {
     "max_model_len": MAX_MODEL_LEN,
