@@ -239,10 +239,13 @@ def _flush_pages_kernel(
 
 
 @triton.jit
-def _store_rows(key_ptr, value_ptr, dst, stride_dkv, tok, m, head, stride_kt, stride_kh,
-                stride_vt, stride_vh, HEAD_SIZE: tl.constexpr):  # fmt: skip
-    """The new tokens ``tok`` (rows ``m``) of one kv-head, K and V, into a model-dtype page's rows
-    ``dst`` (K there, V ``stride_dkv`` after): a tail slot's or a sink's."""
+def _store_rows(key_ptr, value_ptr, dst, stride_dkv, pos, q0, ctx, seq_len, head, stride_kt,
+                stride_kh, stride_vt, stride_vh, HEAD_SIZE: tl.constexpr):  # fmt: skip
+    """The step's new tokens among positions ``pos`` (those in [ctx, seq_len): token
+    q0 + pos - ctx of the batch) of one kv-head, K and V, into a model-dtype page's rows ``dst``
+    (K there, V ``stride_dkv`` after): a tail slot's or a sink's."""
+    m = (pos >= ctx) & (pos < seq_len)
+    tok = tl.where(m, q0 + pos - ctx, 0).to(tl.int64)
     d = tl.arange(0, HEAD_SIZE)
     k = tl.load(key_ptr + (tok * stride_kt + head * stride_kh)[:, None] + d[None, :],
                 mask=m[:, None])  # fmt: skip
@@ -300,12 +303,9 @@ def _store_tail_kernel(
             keep = kept & (tl.load(tail_page_ptr + slot) == block)
         if (seq_len - p0 < BLOCK_SIZE) | keep:
             r = tl.arange(0, BLOCK_SIZE)
-            pos = p0 + r
-            m = (pos >= ctx) & (pos < seq_len)
-            tok = tl.where(m, q0 + pos - ctx, 0).to(tl.int64)
             dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
-            _store_rows(key_ptr, value_ptr, dst, stride_tkv, tok, m, head, stride_kt, stride_kh,
-                        stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
+            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + r, q0, ctx, seq_len, head,
+                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
             if head == 0:
                 tl.store(tail_page_ptr + slot, block)
         elif head == 0:  # a prefix-cache page the flush left: the slot holds nothing
@@ -343,11 +343,9 @@ def _store_sink_kernel(
     # scalar loads per row and kv-head
     if (sink >= 0) & (ctx < BLOCK_SIZE) & (q_len > 0):
         r = tl.arange(0, BLOCK_SIZE)  # positions 0..63, the sink rows
-        m = (r >= ctx) & (r < seq_len)
-        tok = tl.where(m, q0 + r - ctx, 0).to(tl.int64)
         dst = sink_ptr + sink * stride_ss + head * stride_sh + r * stride_sp
-        _store_rows(key_ptr, value_ptr, dst, stride_skv, tok, m, head, stride_kt, stride_kh,
-                    stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
+        _store_rows(key_ptr, value_ptr, dst, stride_skv, r, q0, ctx, seq_len, head, stride_kt,
+                    stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
 
 
 def int4_flush_launch(layout: Int4PageLayout) -> int:
