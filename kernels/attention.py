@@ -34,7 +34,6 @@ import triton.language as tl
 
 from .attention_int4 import paged_attention_int4
 from .attention_plan import (
-    LOG2E,
     M_INIT,
     MAX_SPLITS,
     SLICED_METADATA_PTRS,
@@ -51,6 +50,7 @@ from .attention_plan import (
     plan_launch,
     query_block,
     score_scale_of,
+    soft_capped,
     softmax_step,
     store_split_stats,
     visible_keys,
@@ -401,7 +401,7 @@ def _chunked_kv_loop(
         if NG > 1:
             s = s * row_scale[None, :, None]
         if USE_SOFTCAP:
-            s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
+            s = soft_capped(s, soft_cap)
         visible = key_ok[:, None, :] & (key[:, None, :] <= pos[None, :, None])
         if USE_WINDOW:
             visible = visible & (pos[None, :, None] - key[:, None, :] < window)

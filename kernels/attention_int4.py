@@ -48,7 +48,6 @@ import triton
 import triton.language as tl
 
 from .attention_plan import (
-    LOG2E,
     M_INIT,
     SLICED_METADATA_PTRS,
     AttentionWorkspace,
@@ -60,6 +59,7 @@ from .attention_plan import (
     plan_launch,
     query_block,
     score_scale_of,
+    soft_capped,
     softmax_step,
     store_split_stats,
     visible_keys,
@@ -374,7 +374,7 @@ def _visible_t(s, key, key_ok, pos, window, soft_cap, USE_WINDOW: tl.constexpr,
     """softmax_step's soft-cap and masks on a transposed [keys, BLOCK_M] tile of scaled scores
     (MASKED False: a step whose keys every row sees)."""
     if USE_SOFTCAP:
-        s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
+        s = soft_capped(s, soft_cap)
     if MASKED:
         visible = key_ok[:, None] & (key[:, None] <= pos[None, :])
         if USE_WINDOW:

@@ -118,6 +118,13 @@ def store_split_stats(ws_m_ptr, ws_l_ptr, token, head, split, num_splits, m_i, l
 
 
 @triton.jit
+def soft_capped(s, soft_cap):
+    """soft_cap * tanh(s / soft_cap) of natural-unit scores, in log2 units (softmax_step's),
+    with tanh(x) = 2 sigmoid(2x) - 1."""
+    return soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
+
+
+@triton.jit
 def softmax_step(
     s, key, key_ok, pos, window, soft_cap, m_i, l_i, USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
@@ -125,8 +132,7 @@ def softmax_step(
     """Soft-cap, causal (and window) mask and one online-softmax step on a [BLOCK_M, TILE_N] tile
     of scaled scores (log2 units unless soft-capped): (p, alpha, new running max, new sum)."""
     if USE_SOFTCAP:
-        # soft_cap * tanh(s / soft_cap), tanh(x) = 2 sigmoid(2x) - 1
-        s = soft_cap * (2.0 * tl.sigmoid(s * (2.0 / soft_cap)) - 1.0) * LOG2E
+        s = soft_capped(s, soft_cap)
     visible = key_ok[None, :] & (key[None, :] <= pos[:, None])
     if USE_WINDOW:
         visible = visible & (pos[:, None] - key[None, :] < window)
