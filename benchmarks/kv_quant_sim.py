@@ -354,11 +354,9 @@ def reads_tail(
     pages before it (a longer tail). The queries are the last ``queries`` of the ``tokens``
     positions (all of them by default; 1 for a decode step)."""
     first = tokens - (tokens if queries is None else queries)
-    i = torch.arange(first, tokens, device=device)[:, None] // TAIL_PAGE
-    j = torch.arange(tokens, device=device)[None, :] // TAIL_PAGE
-    last = (torch.arange(first, tokens, device=device)[:, None] % TAIL_PAGE == TAIL_PAGE - 1) & (
-        not full_page
-    )
+    query_pos = torch.arange(first, tokens, device=device)[:, None]
+    i, j = query_pos // TAIL_PAGE, torch.arange(tokens, device=device)[None, :] // TAIL_PAGE
+    last = (query_pos % TAIL_PAGE == TAIL_PAGE - 1) & (not full_page)
     return ((i == j) & ~last) | ((j < i) & (j > i - pages))
 
 
