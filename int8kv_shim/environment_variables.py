@@ -83,3 +83,24 @@ def int4_sink_page_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``int4`` keeps sink pages (``INT8KV_INT4_SINK_PAGE``; off unless switched on)."""
     env = os.environ if environ is None else environ
     return is_truthy(env.get(INT8KV_INT4_SINK_PAGE))
+
+
+INT8KV_INT4_TAIL_PAGES = "INT8KV_INT4_TAIL_PAGES"
+"""How many of a running sequence's newest pages ``int4`` keeps in the model's dtype: ``1``
+(default) its newest page, ``2`` that page and the one before it, so a query always reads its
+last 64..127 keys exact (twice the tail pool's memory). Anything else is an error."""
+
+INT4_TAIL_PAGES: tuple[int, ...] = (1, 2)
+
+
+def int4_tail_pages(environ: Mapping[str, str] | None = None) -> int:
+    """``1`` (default) or ``2``, from ``INT8KV_INT4_TAIL_PAGES``; anything else is an error."""
+    env = os.environ if environ is None else environ
+    raw = env.get(INT8KV_INT4_TAIL_PAGES)
+    text = (raw or "").strip() or "1"
+    allowed = [str(n) for n in INT4_TAIL_PAGES]
+    if text not in allowed:
+        raise ValueError(
+            f"int8kv-shim: {INT8KV_INT4_TAIL_PAGES}={raw!r} is not one of {', '.join(allowed)}"
+        )
+    return int(text)

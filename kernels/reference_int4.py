@@ -18,14 +18,24 @@ scale = zero = NaN, codes 0, so attention over it is NaN rather than plausible n
 
 The tail (``write_kv_cache_int4_ref``): a page is quantized when it is complete, from its tokens'
 K/V in the model's dtype -- the new ones from key/value, the older ones from the sequence's tail
-slot, valid only when the slot is not new this step and ``tail_page[slot]`` is that page's block.
-The last page of a sequence stays in the tail, and ``tail_page[slot]`` names its block; a complete
-last page too when this step quantized it (it began this step, or its earlier rows were the
-slot's), so a sequence whose last token completed a page still reads that page exactly until its
-next token starts a new one. A complete last page the write left (a full prefix-cache hit) sets
-``tail_page[slot] = -1``. Attention reads the pages from the cache but the last one, which it reads
-from the tail when ``tail_page[slot]`` is that page's block or the page is partial
+slot, valid only when the slot is not new this step and the slot's ``tail_page`` entry for that
+page is the page's block. The last page of a sequence stays in the tail, and ``tail_page`` names its
+block; a complete last page too when this step quantized it (it began this step, or its earlier
+rows were the slot's), so a sequence whose last token completed a page still reads that page
+exactly until its next token starts a new one. A complete last page the write left (a full
+prefix-cache hit) sets the entry to -1. Attention reads the pages from the cache but the last one,
+which it reads from the tail when ``tail_page`` names that page's block or the page is partial
 (``int4_kv_slots``).
+
+A tail of one page (``tail`` [slots, 2, H, 64, D], ``tail_page`` [slots]) holds the newest page in
+rows 0..63. A tail of two pages (``tail`` [slots, 2, H, 128, D], ``tail_page`` [slots, 2]) holds
+the page before it too: page pg lives in half pg % 2 (position p in row p % 128) and
+``tail_page[slot, pg % 2]`` names its block. The write keeps the page before the newest the same
+way it keeps a complete newest page (quantized this step, or its earlier rows were the slot's),
+and also when the step did not touch it and its half still names it; else its entry is -1 (a
+new slot: a prefix-cache hit, a resumed request), as is the other half while the sequence has one
+page. Attention reads that page from its half too when the entry names its block, so a query reads
+its last 64..127 keys exact.
 
 The sink (``write_sink_int4_ref``, ``paged_attention_int4_ref``): a sequence given one keeps its
 first page (keys 0..63, the attention-sink tokens) in the model's dtype for good, beside the int4
@@ -114,6 +124,11 @@ def quantize_page(layout: Int4PageLayout, k: torch.Tensor, v: torch.Tensor):
     return k_codes, v_codes, k_sz, v_sz
 
 
+def tail_pages_of(tail: torch.Tensor, block_size: int) -> int:
+    """Pages a tail pool holds per slot (1 or 2): [slots, 2, H, 64 * pages, D]."""
+    return tail.shape[3] // block_size
+
+
 def write_kv_cache_int4_ref(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -136,6 +151,8 @@ def write_kv_cache_int4_ref(
     layout = Int4PageLayout(block_size, key.shape[1], key.shape[2], kv_dtype)
     kd, vd, ksz, vsz = page_views(kv_cache, layout)
     b = block_size
+    pages = tail_pages_of(tail, b)
+    held = tail_page.view(tail_page.shape[0], -1)  # [slots, pages]: the block each half holds
     qsl = query_start_loc.tolist()
     lens, slots, new = seq_lens.tolist(), slot_of_seq.tolist(), slot_is_new.tolist()
     # every complete page first (reading the tail as it was), then the tails
@@ -152,10 +169,12 @@ def write_kv_cache_int4_ref(
             block = int(block_table[r, pg])
             old = max(0, ctx - p0)  # rows of the page written by earlier steps
             if old:
-                if new[r] or int(tail_page[slot]) != block:
+                h = pg % pages
+                if new[r] or int(held[slot, h]) != block:
                     continue  # a full page from the prefix cache: leave it as it is
-                k = torch.cat([tail[slot, 0, :, :old].transpose(0, 1), key[q0 : q0 + b - old]])
-                v = torch.cat([tail[slot, 1, :, :old].transpose(0, 1), value[q0 : q0 + b - old]])
+                rows = tail[slot, :, :, h * b : h * b + old].transpose(1, 2)  # [2, old, H, D]
+                k = torch.cat([rows[0], key[q0 : q0 + b - old]])
+                v = torch.cat([rows[1], value[q0 : q0 + b - old]])
             else:
                 t0 = q0 + p0 - ctx
                 k, v = key[t0 : t0 + b], value[t0 : t0 + b]
@@ -167,16 +186,26 @@ def write_kv_cache_int4_ref(
             continue
         ctx = seq_len - (q1 - q0)
         last = (seq_len - 1) // b
-        if seq_len % b == 0 and (r, last) not in flushed:
-            tail_page[slot] = -1  # a prefix-cache page: read from the cache
-            continue
-        p0 = last * b
-        lo = max(ctx, p0)
-        t0 = q0 + lo - ctx
-        n = seq_len - lo
-        tail[slot, 0, :, lo - p0 : lo - p0 + n] = key[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
-        tail[slot, 1, :, lo - p0 : lo - p0 + n] = value[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
-        tail_page[slot] = int(block_table[r, last])
+        for pg in range(last - pages + 1, last + 1):  # the newest page last
+            h = pg % pages
+            if pg < 0:  # a sequence of one page: the other half holds nothing of it
+                held[slot, h] = -1
+                continue
+            p0 = pg * b
+            block = int(block_table[r, pg])
+            if p0 + b <= seq_len:
+                untouched_own = p0 + b <= ctx and not new[r] and int(held[slot, h]) == block
+                if (r, pg) not in flushed and not untouched_own:
+                    held[slot, h] = -1  # a prefix-cache page: read from the cache
+                    continue
+            lo = max(ctx, p0)
+            t0 = q0 + lo - ctx
+            n = min(seq_len, p0 + b) - lo
+            if n > 0:
+                dst = slice(h * b + lo - p0, h * b + lo - p0 + n)
+                tail[slot, 0, :, dst] = key[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
+                tail[slot, 1, :, dst] = value[t0 : t0 + n].transpose(0, 1).to(tail.dtype)
+            held[slot, h] = block
 
 
 def write_sink_int4_ref(
@@ -220,6 +249,25 @@ def dequantize_cache_int4(
     return k.transpose(1, 2), v.transpose(1, 2)
 
 
+def tail_start(
+    seq_len: int, slot: int, table_row: list[int], held: list[int], block_size: int, pages: int
+) -> int:
+    """The first key a sequence reads from its tail (a page start; ``seq_len`` when none): its
+    partial last page; a complete last page whose block its slot's entry names; with a tail of two
+    pages, the page before that when its half names its block. ``held``: the slot's entries."""
+    b = block_size
+    start = (seq_len // b) * b
+    if slot < 0:
+        return start
+    pg = start // b - 1  # the page before start
+    if start == seq_len and start > 0 and held[pg % pages] == table_row[pg]:
+        start -= b  # a complete newest page the step left in the tail
+        pg -= 1
+    if pages == 2 and 0 < start < seq_len and held[pg % 2] == table_row[pg]:
+        start -= b
+    return start
+
+
 def int4_kv_slots(
     kv_cache: torch.Tensor,
     tail: torch.Tensor,
@@ -229,33 +277,40 @@ def int4_kv_slots(
     block_table: torch.Tensor,
     slot_of_seq: torch.Tensor,
     tail_page: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What attention reads, as fp32 K/V slots [num_blocks, B, H, D] for ``reference.attention_ref``
-    plus the readable key count of each sequence: its pages dequantized, but its last page's rows
-    from ``tail[slot_of_seq[r]]`` (exact) when that page is partial or is the block
-    ``tail_page[slot]`` names; a partial page's rows are none of them when the slot is -1.
-
-    Each sequence's last page read from the tail must be a block of its own (as vLLM allocates
-    them: a block another sequence shares is complete and held by no tail this step)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What attention reads, as fp32 K/V slots [pages, B, H, D] for ``reference.attention_ref``:
+    the cache's pages dequantized, then, for every page a sequence reads from its tail
+    (``tail_start``), a copy of its own holding the tail's rows (exact), which its row of the
+    returned block table names instead of the cache's block (a block other rows share keeps its
+    int4 values for them). Also the readable key count of each sequence: its partial page's rows
+    are none of them when its slot is -1. Returns (k, v, block_table, readable)."""
     nkv, d = tail.shape[2], tail.shape[4]
-    k, v = dequantize_cache_int4(kv_cache, block_size=block_size, num_kv_heads=nkv, head_size=d)
+    b = block_size
+    pages = tail_pages_of(tail, b)
+    k, v = dequantize_cache_int4(kv_cache, block_size=b, num_kv_heads=nkv, head_size=d)
+    k_rows, v_rows, total = [k], [v], k.shape[0]
+    table = block_table.clone()
     readable = []
     slots = slot_of_seq.tolist()  # may be longer than the batch (padding rows)
-    holders = tail_page.tolist()
+    held = tail_page.view(tail_page.shape[0], -1).tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
         slot = slots[r]
-        full, n = (seq_len // block_size) * block_size, seq_len % block_size
+        full = (seq_len // b) * b
         readable.append(seq_len if slot >= 0 else full)
-        if not n and slot >= 0 and seq_len:
-            block = int(block_table[r, full // block_size - 1])
-            if holders[slot] == block:  # a page completed by the last step: still in the tail
-                k[block] = tail[slot, 0].transpose(0, 1).float()
-                v[block] = tail[slot, 1].transpose(0, 1).float()
-        if n and slot >= 0:
-            block = int(block_table[r, full // block_size])
-            k[block, :n] = tail[slot, 0, :, :n].transpose(0, 1).float()
-            v[block, :n] = tail[slot, 1, :, :n].transpose(0, 1).float()
-    return k, v, torch.tensor(readable, dtype=torch.int32)
+        if slot < 0:
+            continue
+        row = block_table[r].tolist()
+        for p0 in range(tail_start(seq_len, slot, row, held[slot], b, pages), seq_len, b):
+            n = min(seq_len - p0, b)
+            rows = tail[slot, :, :, p0 % (pages * b) : p0 % (pages * b) + n].transpose(1, 2)
+            kp, vp = k[row[p0 // b]].clone(), v[row[p0 // b]].clone()
+            kp[:n], vp[:n] = rows[0].float().to(k.device), rows[1].float().to(k.device)
+            k_rows.append(kp[None])
+            v_rows.append(vp[None])
+            table[r, p0 // b] = total
+            total += 1
+    readable_t = torch.tensor(readable, dtype=torch.int32)
+    return torch.cat(k_rows), torch.cat(v_rows), table, readable_t
 
 
 def paged_attention_int4_ref(
@@ -280,23 +335,20 @@ def paged_attention_int4_ref(
     is a full page read from the cache (not the tail's), keys 0..63 from sink[s] instead (the
     row's own copy of page 0: a block other rows share keeps its int4 values for them). Returns
     fp32 [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
-    k, v, readable = int4_kv_slots(
-        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(),
-        block_table=block_table.cpu(), slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
+    bt = block_table.cpu()
+    k, v, table, readable = int4_kv_slots(
+        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(), block_table=bt,
+        slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
     )  # fmt: skip
-    table = block_table.clone()
     if sink is not None:
-        sinks, slots, holders = sink_of_seq.tolist(), slot_of_seq.tolist(), tail_page.tolist()
+        pages = tail_pages_of(tail, block_size)
+        sinks, slots = sink_of_seq.tolist(), slot_of_seq.tolist()
+        held = tail_page.view(tail_page.shape[0], -1).tolist()
         k_rows, v_rows = [k], [v]
         for r, seq_len in enumerate(seq_lens.tolist()):
-            full = (seq_len // block_size) * block_size
-            held = (
-                full == seq_len
-                and full
-                and slots[r] >= 0
-                and holders[slots[r]] == int(block_table[r, full // block_size - 1])
-            )
-            if sinks[r] < 0 or full - (block_size if held else 0) <= 0:
+            mine = held[slots[r]] if slots[r] >= 0 else []
+            start = tail_start(seq_len, slots[r], bt[r].tolist(), mine, block_size, pages)
+            if sinks[r] < 0 or start <= 0:
                 continue  # no sink, or page 0 is partial or the tail's
             table[r, 0] = sum(x.shape[0] for x in k_rows)
             k_rows.append(sink[sinks[r], 0].transpose(0, 1)[None].float().to(k.device))
@@ -304,6 +356,6 @@ def paged_attention_int4_ref(
         k, v = torch.cat(k_rows), torch.cat(v_rows)
     return attention_ref(
         query, k.to(query.device), v.to(query.device), query_start_loc=query_start_loc,
-        seq_lens=seq_lens, block_table=table, softmax_scale=softmax_scale,
+        seq_lens=seq_lens, block_table=table.to(block_table.device), softmax_scale=softmax_scale,
         sliding_window=sliding_window, soft_cap=soft_cap, readable=readable,
     )  # fmt: skip

@@ -183,6 +183,22 @@ def test_off_unless_switched_on_variables(value: str | None, on: bool) -> None:
     assert int4_sink_page_enabled(env) is on
 
 
+@pytest.mark.parametrize(("value", "pages"), [(None, 1), ("", 1), ("1", 1), (" 2 ", 2)])
+def test_int4_tail_pages(value: str | None, pages: int) -> None:
+    from int8kv_shim.environment_variables import int4_tail_pages
+
+    env = {} if value is None else {"INT8KV_INT4_TAIL_PAGES": value}
+    assert int4_tail_pages(env) == pages
+
+
+@pytest.mark.parametrize("value", ["0", "3", "two", "on"])
+def test_int4_tail_pages_refuses_other_values(value: str) -> None:
+    from int8kv_shim.environment_variables import int4_tail_pages
+
+    with pytest.raises(ValueError, match=r"INT8KV_INT4_TAIL_PAGES=.* is not one of 1, 2"):
+        int4_tail_pages({"INT8KV_INT4_TAIL_PAGES": value})
+
+
 # --------------------------------------------------------------------------------------------------
 # int8kv run
 

@@ -1,0 +1,172 @@
+"""int4 with a tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``): the sequence's newest page and the
+one before it in the model's dtype, page pg in half pg % 2 of its slot (reference_int4.py).
+
+The write is checked against the reference bit for bit (cache, tail, tail_page from random bytes);
+attention against the reference within kvbatch's bf16 bound, with data where reading a page in
+int4 instead of exact is far outside that bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from int8kv_kernels import get_page_bytes, write_kv_cache
+from int8kv_kernels.page_layout import Int4PageLayout
+from int8kv_kernels.reference_int4 import (
+    page_views,
+    quantize_page,
+    tail_start,
+    write_kv_cache_int4_ref,
+)
+
+B = 64
+
+
+@dataclass
+class Pool2:
+    """A cache and a two-page tail pool of random bytes; ``pages`` 1 gives today's one-page pool."""
+
+    nkv: int
+    d: int
+    num_blocks: int = 16
+    num_slots: int = 4
+    pages: int = 2
+    dtype: torch.dtype = torch.bfloat16
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+    cache: torch.Tensor = field(init=False)
+    tail: torch.Tensor = field(init=False)
+    tail_page: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        dev = self.device
+        nbytes = get_page_bytes("int4", B, self.nkv, self.d)
+        self.cache = torch.randint(-128, 128, (self.num_blocks, nbytes), dtype=torch.int8,
+                                   device=dev)  # fmt: skip
+        shape = (self.num_slots, 2, self.nkv, B * self.pages, self.d)
+        self.tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=dev)
+        self.tail = self.tail.view(self.dtype)
+        held = (self.num_slots, self.pages) if self.pages > 1 else (self.num_slots,)
+        self.tail_page = torch.full(held, -1, dtype=torch.int32, device=dev)
+
+
+def _args(pool, q_lens, seq_lens, table, slots, new, pad_rows=0):
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+
+    def i32(x):
+        return torch.as_tensor(x, dtype=torch.int32).to(pool.device)
+
+    return dict(
+        block_size=B, query_start_loc=i32(qsl), seq_lens=i32(seq_lens), block_table=i32(table),
+        slot_of_seq=i32(slots + [3] * pad_rows), slot_is_new=i32(new + [1] * pad_rows),
+        num_seqs=len(q_lens), max_query_len=max(q_lens),
+    )  # fmt: skip
+
+
+def _ref_write(pool, key, value, q_lens, seq_lens, table, slots, new):
+    kw = _args(pool, q_lens, seq_lens, table, slots, new)
+    write_kv_cache_int4_ref(key, value, pool.cache, pool.tail, pool.tail_page, **kw)
+
+
+def _write(pool, key, value, q_lens, seq_lens, table, slots, new, pad_rows=0):
+    """One step through the kernel and the reference; they must agree bit for bit on the cache,
+    the tail and tail_page (the kernel's result stays in ``pool``)."""
+    kw = _args(pool, q_lens, seq_lens, table, slots, new, pad_rows)
+    key, value = key.to(pool.device), value.to(pool.device)
+    want = (pool.cache.clone(), pool.tail.clone(), pool.tail_page.clone())
+    write_kv_cache_int4_ref(key, value, *want, **kw)
+    write_kv_cache(key, value, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                   tail_page=pool.tail_page, **kw)  # fmt: skip
+    assert torch.equal(pool.cache, want[0]), "int4 pages differ from the reference"
+    assert torch.equal(pool.tail.view(torch.int16), want[1].view(torch.int16)), "tails differ"
+    assert torch.equal(pool.tail_page, want[2]), (pool.tail_page, want[2])
+
+
+def _kv(n, pool, scale=1.0):
+    k = (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
+    v = (torch.randn(n, pool.nkv, pool.d) * scale).to(pool.dtype)
+    return k.to(pool.device), v.to(pool.device)
+
+
+def _assert_page(pool, block, k, v):
+    views = page_views(pool.cache, Int4PageLayout(B, pool.nkv, pool.d))
+    want = quantize_page(Int4PageLayout(B, pool.nkv, pool.d), k, v)
+    for got, w in zip((x[block] for x in views), want, strict=True):
+        assert torch.equal(got.contiguous().cpu().view(torch.uint8),
+                           w.contiguous().cpu().view(torch.uint8))  # fmt: skip
+
+
+def _assert_half(pool, slot, pg, k, v):
+    """Half pg % 2 of the slot holds page pg's rows k, v (the page's first len(k) positions)."""
+    h = (pg % 2) * B
+    n = k.shape[0]
+    assert torch.equal(pool.tail[slot, 0, :, h : h + n], k.transpose(0, 1))
+    assert torch.equal(pool.tail[slot, 1, :, h : h + n], v.transpose(0, 1))
+
+
+# --------------------------------------------------------------------------------------------------
+# The reference (the specification), checked by hand
+
+
+def test_reference_decode_keeps_the_page_before_the_newest():
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(200, pool)
+    table = [[5, 9, 2, 7]]
+    for t in range(200):  # one token a step, slot 1, new at the first step only
+        _ref_write(pool, k[t : t + 1], v[t : t + 1], [1], [t + 1], table, [1], [int(t == 0)])
+        last = t // B
+        held = pool.tail_page[1].tolist()
+        assert held[last % 2] == table[0][last]
+        # the page before the newest: its half names it from the step that started the newest
+        assert held[(last + 1) % 2] == (table[0][last - 1] if last else -1)
+        p0 = last * B
+        _assert_half(pool, 1, last, k[p0 : t + 1], v[p0 : t + 1])
+        if last:
+            _assert_half(pool, 1, last - 1, k[p0 - B : p0], v[p0 - B : p0])
+    for pg in range(3):  # every complete page is quantized all the same
+        _assert_page(pool, table[0][pg], k[pg * B : (pg + 1) * B], v[pg * B : (pg + 1) * B])
+
+
+def test_reference_new_slot_holds_no_page_before_its_first_step():
+    # a prefix-cache hit of two pages (ctx 128), a fresh slot: the page before the newest is in
+    # the cache, not the slot (whose halves name old blocks of someone else's)
+    pool = Pool2(nkv=1, d=64)
+    k, v = _kv(10, pool)
+    pool.tail_page[0] = torch.tensor([7, 3], dtype=torch.int32)
+    _ref_write(pool, k, v, [10], [138], [[4, 3, 7]], [0], [1])
+    assert pool.tail_page[0].tolist() == [7, -1]
+    # the same step on the slot's own sequence: page 1 (block 3) untouched and still named
+    pool.tail_page[0] = torch.tensor([7, 3], dtype=torch.int32)
+    _ref_write(pool, k, v, [10], [138], [[4, 3, 7]], [0], [0])
+    assert pool.tail_page[0].tolist() == [7, 3]
+
+
+def test_reference_chunk_over_three_pages_keeps_its_last_two():
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(300, pool)
+    table = [[1, 6, 8, 10, 11]]
+    _ref_write(pool, k[:100], v[:100], [100], [100], table, [2], [1])
+    assert pool.tail_page[2].tolist() == [1, 6]  # page 0 (complete), page 1 (36 rows)
+    # pages 1 (from the tail's 36 rows), 2, 3 complete, page 4 partial: pages 3 and 4 kept
+    _ref_write(pool, k[100:270], v[100:270], [170], [270], table, [2], [0])
+    assert pool.tail_page[2].tolist() == [11, 10]
+    _assert_half(pool, 2, 3, k[192:256], v[192:256])
+    _assert_half(pool, 2, 4, k[256:270], v[256:270])
+    for pg in range(4):
+        _assert_page(pool, table[0][pg], k[pg * B : (pg + 1) * B], v[pg * B : (pg + 1) * B])
+
+
+def test_reference_tail_start():
+    # (seq_len, slot's entries) -> the first key read from the tail; table: blocks 10, 11, 12
+    row = [10, 11, 12]
+    assert tail_start(130, 0, row, [-1, -1], B, 2) == 128  # nothing named: the partial page
+    assert tail_start(130, 0, row, [12, 11], B, 2) == 64  # page 1 named by half 1
+    assert tail_start(128, 0, row, [10, 11], B, 2) == 0  # a held complete page 1 and page 0
+    assert tail_start(128, 0, row, [-1, 11], B, 2) == 64
+    assert tail_start(128, 0, row, [10, -1], B, 2) == 128  # page 1 not held: nothing
+    assert tail_start(128, -1, row, [10, 11], B, 2) == 128  # no slot
+    assert tail_start(30, 0, row, [10, -1], B, 2) == 0
+    assert tail_start(128, 0, row, [11], B, 1) == 64  # one page: the newest only
+    assert tail_start(130, 0, row, [12], B, 1) == 128
