@@ -23,6 +23,14 @@ the launch order is what keeps every read before those writes (the tail launch r
 ``tail_page`` it overwrites only in its own program). Programs of one launch never write what
 another program of it reads.
 
+A tail of two pages (``TAIL_PAGES`` 2: the pool [slots, 2, H, 128, D], ``tail_page`` [slots, 2])
+holds page pg in half pg % 2 (position p in row p % 128), and ``tail_page[slot, pg % 2]`` names its
+block. The flush reads a page's earlier rows from its half; the tail store keeps the page before
+the last as it keeps a complete last page (quantized this step), and also when the step did not
+touch it and its half still names it, so a query reads its last 64..127 keys exact; otherwise (a
+new slot: a prefix-cache hit, a resumed request) that half's entry is -1, as is the other half's
+while the sequence has one page. Both halves change only after the flush read them.
+
 ``write_sink_int4`` is a launch of its own, for the sequences given a sink (their first page, the
 attention-sink tokens, kept exact for good): it copies the new tokens at positions 0..63 into
 ``sink`` in the model's dtype and leaves the two launches above as they are (page 0 is quantized
@@ -197,6 +205,7 @@ def _flush_pages_kernel(
     K_SZ: tl.constexpr,
     V_SZ: tl.constexpr,
     PAGES_PER_SEQ: tl.constexpr,  # 0: one program per sequence (a decode step), else 2
+    TAIL_PAGES: tl.constexpr,  # pages per tail slot: 1, or 2 (page pg in half pg % 2)
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -220,7 +229,10 @@ def _flush_pages_kernel(
     block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg, mask=complete, other=0)
     block = block.to(tl.int64)
     kept = tl.load(slot_is_new_ptr + seq) == 0  # the slot's rows are this sequence's
-    holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
+    if TAIL_PAGES == 1:
+        holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
+    else:
+        holder = tl.load(tail_page_ptr + slot * 2 + pg % 2, mask=complete & has_slot, other=-1)
     tail_ok = has_slot & kept & (holder.to(tl.int64) == block)
     # a page with positions before this step needs them from the tail (else: leave it)
     if complete & ((p0 >= ctx) | tail_ok):
@@ -230,6 +242,8 @@ def _flush_pages_kernel(
         tok = (q0 + pos - ctx).to(tl.int64)
         tok = tl.where(new, tok, 0)
         tail_row = tail_ptr + tl.maximum(slot, 0) * stride_ts + head * stride_th + r * stride_tp
+        if TAIL_PAGES == 2:
+            tail_row += (pg % 2) * BLOCK_SIZE * stride_tp
         page = cache_ptr + block * stride_block
         page16 = cache16_ptr + block * (stride_block // 2)
         _flush_k(key_ptr + tok * stride_kt + head * stride_kh, tail_row, new, page, page16, head,
@@ -282,6 +296,7 @@ def _store_tail_kernel(
     stride_tp,
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TAIL_PAGES: tl.constexpr,  # as _flush_pages_kernel's
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -289,7 +304,17 @@ def _store_tail_kernel(
     q_len = tl.load(qsl_ptr + seq + 1) - q0
     seq_len = tl.load(seq_lens_ptr + seq)
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
-    if (q_len > 0) & (slot >= 0):
+    if TAIL_PAGES == 2:
+        if (q_len > 0) & (slot >= 0):
+            ctx = seq_len - q_len
+            last = (seq_len - 1) // BLOCK_SIZE
+            new = tl.load(slot_is_new_ptr + seq) != 0
+            for i in tl.static_range(2):  # the page before the newest, then the newest
+                _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq,
+                           slot, last - 1 + i, q0, ctx, seq_len, head, new, stride_kt,
+                           stride_kh, stride_vt, stride_vh, stride_bt, stride_ts, stride_tkv,
+                           stride_th, stride_tp, HEAD_SIZE, BLOCK_SIZE)  # fmt: skip
+    elif (q_len > 0) & (slot >= 0):
         ctx = seq_len - q_len
         last = (seq_len - 1) // BLOCK_SIZE
         p0 = last * BLOCK_SIZE
@@ -310,6 +335,37 @@ def _store_tail_kernel(
                 tl.store(tail_page_ptr + slot, block)
         elif head == 0:  # a prefix-cache page the flush left: the slot holds nothing
             tl.store(tail_page_ptr + slot, -1)
+
+
+@triton.jit
+def _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq, slot, pg, q0,
+               ctx, seq_len, head, new, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt,
+               stride_ts, stride_tkv, stride_th, stride_tp, HEAD_SIZE: tl.constexpr,
+               BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """A two-page tail's store of page pg (>= -1) of a sequence: its new rows into half pg % 2
+    and its block into that half's entry when the slot keeps it (a partial page; a complete one
+    the flush quantized, or that the step did not touch and the half still names: the page
+    before the newest), else -1 (a prefix-cache page; pg -1: the sequence has one page). As in
+    the one-page store, every head's program reads the entry and head 0's rewrites it, which
+    never flips the comparison."""
+    h = (pg + 2) % 2
+    entry = tail_page_ptr + slot * 2 + h
+    if pg < 0:
+        if head == 0:
+            tl.store(entry, -1)
+    else:
+        p0 = pg * BLOCK_SIZE
+        block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg)
+        named = (~new) & (tl.load(entry) == block)
+        if (p0 + BLOCK_SIZE > seq_len) | (p0 >= ctx) | named:
+            r = tl.arange(0, BLOCK_SIZE)
+            dst = tail_ptr + slot * stride_ts + head * stride_th + (h * BLOCK_SIZE + r) * stride_tp
+            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + r, q0, ctx, seq_len, head,
+                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
+            if head == 0:
+                tl.store(entry, block)
+        elif head == 0:
+            tl.store(entry, -1)
 
 
 # As _store_tail_kernel, but no block table: the sink rows are addressed by position alone.
@@ -358,13 +414,20 @@ launch_tail = DirectLauncher(_store_tail_kernel)
 launch_sink = DirectLauncher(_store_sink_kernel)
 
 
-def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayout) -> None:
-    """The tail pool's shape contract: [slots, 2, H, 64, D] model dtype, int32 [slots]."""
-    _check_page_pool(tail, "tail", "num_slots", layout)
+def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayout) -> int:
+    """The tail pool's shape contract: [slots, 2, H, 64, D] model dtype and int32 [slots] (one
+    page a slot), or [slots, 2, H, 128, D] and int32 [slots, 2] contiguous (two pages, page pg in
+    half pg % 2). Returns the pages a slot holds."""
+    pages = 2 if tail.dim() == 5 and tail.shape[3] == 2 * layout.block_size else 1
+    _check_page_pool(tail, "tail", "num_slots", layout, pages)
+    held = (tail.shape[0],) if pages == 1 else (tail.shape[0], 2)
     if tail_page is not None and (
-        tail_page.dtype != torch.int32 or tail_page.shape[0] != tail.shape[0]
+        tail_page.dtype != torch.int32
+        or tuple(tail_page.shape) != held
+        or not tail_page.is_contiguous()
     ):
-        raise ValueError("tail_page must be int32 [num_slots]")
+        raise ValueError(f"tail_page must be int32 {list(held)} for a tail of {pages} page(s)")
+    return pages
 
 
 def check_sink(sink: torch.Tensor, sink_of_seq: torch.Tensor, layout: Int4PageLayout) -> None:
@@ -375,8 +438,10 @@ def check_sink(sink: torch.Tensor, sink_of_seq: torch.Tensor, layout: Int4PageLa
         raise ValueError("sink_of_seq must be int32 [>= num_seqs]")
 
 
-def _check_page_pool(pool: torch.Tensor, name: str, rows: str, layout: Int4PageLayout) -> None:
-    h, b, d = layout.num_kv_heads, layout.block_size, layout.head_size
+def _check_page_pool(
+    pool: torch.Tensor, name: str, rows: str, layout: Int4PageLayout, pages: int = 1
+) -> None:
+    h, b, d = layout.num_kv_heads, layout.block_size * pages, layout.head_size
     if pool.dim() != 5 or tuple(pool.shape[1:]) != (2, h, b, d) or pool.stride(4) != 1:
         raise ValueError(
             f"{name} must be [{rows}, 2, {h}, {b}, {d}] with unit stride along head_size, "
@@ -411,7 +476,9 @@ def write_kv_cache_int4(
     sequence r's new tokens are rows [query_start_loc[r], query_start_loc[r + 1]) at positions
     [seq_lens[r] - q_len, seq_lens[r]). kv_cache: int8 [num_blocks, >= page_bytes]; tail:
     [num_slots, 2, num_kv_heads, 64, head_size] (tail[s, 0] K, tail[s, 1] V, position p in row
-    p % 64); tail_page: int32 [num_slots]; slot_of_seq, slot_is_new: int32 [>= num_seqs] (slot -1:
+    p % 64); tail_page: int32 [num_slots]. A tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``) is
+    [num_slots, 2, num_kv_heads, 128, head_size] (position p in row p % 128) with tail_page int32
+    [num_slots, 2], and keeps the page before the last too (module docstring); slot_of_seq, slot_is_new: int32 [>= num_seqs] (slot -1:
     no request, e.g. CUDA-graph padding or a dummy run: nothing of it is written, not even a page
     it completes). Two launches, shapes from Python ints only:
     no host sync, CUDA-graph safe.
@@ -422,7 +489,7 @@ def write_kv_cache_int4(
         raise ValueError("key/value must be contiguous along head_size")
     if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
         raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
-    check_tail(tail, tail_page, layout)
+    tail_pages = check_tail(tail, tail_page, layout)
     if num_seqs == 0 or key.shape[0] == 0:
         return
     per_seq = 0 if max_query_len <= 1 else 2
@@ -453,6 +520,7 @@ def write_kv_cache_int4(
         ts[2],
         ts[3],
         PAGES_PER_SEQ=per_seq,
+        TAIL_PAGES=tail_pages,
         **layout.kernel_constexprs(),
         num_warps=int4_flush_launch(layout),
     )
@@ -479,6 +547,7 @@ def write_kv_cache_int4(
         ts[3],
         HEAD_SIZE=head_size,
         BLOCK_SIZE=block_size,
+        TAIL_PAGES=tail_pages,
         num_warps=4,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from int8kv_kernels import get_page_bytes, write_kv_cache
@@ -170,3 +171,99 @@ def test_reference_tail_start():
     assert tail_start(30, 0, row, [10, -1], B, 2) == 0
     assert tail_start(128, 0, row, [11], B, 1) == 64  # one page: the newest only
     assert tail_start(130, 0, row, [12], B, 1) == 128
+
+
+# --------------------------------------------------------------------------------------------------
+# The write kernels == the reference, bit for bit
+
+
+@pytest.mark.parametrize(("nkv", "d", "dtype"), [(2, 64, torch.bfloat16), (1, 256, torch.float16)])
+def test_write_decode_across_two_page_boundaries(nkv, d, dtype):
+    pool = Pool2(nkv=nkv, d=d, dtype=dtype)
+    k, v = _kv(135, pool)
+    table = [[5, 9, 2, 7]]
+    for t in range(135):
+        _write(pool, k[t : t + 1], v[t : t + 1], [1], [t + 1], table, [1], [int(t == 0)])
+    assert pool.tail_page[1].tolist() == [2, 9]
+    _assert_half(pool, 1, 1, k[64:128], v[64:128])
+    _assert_half(pool, 1, 2, k[128:135], v[128:135])
+
+
+def test_write_chunks_spanning_pages_and_16_token_chunks():
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(400, pool)
+    table = [[1, 6, 8, 10, 11, 12, 13]]
+    _write(pool, k[:100], v[:100], [100], [100], table, [2], [1])
+    _write(pool, k[100:270], v[100:270], [170], [270], table, [2], [0])  # pages 1..3, 4 partial
+    for end in range(286, 399, 16):  # 16 tokens a step, over the ends of pages 4 and 5, to 398
+        _write(pool, k[end - 16 : end], v[end - 16 : end], [16], [end], table, [2], [0])
+    assert pool.tail_page[2].tolist() == [13, 12]
+    _assert_half(pool, 2, 5, k[320:384], v[320:384])
+    _assert_half(pool, 2, 6, k[384:398], v[384:398])
+    for pg in range(6):
+        _assert_page(pool, table[0][pg], k[pg * B : (pg + 1) * B], v[pg * B : (pg + 1) * B])
+
+
+@pytest.mark.parametrize("new", [0, 1])
+def test_write_new_slot_invalidates_both_halves(new):
+    # the slot's halves name this row's blocks (as a stale slot of a finished request may, blocks
+    # being reused): only a slot that is not new keeps them
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(130 + 1, pool)
+    table = [[4, 3, 7]]
+    _write(pool, k[:130], v[:130], [130], [130], table, [0], [1])
+    assert pool.tail_page[0].tolist() == [7, 3]
+    _write(pool, k[130:], v[130:], [1], [131], table, [0], [new])
+    assert pool.tail_page[0].tolist() == ([7, -1] if new else [7, 3])
+
+
+def test_write_mixed_batch_prefix_hits_padding_and_slotless_rows():
+    pool = Pool2(nkv=3, d=64, num_blocks=24, num_slots=8)
+    q_lens = [1, 1, 1, 150, 10, 1, 70, 2]
+    seq_lens = [65, 128, 64, 150, 138, 200, 70, 192]
+    table = [[1, 2, 0, 0], [3, 4, 0, 0], [5, 0, 0, 0], [6, 7, 8, 0], [9, 10, 11, 0],
+             [12, 13, 14, 15], [16, 17, 0, 0], [18, 19, 20, 0]]  # fmt: skip
+    slots = [0, 1, 2, 3, 4, -1, 5, 6]
+    new = [0, 0, 1, 1, 1, 0, 1, 0]
+    # rows 0, 1, 7 hold their pages from earlier steps (row 7's page 1 in half 1, partial page 2
+    # of 62 rows in half 0); row 2 a full prefix-cache hit of page 0; row 4 a hit of two pages
+    pool.tail_page[0] = torch.tensor([1, -1], dtype=torch.int32)
+    pool.tail_page[1] = torch.tensor([3, 4], dtype=torch.int32)
+    pool.tail_page[2] = torch.tensor([5, 5], dtype=torch.int32)
+    pool.tail_page[4] = torch.tensor([11, 10], dtype=torch.int32)
+    pool.tail_page[6] = torch.tensor([20, 19], dtype=torch.int32)
+    k, v = _kv(sum(q_lens) + 4, pool)
+    _write(pool, k, v, q_lens, seq_lens, table, slots, new, pad_rows=2)
+    got = pool.tail_page.tolist()
+    assert got[0] == [1, 2] and got[1] == [3, 4] and got[2] == [-1, -1]
+    assert got[3] == [8, 7] and got[4] == [11, -1] and got[5] == [16, 17] and got[6] == [20, 19]
+    assert got[7] == [-1, -1]  # the slot-less row's slot (7) is untouched
+
+
+def test_write_two_page_tail_shape_is_checked():
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(1, pool)
+    kw = _args(pool, [1], [1], [[0]], [0], [1])
+    with pytest.raises(ValueError, match=r"tail_page must be int32 \[4, 2\]"):
+        write_kv_cache(k, v, pool.cache, None, kv_dtype="int4", tail=pool.tail,
+                       tail_page=pool.tail_page[:, 0].contiguous(), **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="tail must be"):
+        write_kv_cache(k, v, pool.cache, None, kv_dtype="int4", tail=pool.tail[:, :, :, :96],
+                       tail_page=pool.tail_page, **kw)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_write_real_size_gpu():
+    # decode rows at and past page ends (their halves naming their pages), prompts of 1000 and
+    # 333 tokens on 800 cached: 32 rows, 30 pages each
+    pool = Pool2(nkv=8, d=128, num_blocks=1000, num_slots=40, device="cuda")
+    q_lens = [1] * 30 + [1000, 333]
+    seq_lens = [64 * (i + 1) - (i % 3) + 1 for i in range(30)] + [1000, 1133]
+    table = torch.randperm(1000)[: 32 * 30].view(32, 30)
+    for r in range(30):
+        last = (seq_lens[r] - 1) // B
+        row = [int(table[r, last]), int(table[r, last - 1]) if last else -1]
+        pool.tail_page[r] = torch.tensor(row if last % 2 == 0 else row[::-1], dtype=torch.int32)
+    k = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
+    _write(pool, k, torch.randn_like(k), q_lens, seq_lens, table, list(range(32)),
+           [0] * 30 + [1, 0])  # fmt: skip
