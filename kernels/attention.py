@@ -750,7 +750,8 @@ def paged_attention(
     decode split heuristic (tests, tuning). max_query_len / max_seq_len only pick the launch shape.
     ``int4`` (attention_int4.py): no static scales, and ``tail`` [num_slots, 2, num_kv_heads, 64,
     head_size] / ``slot_of_seq`` int32 [>= num_seqs] / ``tail_page`` int32 [num_slots]: the
-    sequences' last pages in the model's dtype and the block each slot holds; ``sink`` /
+    sequences' last pages in the model's dtype and the block each slot holds (a tail of two
+    pages: [num_slots, 2, num_kv_heads, 128, head_size] and [num_slots, 2]); ``sink`` /
     ``sink_of_seq`` (optional): the sequences' first pages in the model's dtype
     (``paged_attention_int4``).
     """

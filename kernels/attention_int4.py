@@ -5,7 +5,10 @@ Keys of sequence r: positions [0, F) from int4 pages and [F, seq_len) from
 less when seq_len is a multiple of 64 and ``tail_page[slot]`` is the last page's block (the step
 that completed it left it in the tail, cache_write_int4.py: it is read exact until the sequence's
 next token starts a new page; a page another sequence's tail holds, or a prefix-cache page, is
-read from the cache). With a sink page (``sink`` / ``sink_of_seq``, paged_attention_int4), keys
+read from the cache). A tail of two pages (``tail`` [slots, 2, H, 128, D], ``tail_page``
+[slots, 2]: page pg in half pg % 2, key p in row p % 128) moves F one page lower again when the
+half of the page before F names that page's block: the page before the newest is read exact too
+(cache_write_int4.py keeps it there until the sequence is two pages on). With a sink page (``sink`` / ``sink_of_seq``, paged_attention_int4), keys
 [0, 64) of a row that has one come from its sink, in the model's dtype, whenever they would
 otherwise come from int4 page 0. The same launch shapes as the int8
 kernel (attention_plan.py): decode packs the query heads of a GQA group into the rows of one
@@ -606,6 +609,7 @@ def _attn_int4_fwd(
     SPLIT: tl.constexpr,
     HAS_SINK: tl.constexpr,
     DOT_F32: tl.constexpr,
+    TAIL_PAGES: tl.constexpr,  # pages per tail slot: 1, or 2 (page pg in half pg % 2)
 ):
     HALF: tl.constexpr = HEAD_SIZE // 2
     # The decode configuration (choose_config_int4) is the only one with at most 16 rows: keys on
@@ -639,10 +643,22 @@ def _attn_int4_fwd(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
     # a last page completed by the last step is still the tail's (split boundaries stay at pages)
-    if (full == seq_len) & (full > 0) & (slot >= 0):
-        held = tl.load(tail_page_ptr + tl.maximum(slot, 0))
-        if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
-            full = full - BLOCK_SIZE
+    if TAIL_PAGES == 1:
+        if (full == seq_len) & (full > 0) & (slot >= 0):
+            held = tl.load(tail_page_ptr + tl.maximum(slot, 0))
+            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
+                full = full - BLOCK_SIZE
+    elif slot >= 0:
+        # the page before full is the tail's when its half names its block: first a complete
+        # last page, then (once the tail holds the newest page) the page before that
+        if (full == seq_len) & (full > 0):
+            held = tl.load(tail_page_ptr + slot * 2 + (full // BLOCK_SIZE - 1) % 2)
+            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
+                full = full - BLOCK_SIZE
+        if (full > 0) & (full < seq_len):
+            held = tl.load(tail_page_ptr + slot * 2 + (full // BLOCK_SIZE - 1) % 2)
+            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
+                full = full - BLOCK_SIZE
     page_hi = tl.minimum(key_hi, full)
 
     # rows scaled by a power of two to max |q| <= 2^Q_EXP (q * s then fits fp16, see the docstring)
@@ -719,13 +735,29 @@ def _attn_int4_fwd(
             )  # fmt: skip
 
     # The tail: at most one page of keys [full, seq_len), rows 0.. of the sequence's slot.
-    if (key_hi > full) & (slot >= 0) & (key_lo < key_hi):
-        key = full + offs_n
-        t_row = tail_ptr + slot * stride_ts + kvh * stride_th + offs_n * stride_tp
-        m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
-            t_row, stride_tkv, key, key < key_hi, q_lo, q_hi, score_scale, pos, window, soft_cap,
-            m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW, USE_SOFTCAP, DOT_F32,
-        )  # fmt: skip
+    if TAIL_PAGES == 1:
+        if (key_hi > full) & (slot >= 0) & (key_lo < key_hi):
+            key = full + offs_n
+            t_row = tail_ptr + slot * stride_ts + kvh * stride_th + offs_n * stride_tp
+            m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
+                t_row, stride_tkv, key, key < key_hi, q_lo, q_hi, score_scale, pos, window,
+                soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW,
+                USE_SOFTCAP, DOT_F32,
+            )  # fmt: skip
+    else:
+        # Two pages at most, key p in row p % 128. A split boundary may fall between them (they
+        # are 64-key pages, the splits runs of 128 or 64 keys), so each split reads only its keys.
+        for i in tl.static_range(2):
+            t0 = full + i * BLOCK_SIZE
+            if (key_hi > t0) & (slot >= 0) & (key_lo < key_hi):
+                key = t0 + offs_n
+                t_row = (tail_ptr + slot * stride_ts + kvh * stride_th
+                         + (t0 % (2 * BLOCK_SIZE) + offs_n) * stride_tp)  # fmt: skip
+                m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
+                    t_row, stride_tkv, key, (key < key_hi) & (key >= key_lo), q_lo, q_hi,
+                    score_scale, pos, window, soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi,
+                    HEAD_SIZE, USE_WINDOW, USE_SOFTCAP, DOT_F32,
+                )  # fmt: skip
 
     if NGV == 1:
         az_hi = az_lo
@@ -809,7 +841,10 @@ def paged_attention_int4(
     same arguments and semantics, plus ``tail`` [num_slots, 2, num_kv_heads, 64, head_size]
     (model dtype), ``tail_page`` int32 [num_slots] (the block each slot holds) and
     ``slot_of_seq`` int32 [>= num_seqs] (-1: the sequence's partial page is not read, its
-    complete pages are read from the cache). Runs after the step's ``write_kv_cache_int4``. Rows
+    complete pages are read from the cache). A tail of two pages: ``tail`` [num_slots, 2,
+    num_kv_heads, 128, head_size] and ``tail_page`` int32 [num_slots, 2] (page pg in half pg % 2),
+    as ``write_kv_cache_int4`` keeps them; the page before the newest is read from its half when
+    the half names its block. With a one-page tail the compiled code is what it was. Runs after the step's ``write_kv_cache_int4``. Rows
     past query_start_loc[num_seqs] (CUDA-graph padding) keep what they held. No host sync,
     CUDA-graph safe with ``workspace``.
 
@@ -824,7 +859,7 @@ def paged_attention_int4(
     num_seqs = seq_lens.shape[0]
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     check_shapes(query, output, kv_cache, num_kv_heads)
-    check_tail(tail, tail_page, layout)
+    tail_pages = check_tail(tail, tail_page, layout)
     if (sink is None) != (sink_of_seq is None):
         raise ValueError("int4 attention takes sink and sink_of_seq together, or neither")
     if sink is not None:
@@ -890,6 +925,7 @@ def paged_attention_int4(
         SPLIT=use_split,
         HAS_SINK=has_sink,
         DOT_F32=query.device.type != "cuda",
+        TAIL_PAGES=tail_pages,
         **layout.kernel_constexprs(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from kvbatch import assert_close_bf16, make_batch
+from test_int4_attention import random_int4_cache
 
-from int8kv_kernels import get_page_bytes, write_kv_cache
+from int8kv_kernels import get_page_bytes, paged_attention_int4, write_kv_cache
 from int8kv_kernels.page_layout import Int4PageLayout
+from int8kv_kernels.reference import attention_ref
 from int8kv_kernels.reference_int4 import (
     page_views,
+    paged_attention_int4_ref,
     quantize_page,
     tail_start,
     write_kv_cache_int4_ref,
@@ -267,3 +271,230 @@ def test_write_real_size_gpu():
     k = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
     _write(pool, k, torch.randn_like(k), q_lens, seq_lens, table, list(range(32)),
            [0] * 30 + [1, 0])  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention == the reference; the page before the newest read from its half
+
+
+def two_page_entries(b, seq_lens, slots, num_slots, held=(), prev=(), device="cpu"):
+    """tail_page [slots, 2] as the write leaves it: a partial last page's block in its half, a
+    complete last page's when the row is in ``held``; the page before the newest in its half when
+    the row is in ``prev`` (the slot's own sequence; else a new slot: -1)."""
+    tail_page = torch.full((num_slots, 2), -1, dtype=torch.int32)
+    for r, (n, s) in enumerate(zip(seq_lens, slots, strict=False)):
+        if s < 0 or not n:
+            continue
+        last = (n - 1) // B
+        if n % B or r in held:
+            tail_page[s, last % 2] = int(b.block_table[r, last])
+            if last and r in prev:
+                tail_page[s, (last - 1) % 2] = int(b.block_table[r, last - 1])
+    return tail_page.to(device)
+
+
+def poison_unread_rows(tail, b, seq_lens, slots, tail_page):
+    """NaN in every tail row a row's attention must not read (its slot's rows before
+    tail_start and past its last key), so reading one shows."""
+    for r, (n, s) in enumerate(zip(seq_lens, slots, strict=False)):
+        if s < 0:
+            continue
+        start = tail_start(n, s, b.block_table[r].tolist(), tail_page[s].tolist(), B, 2)
+        read = torch.zeros(2 * B, dtype=torch.bool)
+        for p in range(start, n):
+            read[p % (2 * B)] = True
+        tail[s, :, :, ~read.to(tail.device)] = float("nan")
+
+
+def run2(b, cache, tail, tail_page, slots, nkv, **kw):
+    out = torch.full_like(b.query, float("nan"))
+    paged_attention_int4(
+        b.query, cache, out, block_size=B, num_kv_heads=nkv, query_start_loc=b.query_start_loc,
+        seq_lens=b.seq_lens, block_table=b.block_table, max_query_len=b.max_query_len,
+        max_seq_len=b.max_seq_len, softmax_scale=b.query.shape[-1] ** -0.5, tail=tail,
+        tail_page=tail_page, slot_of_seq=slots, **kw,
+    )  # fmt: skip
+    return out
+
+
+def ref2(b, cache, tail, tail_page, slots, **kw):
+    kw = {n: x for n, x in kw.items() if n not in ("num_splits", "workspace")}
+    ref = paged_attention_int4_ref(
+        b.query, cache, block_size=B, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+        block_table=b.block_table, softmax_scale=b.query.shape[-1] ** -0.5, tail=tail,
+        tail_page=tail_page, slot_of_seq=slots, **kw,
+    )  # fmt: skip
+    return ref[: int(b.query_start_loc[-1])]
+
+
+def check2(q_lens, seq_lens, nq, nkv, d, device, slots=None, held=(), prev=(), sinks=None,
+           q_std=1.0, **kw):  # fmt: skip
+    b = make_batch(q_lens, seq_lens, nq, d, B, device, q_std=q_std)
+    slots = list(range(len(seq_lens))) if slots is None else slots
+    num_slots = max([*slots, 0]) + 1
+    cache = random_int4_cache(nkv, d, b.num_blocks, device)
+    tail = torch.randn(num_slots, 2, nkv, 2 * B, d, device=device).to(torch.bfloat16)
+    tail_page = two_page_entries(b, seq_lens, slots, num_slots, held, prev, device)
+    poison_unread_rows(tail, b, seq_lens, slots, tail_page)
+    slot_t = torch.tensor(slots + [0] * 3, dtype=torch.int32, device=device)  # + padding rows
+    if sinks is not None:
+        kw.update(sink_args(b, q_lens, seq_lens, slots, tail_page, sinks, nkv, d, device,
+                            kw.get("sliding_window")))  # fmt: skip
+    out = run2(b, cache, tail, tail_page, slot_t, nkv, **kw)
+    assert_close_bf16(out, ref2(b, cache, tail, tail_page, slot_t, **kw))
+    return out
+
+
+def sink_args(b, q_lens, seq_lens, slots, tail_page, sinks, nkv, d, device, window):
+    """A sink per row that names one; NaN where attention must not read it (page 0 the tail's,
+    or behind every query's window)."""
+    sink = torch.randn(max([*sinks, 0]) + 1, 2, nkv, B, d).to(torch.bfloat16)
+    for r, (q, n, s) in enumerate(zip(q_lens, seq_lens, sinks, strict=True)):
+        mine = tail_page[slots[r]].tolist() if slots[r] >= 0 else []
+        start = tail_start(n, slots[r], b.block_table[r].tolist(), mine, B, 2)
+        hidden = window is not None and n - q - window + 1 >= B
+        if s >= 0 and (start <= 0 or hidden):
+            sink[s] = float("nan")
+    sink_of_seq = torch.tensor(sinks + [0] * 3, dtype=torch.int32)
+    return {"sink": sink.to(device), "sink_of_seq": sink_of_seq.to(device)}
+
+
+# (name, q_lens, seq_lens, nq, nkv, head_size, extra kwargs). ``prev``: rows whose slot holds the
+# page before the newest; ``held``: rows whose complete last page their slot holds.
+CASES2 = [
+    ("decode_prev_page_held_or_not", [1, 1, 1, 1], [130, 129, 200, 70], 8, 2, 64,
+     {"prev": (0, 2, 3)}),
+    ("decode_completed_page_and_the_one_before", [1, 1, 1], [128, 192, 64], 8, 2, 64,
+     {"held": (0, 1, 2), "prev": (0, 1, 2)}),
+    # split boundaries every 64 or 128 keys: one may fall between the two tail pages
+    ("decode_splits_cut_the_tail", [1, 1, 1], [200, 256, 330], 8, 2, 128,
+     {"held": (1,), "prev": (0, 1, 2), "num_splits": 3}),
+    ("decode_split_4_gqa8_d128", [1, 1], [300, 130], 8, 1, 128,
+     {"prev": (0, 1), "num_splits": 4}),
+    ("decode_d256_two_v_groups", [1, 1], [130, 40], 4, 2, 256, {"prev": (0,), "num_splits": 2}),
+    ("decode_16_rows_speculative", [3, 2, 4], [333, 190, 64], 8, 2, 64,
+     {"prev": (0, 1), "held": (2,), "num_splits": 2}),
+    ("window_reaches_into_the_tail", [1, 1, 1], [200, 150, 128], 4, 1, 64,
+     {"prev": (0, 1, 2), "held": (2,), "sliding_window": 50, "num_splits": 2}),
+    ("window_decode_d256", [1, 1], [460, 250], 4, 1, 256,
+     {"prev": (0, 1), "sliding_window": 150, "num_splits": 2}),
+    ("chunked_prefill_spanning_pages", [70, 1, 100], [200, 90, 180], 8, 2, 128,
+     {"prev": (0, 1, 2)}),
+    ("chunk16_completes_page", [16, 16, 16], [128, 192, 80], 4, 2, 64,
+     {"held": (0, 1), "prev": (0, 1, 2)}),
+    ("prefill_fresh", [150, 20], [150, 20], 4, 2, 64, {"prev": (0,)}),
+    ("sliding_window_prefill", [100, 1], [180, 129], 4, 2, 64,
+     {"prev": (0, 1), "sliding_window": 50}),
+    ("mixed_d256_window", [1, 9, 40], [128, 192, 640], 4, 2, 256,
+     {"held": (0, 1, 2), "prev": (0, 1, 2), "sliding_window": 100}),
+    ("soft_cap", [1, 30], [150, 90], 4, 1, 128, {"prev": (0, 1), "soft_cap": 3.0}),
+    ("slot_minus_one", [1, 1, 3], [130, 30, 150], 4, 1, 64, {"slots": [1, -1, 0], "prev": (0, 2)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES2, ids=[c[0] for c in CASES2])
+def test_two_page_attention_matches_reference(case, device):
+    _, q_lens, seq_lens, nq, nkv, d, kw = case
+    check2(q_lens, seq_lens, nq, nkv, d, device, q_std=2.0 if "soft_cap" in kw else 1.0, **kw)
+
+
+# (name, q_lens, seq_lens, nq, nkv, head_size, sinks, extra kwargs)
+SINK_CASES2 = [
+    # page 0 the tail's (the page before the newest, or the newest), or in the cache
+    ("decode_mixed", [1, 1, 1, 1, 1], [200, 130, 64, 100, 130], 8, 2, 64, [0, -1, 1, 2, 3],
+     {"held": (2,), "prev": (0, 1, 3)}),
+    ("decode_split_d256", [1, 1], [330, 192], 4, 2, 256, [0, 1],
+     {"held": (1,), "prev": (0, 1), "num_splits": 4}),
+    ("continuation_d128", [70, 1], [200, 90], 8, 2, 128, [0, 1], {"prev": (0, 1)}),
+    ("window_decode_split", [1, 1, 1], [460, 150, 100], 4, 1, 64, [0, 1, 2],
+     {"prev": (0, 1, 2), "sliding_window": 120, "num_splits": 2}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SINK_CASES2, ids=[c[0] for c in SINK_CASES2])
+def test_two_page_attention_with_sink_matches_reference(case, device):
+    _, q_lens, seq_lens, nq, nkv, d, sinks, kw = case
+    check2(q_lens, seq_lens, nq, nkv, d, device, sinks=sinks, **kw)
+
+
+def _through_the_write(device):
+    """Sequence 0 decodes token by token to 130 (two page boundaries) through the two-page
+    write; sequence 1 is a prefix-cache hit on its first two pages (a new slot) with two new
+    tokens. Returns (batch, cache, tail, tail_page, slots, exact K/V slots)."""
+    nq, nkv, d = 4, 1, 64
+    b = make_batch([1, 2], [130, 130], nq, d, B, device)
+    b.block_table[1, :2] = b.block_table[0, :2]  # the shared prefix pages
+    pool = Pool2(nkv=nkv, d=d, num_blocks=b.num_blocks, num_slots=2, device=device)
+    key = torch.randn(130, nkv, d, device=device).to(torch.bfloat16)
+    value = torch.randn(130, nkv, d, device=device).to(torch.bfloat16)
+    key2 = torch.randn(2, nkv, d, device=device).to(torch.bfloat16)
+    value2 = torch.randn(2, nkv, d, device=device).to(torch.bfloat16)
+    table = b.block_table.cpu()
+    for t in range(130):
+        _write(pool, key[t : t + 1], value[t : t + 1], [1], [t + 1], table[:1], [0], [int(t == 0)])
+    _write(pool, key2, value2, [2], [130], table[1:], [1], [1])
+    k_slots = torch.zeros(b.num_blocks, B, nkv, d, dtype=torch.bfloat16, device=device)
+    v_slots = torch.zeros_like(k_slots)
+    for r, (kk, vv) in enumerate(((key, value), (torch.cat([key[:128], key2]),
+                                                  torch.cat([value[:128], value2])))):  # fmt: skip
+        pos = torch.arange(130, device=device)
+        idx = b.block_table[r, pos // B].long() * B + pos % B
+        k_slots.view(-1, nkv, d)[idx] = kk
+        v_slots.view(-1, nkv, d)[idx] = vv
+    slots = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    return b, pool, slots, k_slots, v_slots
+
+
+def test_decode_across_two_boundaries_reads_the_previous_page_exact(device):
+    """Through the write: sequence 0 (its own slot since its first token) reads keys 64..129
+    exact; sequence 1 (a new slot on the shared pages 0 and 1) reads page 1 in int4. With a
+    window of 66 keys every key a query of sequence 0 sees is in the tail: the output is exact
+    attention over the BF16 K/V up to bf16 rounding, while sequence 1's, reading int4 K/V, is
+    off by far more (unit-variance K/V: about 0.08 of the output's RMS)."""
+    b, pool, slots, k_slots, v_slots = _through_the_write(device)
+    assert pool.tail_page.tolist() == [[int(b.block_table[0, 2]), int(b.block_table[0, 1])],
+                                       [int(b.block_table[1, 2]), -1]]  # fmt: skip
+    for kw in ({"sliding_window": 66}, {"sliding_window": 66, "num_splits": 2}, {}):
+        out = run2(b, pool.cache, pool.tail, pool.tail_page, slots, 1, **kw).float()
+        assert_close_bf16(out, ref2(b, pool.cache, pool.tail, pool.tail_page, slots, **kw))
+        window = kw.get("sliding_window")
+        exact = attention_ref(b.query, k_slots, v_slots, query_start_loc=b.query_start_loc,
+                              seq_lens=b.seq_lens, block_table=b.block_table,
+                              softmax_scale=64**-0.5, sliding_window=window)  # fmt: skip
+        if window:
+            assert_close_bf16(out[:1], exact[:1])  # sequence 0: nothing read in int4
+        rms = exact[1:].pow(2).mean().sqrt()
+        err = (out[1:] - exact[1:]).pow(2).mean().sqrt() / rms
+        assert 0.02 < err < 0.2, float(err)  # sequence 1: page 1 (and 0) in int4
+
+
+GPU_CASES2 = [
+    ("decode_b8_8k_plus_13", [1] * 8, [8192 + 13] * 8, 32, 8, 128, {"prev": tuple(range(8))}),
+    ("decode_b8_8k_completed_page", [1] * 8, [8192] * 8, 32, 8, 128,
+     {"held": tuple(range(8)), "prev": tuple(range(0, 8, 2))}),
+    ("chunk16_mixed", [1, 16, 16, 2, 300], [4096, 4096, 8192, 640, 300], 32, 8, 128,
+     {"held": (0, 1, 2, 3), "prev": (0, 1, 2, 3, 4)}),
+    ("gemma3_step_window_layer", [1, 1, 1, 2], [8193, 8192, 8192, 8192], 4, 1, 256,
+     {"sliding_window": 512, "held": (1, 3), "prev": (0, 1, 3)}),
+    ("gemma3_step_full_layer", [1, 1, 1, 2], [8193, 8192, 8192, 8192], 4, 1, 256,
+     {"held": (1, 3), "prev": (0, 1, 2, 3)}),
+    ("decode_16_rows_d64", [2, 5, 1], [8192, 4100, 300], 9, 3, 64, {"prev": (0, 1, 2)}),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES2, ids=[c[0] for c in GPU_CASES2])
+def test_two_page_attention_matches_reference_gpu(case):
+    _, q_lens, seq_lens, nq, nkv, d, kw = case
+    check2(q_lens, seq_lens, nq, nkv, d, "cuda", **kw)
+
+
+@pytest.mark.gpu
+def test_two_page_attention_with_sink_gpu():
+    check2([1, 1, 2, 1], [8193, 300, 8192, 100], 4, 1, 256, "cuda", sinks=[0, 1, 2, 3],
+           prev=(0, 1, 2, 3), held=(2,), sliding_window=512)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_decode_across_two_boundaries_reads_the_previous_page_exact_gpu():
+    test_decode_across_two_boundaries_reads_the_previous_page_exact("cuda")
