@@ -240,6 +240,7 @@ def main() -> int:
             n += 1
     n += compile_int4()
     n += compile_gather()
+    n += compile_int4_tail_pages()
     print(f"compiled {n} specialisations for sm80")
     return 0
 
@@ -259,16 +260,12 @@ def compile_int4() -> int:
              "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
              "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
              "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
-            dict(PAGES_PER_SEQ=per_seq, **lay.kernel_constexprs()),
+            dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=1, **lay.kernel_constexprs()),
             num_warps=int4_flush_launch(lay),
         )  # fmt: skip
         compile_one(
-            _store_tail_kernel,
-            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
-             "tail_page_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-             "block_table_ptr": "*i32", "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
-            dict(HEAD_SIZE=d, BLOCK_SIZE=64),
-            num_warps=4,
+            _store_tail_kernel, int4_tail_store_ptrs(dt), dict(HEAD_SIZE=d, BLOCK_SIZE=64,
+            TAIL_PAGES=1), num_warps=4,
         )  # fmt: skip
         compile_one(
             _store_sink_kernel,
@@ -312,7 +309,7 @@ def compile_int4() -> int:
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
-                 HAS_SINK=sink, DOT_F32=False, **lay.kernel_constexprs()),
+                 HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=1, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
@@ -334,7 +331,12 @@ def compile_int4() -> int:
     return n + compile_int4_decode_sm90()
 
 
-def compile_int4_decode_sm90() -> int:
+SM90_SHAPES = ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1), (32, 8, 128, 1))
+
+
+def compile_int4_decode_sm90(
+    tail_pages: int = 1, shapes: tuple[tuple[int, int, int, int], ...] = SM90_SHAPES
+) -> int:
     """The int4 decode configuration as choose_config_int4 sets it for sm90 (the H200 that stands
     in for Ampere) compiles to mma.sync, not Hopper's wgmma.
 
@@ -342,9 +344,8 @@ def compile_int4_decode_sm90() -> int:
     side). With four warps Triton 3.6 made the 16-row variant's dots wgmma for sm90; on the H200
     that code failed every GPU case (CUDA illegal memory access, or output rows never written),
     at head sizes 128 and 256, while the same kernel as mma.sync (two warps, or
-    DISABLE_MMA_V3=1) passed them (2026-12-03)."""
+    DISABLE_MMA_V3=1) passed them (2026-12-03). Shapes (nq, nkv, head size, max_query_len)."""
     n = 0
-    shapes = ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1), (32, 8, 128, 1))
     for nq, nkv, d, mq in shapes:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
@@ -353,7 +354,7 @@ def compile_int4_decode_sm90() -> int:
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=d == 256, USE_SOFTCAP=False, SPLIT=True, HAS_SINK=d == 256,
-                 DOT_F32=False, **lay.kernel_constexprs()),
+                 DOT_F32=False, TAIL_PAGES=tail_pages, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_shared=None, target=SM90,
         )  # fmt: skip
         ptx = k.asm["ptx"]
@@ -363,6 +364,67 @@ def compile_int4_decode_sm90() -> int:
         print("ok attention int4 decode sm90", nq, nkv, d, mq, cfg.block_m, cfg.num_warps,
               flush=True)  # fmt: skip
     return n
+
+
+def int4_tail_store_ptrs(dt: str) -> dict[str, str]:
+    """Pointer arguments of cache_write_int4.py's _store_tail_kernel."""
+    return {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
+            "tail_page_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "block_table_ptr": "*i32", "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"}  # fmt: skip
+
+
+def compile_int4_tail_pages() -> int:
+    """int4 with a tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``): the flush and the tail store
+    at each catalogue head size, attention decode (split, the 16-row variant, window + soft-cap,
+    a sink page) and prefill, and the decode configuration on sm90. Compiled after every other
+    specialisation, so the one-page ones keep their order (tools comparing their code by index)."""
+    n = 0
+    for dt, nkv, d, per_seq in (("bf16", 8, 128, 0), ("fp16", 3, 64, 2), ("bf16", 2, 256, 2),
+                                ("bf16", 1, 256, 0)):  # fmt: skip
+        lay = Int4PageLayout(64, nkv, d)
+        compile_one(
+            _flush_pages_kernel,
+            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
+             "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
+             "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
+             "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
+            dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=2, **lay.kernel_constexprs()),
+            num_warps=int4_flush_launch(lay),
+        )  # fmt: skip
+        compile_one(_store_tail_kernel, int4_tail_store_ptrs(dt),
+                    dict(HEAD_SIZE=d, BLOCK_SIZE=64, TAIL_PAGES=2), num_warps=4)  # fmt: skip
+        n += 2
+        print("ok write int4 tail pages 2", dt, nkv, d, per_seq, flush=True)
+    cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split, sink)
+        ("bf16", 32, 8, 128, 1, False, False, True, False),
+        ("fp16", 9, 3, 64, 1, True, True, True, False),
+        ("bf16", 4, 1, 256, 1, True, False, True, True),
+        ("bf16", 4, 1, 256, 2, True, False, True, True),
+        ("bf16", 32, 8, 128, 2, False, False, True, False),
+        ("bf16", 32, 8, 128, 2048, False, False, False, True),
+        ("bf16", 4, 1, 256, 512, True, True, False, False),
+    ]
+    for dt, nq, nkv, d, mq, window, softcap, split, sink in cases:
+        lay = Int4PageLayout(64, nkv, d)
+        group = nq // nkv
+        cfg = choose_config_int4(group, d, mq)
+        ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
+                "sink_ptr": f"*{dt}"}  # fmt: skip
+        k = compile_one(
+            _attn_int4_fwd, ptrs,
+            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
+                 USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
+                 HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=2, **lay.kernel_constexprs()),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        n += 1
+        check_int4_pipelined(k)
+        check_v_operand(k)
+        if cfg.block_m <= 16:
+            check_int4_decode_in_flight(k)
+        print("ok attention int4 tail pages 2", dt, nq, nkv, d, mq, window, softcap, split, sink,
+              k.metadata.shared, flush=True)  # fmt: skip
+    return n + compile_int4_decode_sm90(2, ((4, 1, 256, 2), (32, 8, 128, 1)))
 
 
 def compile_gather() -> int:

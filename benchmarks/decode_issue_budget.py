@@ -130,7 +130,7 @@ def compile_decode(kv_dtype: str, nq: int, nkv: int, d: int, sink: bool = False)
             _attn_int4_fwd, ATTN_INT4_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=False, USE_SOFTCAP=False, SPLIT=cfg.split, HAS_SINK=sink,
-                 DOT_F32=False, **lay.kernel_constexprs()),
+                 DOT_F32=False, TAIL_PAGES=1, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return k, cfg, lay

@@ -48,6 +48,7 @@ from int8kv_shim.environment_variables import (
     INT8KV_DIRECT_LAUNCH,
     direct_launch_enabled,
     int4_sink_page_enabled,
+    int4_tail_pages,
 )
 from int8kv_shim.flash_prefill import (
     CONTEXT_BUFFER_BYTES,
@@ -641,8 +642,10 @@ def _slot_manager() -> tail_slots.TailSlots:
 def _allocate_tail(
     kv_cache_dtype: str, num_kv_heads: int, head_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One layer's (tail, tail_page, sink), sized from the vLLM config being built: ``sink``, a
-    page per slot like the tail's, only with ``INT8KV_INT4_SINK_PAGE`` (else None)."""
+    """One layer's (tail, tail_page, sink), sized from the vLLM config being built: the tail holds
+    ``INT8KV_INT4_TAIL_PAGES`` pages a slot ([slots, 2, kv-heads, 64 x pages, head size], and
+    ``tail_page`` [slots] for one page, [slots, 2] for two: the block each half holds); ``sink``,
+    a page per slot, only with ``INT8KV_INT4_SINK_PAGE`` (else None)."""
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()
@@ -660,14 +663,20 @@ def _allocate_tail(
     slots = tail_slots.install(num_slots, device)
     tokens = page_tokens(kv_cache_dtype)
     assert tokens is not None, kv_cache_dtype
-    tail = torch.zeros(num_slots, 2, num_kv_heads, tokens, head_size, dtype=dtype, device=device)
-    tail_page = torch.full((num_slots,), -1, dtype=torch.int32, device=device)
+    pages = int4_tail_pages()
+    tail = torch.zeros(
+        num_slots, 2, num_kv_heads, tokens * pages, head_size, dtype=dtype, device=device
+    )
+    held = (num_slots, pages) if pages > 1 else (num_slots,)
+    tail_page = torch.full(held, -1, dtype=torch.int32, device=device)
     sink = None
     if int4_sink_page_enabled():
         sink_pages.install(num_slots, num_slots, device)
-        sink = torch.zeros_like(tail)
+        sink = torch.zeros(
+            num_slots, 2, num_kv_heads, tokens, head_size, dtype=dtype, device=device
+        )
     cache_bytes_per_token = num_kv_heads * get_dtype(kv_cache_dtype).bytes_per_token_head(head_size)
-    pool_bytes = tail.numel() * tail.element_size() * (1 if sink is None else 2)
+    pool_bytes = sum(x.numel() * x.element_size() for x in (tail, sink) if x is not None)
     slots.count_pool(pool_bytes + tail_page.numel() * 4, cache_bytes_per_token)
     return tail, tail_page, sink
 

@@ -23,6 +23,7 @@ from int8kv_shim.environment_variables import (
     INT8KV_SHIM,
     TRUTHY_VALUES,
     activation_requested,
+    int4_tail_pages,
     prefill_mode,
 )
 from int8kv_shim.package import SUPPORTED_VLLM_VERSION, check_vllm_version, shim_version
@@ -114,6 +115,10 @@ def doctor(args: argparse.Namespace) -> int:
             "triton": "every token on our kernels",
         }[mode]
         out(f"prefill       {mode} ({INT8KV_PREFILL}): {how}")
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        int4_tail_pages()  # read when an int4 layer allocates its tail: refused here first
     except ValueError as e:
         problems.append(str(e))
 

@@ -21,7 +21,8 @@ cache and a scratch pool of one slot, shaped like the layer's, never on the engi
 slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
 longer chunk), each a page flush then a tail store; its attention is warmed as int8's (it has no
 context gather: its continuations stay on our kernels), with sink pages (``INT8KV_INT4_SINK_PAGE``)
-the variant that reads them and their store too.
+the variant that reads them and their store too, and with a tail of two pages
+(``INT8KV_INT4_TAIL_PAGES=2``) the variants of all three that read and keep two pages a slot.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
 from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT4_DTYPES, INT8_DTYPES, STATIC_DTYPE
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim._logging import get_logger
-from int8kv_shim.environment_variables import int4_sink_page_enabled
+from int8kv_shim.environment_variables import int4_sink_page_enabled, int4_tail_pages
 
 logger = get_logger()
 
@@ -74,6 +75,7 @@ class WarmupKey:
     gather: bool
     model_dtype: torch.dtype
     sink: bool = False  # int4 with sink pages: the attention variant that reads them, their store
+    tail_pages: int = 1  # int4's pages per tail slot: the write and attention variants of a tail
 
 
 _warmed: set[WarmupKey] = set()
@@ -95,6 +97,7 @@ def layer_key(impl: Any, block_size: int, model_dtype: torch.dtype) -> WarmupKey
         gather=impl.kv_cache_dtype in FLASH_CONTEXT_DTYPES and impl.flash_prefill,
         model_dtype=model_dtype,
         sink=impl.kv_cache_dtype in INT4_DTYPES and int4_sink_page_enabled(),
+        tail_pages=int4_tail_pages() if impl.kv_cache_dtype in INT4_DTYPES else 1,
     )
 
 
@@ -180,10 +183,11 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
     kv_cache = torch.zeros(
         num_blocks, get_page_bytes(key.kv_dtype, b, hk, d), dtype=torch.int8, device=device
     )
-    # One slot, shaped as the impl's pool ([slots, 2, kv-heads, page tokens, head size] in the
-    # model's dtype): the engine's pool holds live requests' unfinished pages.
-    tail = torch.zeros(1, 2, hk, b, d, dtype=key.model_dtype, device=device)
-    tail_page = torch.full((1,), -1, dtype=torch.int32, device=device)
+    # One slot, shaped as the impl's pool ([slots, 2, kv-heads, page tokens x pages, head size]
+    # in the model's dtype): the engine's pool holds live requests' unfinished pages.
+    pages = key.tail_pages
+    tail = torch.zeros(1, 2, hk, b * pages, d, dtype=key.model_dtype, device=device)
+    tail_page = torch.full((1, pages) if pages > 1 else (1,), -1, dtype=torch.int32, device=device)
     slot_of_seq = torch.zeros(1, dtype=torch.int32, device=device)
     slot_is_new = torch.ones(1, dtype=torch.int32, device=device)
     block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]
@@ -203,7 +207,8 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
         launches += 1
     sinks: dict[str, torch.Tensor] = {}
     if key.sink:  # a scratch sink pool of one page, read and written as the engine's would be
-        sinks = {"sink": torch.zeros_like(tail), "sink_of_seq": slot_of_seq}
+        sink = torch.zeros(1, 2, hk, b, d, dtype=key.model_dtype, device=device)
+        sinks = {"sink": sink, "sink_of_seq": slot_of_seq}
         kv = torch.zeros(_PREFILL_LEN, hk, d, dtype=key.model_dtype, device=device)
         write_sink_int4(
             kv, kv, sinks["sink"], slot_of_seq,

@@ -44,11 +44,12 @@ GIB = 2**30
 
 
 def pages_per_slot() -> int:
-    """BF16 pages a tail slot costs each layer: its tail page, and a sink page when they are on
-    (``INT8KV_INT4_SINK_PAGE``: one sink per slot)."""
-    from int8kv_shim.environment_variables import int4_sink_page_enabled
+    """BF16 pages a tail slot costs each layer: its tail pages (``INT8KV_INT4_TAIL_PAGES``: 1, or 2
+    with the page before the newest), and a sink page when they are on (``INT8KV_INT4_SINK_PAGE``:
+    one sink per slot)."""
+    from int8kv_shim.environment_variables import int4_sink_page_enabled, int4_tail_pages
 
-    return 2 if int4_sink_page_enabled() else 1
+    return int4_tail_pages() + (1 if int4_sink_page_enabled() else 0)
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ def report(
 def slot_bytes(
     kv_dtype: str, layers: int, num_kv_heads: int, head_size: int, elem_bytes: int
 ) -> int:
-    """What one sequence slot costs over ``layers`` layers: its tail page and, with sink pages on,
-    its sink page, in every layer."""
+    """What one sequence slot costs over ``layers`` layers: its tail pages and, with sink pages
+    on, its sink page, in every layer (``pages_per_slot``)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     return pages_per_slot() * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
 

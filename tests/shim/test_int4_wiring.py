@@ -41,6 +41,14 @@ def test_int4_through_the_glue_with_the_real_kernels() -> None:
     assert "kernels ok" in _run("kernels")
 
 
+def test_int4_two_tail_pages_through_the_glue_with_the_real_kernels() -> None:
+    # the page before the newest, completed a step earlier, comes back exact from the tail
+    log = _run("kernels", INT8KV_INT4_TAIL_PAGES="2")
+    assert "kernels with two tail pages ok (sink pages False)" in log, log[-2000:]
+    log = _run("kernels", INT8KV_INT4_TAIL_PAGES="2", INT8KV_INT4_SINK_PAGE="1")
+    assert "kernels with two tail pages ok (sink pages True)" in log, log[-2000:]
+
+
 def test_int4_sink_pages_through_the_glue_with_the_real_kernels() -> None:
     # the page a sequence wrote in an earlier step comes back exact from its sink
     log = _run("kernels", INT8KV_INT4_SINK_PAGE="1")

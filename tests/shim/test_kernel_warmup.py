@@ -131,3 +131,26 @@ def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_the
     attention = [c for n, c in calls if n == "paged_attention"]
     assert attention and all(c["sink"].shape == (1, 2, 2, 64, 64) for c in attention)
     assert all(c["sink_of_seq"] is c["slot_of_seq"] for c in attention)
+
+
+def test_int4_with_two_tail_pages_warms_the_two_page_variants(monkeypatch) -> None:
+    calls: list[tuple[str, dict]] = []
+    monkeypatch.setattr(kernel_warmup, "_warmed", set())
+    for name in ("paged_attention", "write_kv_cache", "write_sink_int4"):
+        monkeypatch.setattr(kernel_warmup, name,
+                            lambda *a, _n=name, **kw: calls.append((_n, kw)))  # fmt: skip
+    impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
+    kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
+    launches = kernel_warmup.warm_up_layer(impl, **kw)
+    assert all(c["tail"].shape == (1, 2, 2, 64, 64) and c["tail_page"].shape == (1,)
+               for n, c in calls if n != "write_sink_int4")  # fmt: skip
+    calls.clear()
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "2")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    # another key: a process warming both pools' layers compiles both
+    assert kernel_warmup.warm_up_layer(impl, **kw) == launches + 1
+    tails = [c for n, c in calls if n != "write_sink_int4"]
+    assert tails and all(c["tail"].shape == (1, 2, 2, 128, 64) for c in tails)
+    assert all(c["tail_page"].shape == (1, 2) for c in tails)
+    attention = [c for n, c in calls if n == "paged_attention"]
+    assert all(c["sink"].shape == (1, 2, 2, 64, 64) for c in attention)

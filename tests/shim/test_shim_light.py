@@ -120,6 +120,17 @@ def test_doctor_refuses_an_unknown_prefill_mode(monkeypatch: pytest.MonkeyPatch,
     assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_PREFILL='fa3' is not one of" in out
 
 
+def test_doctor_refuses_an_unknown_int4_tail_page_count(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("INT8KV_SHIM", "1")
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "3")
+    code, out = _doctor(capsys)
+    assert (
+        code == 1 and "PROBLEM: int8kv-shim: INT8KV_INT4_TAIL_PAGES='3' is not one of 1, 2" in out
+    )
+
+
 def test_doctor_fails_for_an_asked_dtype_that_cannot_run(
     monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:

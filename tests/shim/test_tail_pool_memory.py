@@ -302,6 +302,23 @@ def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -
     assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs is None
 
 
+def test_two_tail_pages_and_a_sink_page_triple_what_a_slot_costs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    single = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    cap = tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2)
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "2")
+    two = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    assert two.slot_bytes == 2 * single.slot_bytes
+    assert tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2) == cap // 2
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    three = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
+    assert three.slot_bytes == 3 * single.slot_bytes
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "4")
+    with pytest.raises(ValueError, match="INT8KV_INT4_TAIL_PAGES='4' is not one of 1, 2"):
+        tail_pool_memory.pages_per_slot()
+
+
 def test_sink_pages_double_what_a_slot_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     single = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
     monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
