@@ -85,6 +85,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "shim": True,
         "env": {"INT8KV_INT4_SINK_PAGE": "1"},
     },
+    # int4 with the page before each sequence's newest kept in the model's dtype too (its last
+    # 64..127 keys read exact), without and with the sink page
+    "int4_tail2": {
+        "kv_cache_dtype": "int4",
+        "shim": True,
+        "env": {"INT8KV_INT4_TAIL_PAGES": "2"},
+    },
+    "int4_sink_page_tail2": {
+        "kv_cache_dtype": "int4",
+        "shim": True,
+        "env": {"INT8KV_INT4_SINK_PAGE": "1", "INT8KV_INT4_TAIL_PAGES": "2"},
+    },
 }
 
 

@@ -373,6 +373,13 @@ def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> N
     assert common.llm_kwargs_for("int4_sink_page") == {"kv_cache_dtype": "int4"}
     assert common.child_env("int4_sink_page")["INT8KV_INT4_SINK_PAGE"] == "1"
     assert "INT8KV_INT4_SINK_PAGE" not in common.child_env("int4")
+    monkeypatch.delenv("INT8KV_INT4_TAIL_PAGES", raising=False)
+    for label in ("int4_tail2", "int4_sink_page_tail2"):
+        assert common.llm_kwargs_for(label) == {"kv_cache_dtype": "int4"}
+        assert common.child_env(label)["INT8KV_INT4_TAIL_PAGES"] == "2"
+    assert common.child_env("int4_sink_page_tail2")["INT8KV_INT4_SINK_PAGE"] == "1"
+    assert "INT8KV_INT4_SINK_PAGE" not in common.child_env("int4_tail2")
+    assert "INT8KV_INT4_TAIL_PAGES" not in common.child_env("int4_sink_page")
 
 
 def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_path, monkeypatch):
