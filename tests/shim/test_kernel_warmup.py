@@ -32,6 +32,11 @@ SHAPES |= {
     "int4 Gemma 3 4/1/256, sliding": SHAPES["Gemma 3 4/1/256, sliding"] | _INT4,
     "int4 32/8/128": SHAPES["int8_static e4m3 32/8/128"] | _INT4,
 }
+# and with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2)
+SHAPES |= {
+    f"{name}, two tail pages": SHAPES[name] | {"tail_pages": 2}
+    for name in ("int4 Gemma 3 4/1/256, sliding", "int4 32/8/128")
+}
 KERNELS = {
     "int8": {"_attn_fwd", "merge_splits", "_write_kv_kernel"},
     "int4": {"_attn_int4_fwd", "merge_splits", "_flush_pages_kernel", "_store_tail_kernel"},
@@ -42,6 +47,7 @@ KERNELS = {
 def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real JITFunctions
     shape = SHAPES[name]
+    env["INT8KV_INT4_TAIL_PAGES"] = str(shape.get("tail_pages", 1))
     shape = {**shape, "block_size": 64 if shape["kv_dtype"] == "int4" else 16}
     proc = subprocess.run(
         [sys.executable, str(PROBE), json.dumps(shape)],

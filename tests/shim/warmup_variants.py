@@ -146,9 +146,11 @@ class Int4Tail:
 
     def __init__(self, shape: dict, num_slots: int = 250) -> None:
         hk, d, b = shape["kv_heads"], shape["head_size"], shape["block_size"]
+        pages = shape.get("tail_pages", 1)  # INT8KV_INT4_TAIL_PAGES, set for the warm-up too
         self.slots = TailSlots(num_slots, "cpu")
-        self.tail = torch.zeros(num_slots, 2, hk, b, d, dtype=torch.bfloat16)
-        self.tail_page = torch.full((num_slots,), -1, dtype=torch.int32)
+        self.tail = torch.zeros(num_slots, 2, hk, b * pages, d, dtype=torch.bfloat16)
+        held = (num_slots, pages) if pages > 1 else (num_slots,)
+        self.tail_page = torch.full(held, -1, dtype=torch.int32)
         self.dtype, self.block_size = shape["kv_dtype"], b
 
     def write(self, kv, kv_cache, qsl, lens, table, num_seqs: int, max_query_len: int) -> None:
