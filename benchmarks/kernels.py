@@ -10,8 +10,10 @@ One decode point off the matrix (here SmolLM2's heads with 1024 sequences at 1K 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
 Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
 int8_per_token_head cache), and ours: ``int8``, ``int8_static``, ``int4``; for prefill also
-``int8_fa2`` / ``int8_static_fa2``, the context gather + FlashAttention-2 the shim runs there. vLLM is imported only for its
-three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
+``int8_fa2`` / ``int8_static_fa2``, the context gather + FlashAttention-2 the shim runs there; on
+request (``--impls int4_tail2``, not in the default list) ``int4`` with a tail of two pages, each
+sequence's page before the newest read from the tail too (its ``gbs`` counts int4's bytes). vLLM is
+imported only for its three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
 
 Timing: each op is captured in a CUDA graph (as vLLM runs decode) and the replay is timed with
 triton.testing.do_bench(return_mode="median"); when one op's data would fit in L2, the graph runs
@@ -65,10 +67,17 @@ IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
 VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
+# int4 with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2): every sequence's newest page and the
+# one before it read from the tail pool (only with --impls int4_tail2)
+TAIL_PAGES = {"int4_tail2": 2}
 
 
 def kv_dtype(impl: str) -> str:
-    return VIA_FA2.get(impl, impl)
+    return "int4" if impl in TAIL_PAGES else VIA_FA2.get(impl, impl)
+
+
+def has_tail(impl: str) -> bool:
+    return kv_dtype(impl) in TAIL_DTYPES
 
 
 def block_size(impl: str) -> int:
@@ -130,16 +139,19 @@ class Cache:
             self.vs = raw[:, 1, :, :, d:].view(torch.float32).squeeze(-1)
             self.ks.uniform_(0.005, 0.02)
             self.vs.uniform_(0.005, 0.02)
-        elif impl in TAIL_DTYPES:
+        elif has_tail(impl):
             lay = K.Int4PageLayout(block_size(impl), nkv, d)
             self.raw = torch.randint(-128, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
                                      device=DEV)  # fmt: skip
             self.raw[:, lay.k_sz :].view(torch.float16).uniform_(0.005, 0.02)  # scales, zeros
             self.sk = self.sv = None  # no static scales
             # the pool of unfinished pages: one slot per sequence, its own pages' tokens
-            self.tail = torch.randn(max(num_slots, 1), 2, nkv, lay.block_size, d, device=DEV,
+            self.pages = TAIL_PAGES.get(impl, 1)
+            slots = max(num_slots, 1)
+            self.tail = torch.randn(slots, 2, nkv, lay.block_size * self.pages, d, device=DEV,
                                     dtype=torch.bfloat16)  # fmt: skip
-            self.tail_page = torch.full((self.tail.shape[0],), -1, dtype=torch.int32, device=DEV)
+            held = (slots, self.pages) if self.pages > 1 else (slots,)
+            self.tail_page = torch.full(held, -1, dtype=torch.int32, device=DEV)
         else:
             lay = K.PageLayout(kv_dtype(impl), BLOCK, nkv, d)
             self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
@@ -209,20 +221,34 @@ def attention_fn(
         return via_fa2
     ws = K.make_workspace(q.shape[0], q.shape[1], d, device=DEV)
     tail = {}
-    if impl in TAIL_DTYPES:
+    if has_tail(impl):
         slots = torch.arange(seq_lens.shape[0], dtype=torch.int32, device=DEV)
         tail = dict(tail=cache.tail, slot_of_seq=slots, tail_page=cache.tail_page)
+        if cache.pages == 2:  # each slot holds its sequence's newest page and the one before
+            cache.tail_page[: seq_lens.shape[0]].copy_(tail_halves(bt, seq_lens, block_size(impl)))
     return lambda: K.paged_attention(
-        q, cache.raw, out, kv_dtype=impl, block_size=block_size(impl), num_kv_heads=cache.nkv,
+        q, cache.raw, out, kv_dtype=kv_dtype(impl), block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
         max_seq_len=max_s, softmax_scale=scale, k_scale=cache.sk, v_scale=cache.sv, workspace=ws,
         sliding_window=window or None, **tail,
     )  # fmt: skip
 
 
+def tail_halves(bt: torch.Tensor, seq_lens: torch.Tensor, bs: int) -> torch.Tensor:
+    """A two-page tail's entries [seqs, 2] as the write leaves them for sequences decoding on
+    their own slots: the newest page's block in half last % 2, the page before's in the other
+    (-1 while there is none)."""
+    rows = torch.arange(bt.shape[0], device=bt.device)
+    last = (seq_lens.to(bt.device).long() - 1) // bs
+    newest = bt[rows, last]
+    before = torch.where(last > 0, bt[rows, (last - 1).clamp(min=0)], -1)
+    even = (last % 2 == 0)[:, None]
+    return torch.where(even, torch.stack([newest, before], 1), torch.stack([before, newest], 1))
+
+
 def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> dict:
     bs = block_size(impl)
-    tail = TAIL_TOKENS if impl in TAIL_DTYPES else 0
+    tail = TAIL_TOKENS if has_tail(impl) else 0
     seq_len = ctx + tail
     blocks_per_seq = -(-seq_len // bs)
     must_kv = batch * seq_len * kv_bytes_per_token(impl, nkv, d)
@@ -264,7 +290,7 @@ def bench_write(impl, nq, nkv, d, tokens=256, consecutive=False) -> dict:
     else:
         slots = torch.randperm(num_blocks * BLOCK, device=DEV)[:tokens]
     c = Cache(impl, num_blocks, nkv, d, tokens)
-    if impl in TAIL_DTYPES:
+    if has_tail(impl):
         fn = int4_write_fn(c, key, value, consecutive)
     elif impl in ("bf16_fa2", "bf16"):
         from vllm import _custom_ops as ops
@@ -297,7 +323,7 @@ def int4_write_fn(
     flushed from the tail whenever a token completes it: 1 in 64 on average). The time includes a
     copy of ``tokens`` int32 that restores the slots' pages before each write. ``seq_lens``: the
     decode positions (tests)."""
-    tokens, bs = key.shape[0], c.tail.shape[3]
+    tokens, bs = key.shape[0], c.tail.shape[3] // c.pages
     if consecutive:
         q_lens, seq_lens = [tokens], [tokens]
     else:
@@ -310,9 +336,12 @@ def int4_write_fn(
     qsl = torch.zeros(n + 1, dtype=torch.int32, device=DEV)
     qsl[1:] = torch.tensor(q_lens, device=DEV).cumsum(0)
     slots = torch.arange(n, dtype=torch.int32, device=DEV)
-    # each slot holds its sequence's last page; reset before every write, so that every replay
-    # flushes the same pages whatever the previous one left (the copy is timed too)
+    # each slot holds its sequence's last page (and, with two pages, the one before it); reset
+    # before every write, so that every replay flushes the same pages whatever the previous one
+    # left (the copy is timed too)
     holder = table[torch.arange(n, device=DEV), (torch.tensor(seq_lens, device=DEV) - 1) // bs]
+    if c.pages == 2:
+        holder = tail_halves(table, torch.tensor(seq_lens, device=DEV), bs).int()
     kw = dict(tail=c.tail, tail_page=c.tail_page, block_size=bs, query_start_loc=qsl,
               seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), block_table=table,
               slot_of_seq=slots, slot_is_new=torch.zeros_like(slots), num_seqs=n,
@@ -320,7 +349,7 @@ def int4_write_fn(
 
     def write() -> None:
         c.tail_page[:n].copy_(holder)
-        K.write_kv_cache(key, value, c.raw, None, kv_dtype=c.impl, **kw)
+        K.write_kv_cache(key, value, c.raw, None, kv_dtype=kv_dtype(c.impl), **kw)
 
     return write
 

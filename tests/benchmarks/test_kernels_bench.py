@@ -242,3 +242,36 @@ def test_int4_rows_build_a_tail_and_read_it(bench):
         assert int(flushed) == 3
         # every slot still holds its last page, the ones this write completed too
         assert (wc.tail_page[:8] >= 0).all(), wc.tail_page
+
+
+def test_int4_tail2_rows_read_and_keep_two_pages(bench):
+    """``--impls int4_tail2``: a two-page pool whose halves name each sequence's newest page and
+    the one before it, so the decode row reads both from the tail; its write keeps both."""
+    nq, nkv, d, batch, ctx = 4, 2, 64, 2, 128
+    seq_len = ctx + bench.TAIL_TOKENS
+    assert bench.kv_dtype("int4_tail2") == "int4" and bench.block_size("int4_tail2") == 64
+    cache = bench.Cache("int4_tail2", batch * 3 + 1, nkv, d, batch)
+    assert cache.tail.shape == (batch, 2, nkv, 128, d) and cache.tail_page.shape == (batch, 2)
+    bt = torch.randperm(batch * 3).int().view(batch, 3)
+    q = torch.randn(batch, nq, d, dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    sl = torch.full((batch,), seq_len, dtype=torch.int32)
+    bench.attention_fn("int4_tail2", cache, q, out, qsl, sl, bt, 1, seq_len)()
+    assert out.isfinite().all()
+    assert cache.tail_page.tolist() == [[int(bt[r, 2]), int(bt[r, 1])] for r in range(batch)]
+    cache.tail[:, :, :, 64:] = float("nan")  # page 1 (half 1) is read from the tail
+    bench.attention_fn("int4_tail2", cache, q, out, qsl, sl, bt, 1, seq_len)()
+    assert out.isnan().all()
+
+    wc = bench.Cache("int4_tail2", 64, nkv, d, 8)
+    key = torch.randn(8, nkv, d, dtype=torch.bfloat16)
+    seq_lens = [64, 5, 128, 70, 1, 63, 200, 192]
+    write = bench.int4_write_fn(wc, key, torch.randn_like(key), False, seq_lens)
+    for _ in range(2):
+        wc.raw.zero_()
+        write()
+        assert int((wc.raw != 0).any(dim=1).sum()) == 3
+        # every sequence past its first page keeps the page before its newest too
+        held = (wc.tail_page[:8] >= 0).sum(dim=1).tolist()
+        assert held == [1, 1, 2, 2, 1, 1, 2, 2], wc.tail_page
