@@ -1355,6 +1355,7 @@ TABLES = {
     "tail_pool_capacity": tail_pool_capacity_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
+    "int4_decode_head256": lambda: int4_decode_table(RESULTS / "kernels_head256.json"),
     "int4_decode_loops": int4_decode_loops_table,
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
@@ -1380,7 +1381,12 @@ TABLES = {
         RESULTS / "throughput_1k_direct.json"
     ),
 }
-for _name in ("accuracy_gemma3", "accuracy_chunk16", "accuracy_gemma3_chunk16"):
+for _name in (
+    "accuracy_gemma3",
+    "accuracy_chunk16",
+    "accuracy_gemma3_chunk16",
+    "accuracy_gemma3_chunk16_int4_tails",
+):
     if (RESULTS / f"{_name}.json").exists():
         TABLES[_name] = functools.partial(accuracy_table, RESULTS / f"{_name}.json")
 
