@@ -1205,17 +1205,26 @@ def kv_quant_greedy_table(path: Path = RESULTS / "kv_quant_greedy.json") -> str:
 
 def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -> str:
     """``int4``'s tokens over BF16's in the same KV memory, the tail pool taken out of it, by
-    model, ``max_num_seqs`` and KV memory (computed: benchmarks/tail_pool_capacity.py)."""
+    model, ``max_num_seqs`` and KV memory with one BF16 page a slot, then at the shim's default
+    ``max_num_seqs`` with each count of pages a slot (computed: benchmarks/tail_pool_capacity.py)."""
     result = _load(path)
-    rows = result["rows"]
+    # files from before the sink page and the second tail page: one page a slot
+    names = result.get("slot_pages", {"1": "tail page"})
+
+    def slot(pages: int) -> str:
+        return f"{pages}: {names[str(pages)]}"
+
+    rows = [r for r in result["rows"] if r.get("pages_per_slot", 1) == 1]
     gibs = sorted({r["kv_gib"] for r in rows})
     lines = [
         f"Computed from the catalogue's byte counts, not measured ({_provenance(result)}, "
-        f"`{_short(result['command'])}`); 0.00x: the pool alone outgrows the memory.",
+        f"`{_short(result['command'])}`); 0.00x: the pool alone outgrows the memory. The "
+        "`max_num_seqs` rows are for one BF16 page a slot: k pages a slot cost what k times the "
+        "slots do.",
         "",
-        "| model (layers, kv-heads x head size) | `max_num_seqs` | tail pool |"
+        "| model (layers, kv-heads x head size) | BF16 pages a slot | `max_num_seqs` | tail pool |"
         + "".join(f" {g} GiB |" for g in gibs),
-        "|---|---|---|" + "---|" * len(gibs),
+        "|---|---|---|---|" + "---|" * len(gibs),
     ]
     seen: dict[tuple, dict[int, dict]] = {}
     for r in rows:
@@ -1224,17 +1233,19 @@ def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -
         first = next(iter(by_gib.values()))
         shape = f"{first['layers']}, {first['kv_heads']} x {first['head_size']}"
         lines.append(
-            f"| {model} ({shape}) | {seqs} | {first['tail_pool_gib']:g} GiB |"
+            f"| {model} ({shape}) | {slot(1)} | {seqs} | {first['tail_pool_gib']:g} GiB |"
             + "".join(f" {by_gib[g]['int4_vs_bf16']:.2f}x |" for g in gibs)
         )
     # the shim's own default (vLLM's lowered until the pool fits its share), where it has one
-    defaults: dict[str, dict[int, dict]] = {}
+    defaults: dict[tuple[str, int], dict[int, dict]] = {}
     for r in result.get("shim_defaults", []):
-        defaults.setdefault(r["model"], {})[r["kv_gib"]] = r
-    for model, by_gib in defaults.items():
+        key = (r["model"], r.get("pages_per_slot", 1))
+        defaults.setdefault(key, {})[r["kv_gib"]] = r
+    for (model, pages), by_gib in defaults.items():
         first = next(iter(by_gib.values()))
         lines.append(
-            f"| {model} | the shim's default for vLLM's {first['vllm_default']} | - |"
+            f"| {model} | {slot(pages)} | the shim's default for vLLM's {first['vllm_default']} "
+            "| - |"
             + "".join(
                 f" {by_gib[g]['int4_vs_bf16']:.2f}x ({by_gib[g]['max_num_seqs']}) |" for g in gibs
             )

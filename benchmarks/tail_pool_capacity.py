@@ -6,7 +6,9 @@ Computed, not measured: from the catalogue's bytes per token and tail-slot bytes
 the cache from what the model left, pool included: where the KV memory is large beside it (the
 H200 of the measured capacity rows) ``int4`` keeps its 3.5x and more; on a 24 GB card serving an
 8B model, a few GiB of KV memory, vLLM's default ``max_num_seqs`` (256 below 70 GB of GPU memory)
-gives much of it to the pool.
+gives much of it to the pool. A slot holds one BF16 page a layer, or, with a second tail page
+(``INT8KV_INT4_TAIL_PAGES=2``) or a sink page (``INT8KV_INT4_SINK_PAGE=1``), two or three: every
+count is computed here, named by ``SLOT_PAGES``, whatever this process's environment says.
 
 "KV memory" is what a BF16 engine gets for its cache: ``GPU KV cache size`` (tokens) times
 ``bytes per token`` in vLLM's start-up log, or ``--kv-cache-memory-bytes``.
@@ -34,6 +36,12 @@ MODELS = {
 }
 KV_GIB = (4, 8, 16, 32, 64)
 MAX_NUM_SEQS = (16, 64, 256, 1024)
+# BF16 pages a tail slot holds in every layer (int8kv_shim/tail_pool_memory.pages_per_slot)
+SLOT_PAGES = {
+    1: "tail page",
+    2: "tail + sink page, or two tail pages",
+    3: "two tail pages + sink page",
+}
 # vLLM 0.24.0's default max_num_seqs on GPUs under 70 GB, which the shim lowers for int4
 VLLM_DEFAULT_SEQS = 256
 
@@ -47,22 +55,28 @@ def rows(
     models: dict[str, tuple[int, int, int]] = MODELS,
     kv_gib: Sequence[int] = KV_GIB,
     max_num_seqs: Sequence[int] = MAX_NUM_SEQS,
+    slot_pages: Sequence[int] = tuple(SLOT_PAGES),
 ) -> list[dict[str, Any]]:
-    """One row per (model, KV memory, max_num_seqs): both caches' tokens and their ratio."""
+    """One row per (model, KV memory, BF16 pages a slot, max_num_seqs): both caches' tokens and
+    their ratio."""
     int4 = get_dtype("int4")
     out = []
     for model, (layers, nkv, d) in models.items():
         for gib in kv_gib:
             ref = bf16_tokens(gib * GIB, layers, nkv, d)
-            for seqs in max_num_seqs:
-                tokens = int4.tokens_with_tail(gib * GIB, layers, nkv, d, seqs)
-                pool = layers * seqs * int4.tail_slot_bytes(nkv, d)
-                out.append({
-                    "model": model, "layers": layers, "kv_heads": nkv, "head_size": d,
-                    "kv_gib": gib, "max_num_seqs": seqs, "tail_pool_gib": round(pool / GIB, 3),
-                    "bf16_tokens": ref, "int4_tokens": tokens,
-                    "int4_vs_bf16": round(tokens / ref, 2),
-                })  # fmt: skip
+            for pages in slot_pages:
+                for seqs in max_num_seqs:
+                    tokens = int4.tokens_with_tail(
+                        gib * GIB, layers, nkv, d, seqs, pages_per_slot=pages
+                    )
+                    pool = pages * layers * seqs * int4.tail_slot_bytes(nkv, d)
+                    out.append({
+                        "model": model, "layers": layers, "kv_heads": nkv, "head_size": d,
+                        "kv_gib": gib, "pages_per_slot": pages, "max_num_seqs": seqs,
+                        "tail_pool_gib": round(pool / GIB, 3),
+                        "bf16_tokens": ref, "int4_tokens": tokens,
+                        "int4_vs_bf16": round(tokens / ref, 2),
+                    })  # fmt: skip
     return out
 
 
@@ -70,22 +84,28 @@ def default_rows(
     models: dict[str, tuple[int, int, int]] = MODELS,
     kv_gib: Sequence[int] = KV_GIB,
     vllm_default: int = VLLM_DEFAULT_SEQS,
+    slot_pages: Sequence[int] = tuple(SLOT_PAGES),
 ) -> list[dict[str, Any]]:
     """What the shim's default max_num_seqs (vLLM's ``vllm_default`` lowered until the pool fits
-    its share, ``int8kv_shim/tail_pool_memory.py``) leaves int4, where its estimate of the KV
-    memory is right."""
+    its share, ``int8kv_shim/tail_pool_memory.py``) leaves int4 with each count of BF16 pages a
+    slot, where its estimate of the KV memory is right."""
     int4 = get_dtype("int4")
     out = []
     for model, (layers, nkv, d) in models.items():
-        for gib in kv_gib:
-            seqs = capped_max_num_seqs("int4", vllm_default, gib * GIB, layers, nkv, d, 2)
-            seqs = vllm_default if seqs is None else seqs
-            tokens = int4.tokens_with_tail(gib * GIB, layers, nkv, d, seqs)
-            out.append({
-                "model": model, "kv_gib": gib, "vllm_default": vllm_default,
-                "max_num_seqs": seqs,
-                "int4_vs_bf16": round(tokens / bf16_tokens(gib * GIB, layers, nkv, d), 2),
-            })  # fmt: skip
+        for pages in slot_pages:
+            for gib in kv_gib:
+                seqs = capped_max_num_seqs(
+                    "int4", vllm_default, gib * GIB, layers, nkv, d, 2, pages=pages
+                )
+                seqs = vllm_default if seqs is None else seqs
+                tokens = int4.tokens_with_tail(
+                    gib * GIB, layers, nkv, d, seqs, pages_per_slot=pages
+                )
+                out.append({
+                    "model": model, "kv_gib": gib, "pages_per_slot": pages,
+                    "vllm_default": vllm_default, "max_num_seqs": seqs,
+                    "int4_vs_bf16": round(tokens / bf16_tokens(gib * GIB, layers, nkv, d), 2),
+                })  # fmt: skip
     return out
 
 
@@ -95,10 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     doc = {
         "what": "int4 cache tokens against BF16's in the same KV memory, the tail pool "
-        "(max_num_seqs BF16 pages of 64 tokens per layer) taken out of it; computed from "
-        "kernels/catalogue.py's byte counts, not measured",
+        "(max_num_seqs slots per layer of 1, 2 or 3 BF16 pages of 64 tokens) taken out of it; "
+        "computed from kernels/catalogue.py's byte counts, not measured",
         "gpu": None,
         "command": command_line(),
+        "slot_pages": {str(k): v for k, v in SLOT_PAGES.items()},
         "rows": rows(),
         "shim_defaults": default_rows(),
     }

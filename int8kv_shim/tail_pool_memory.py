@@ -154,12 +154,19 @@ def report(
 
 
 def slot_bytes(
-    kv_dtype: str, layers: int, num_kv_heads: int, head_size: int, elem_bytes: int
+    kv_dtype: str,
+    layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    elem_bytes: int,
+    pages: int | None = None,
 ) -> int:
-    """What one sequence slot costs over ``layers`` layers: its tail pages and, with sink pages
-    on, its sink page, in every layer (``pages_per_slot``)."""
+    """What one sequence slot costs over ``layers`` layers: its ``pages`` BF16 pages in every
+    layer; by default this process's (``pages_per_slot``: its tail pages and, with sink pages on,
+    its sink page)."""
     entry = load_catalogue().get_dtype(kv_dtype)
-    return pages_per_slot() * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+    pages = pages_per_slot() if pages is None else pages
+    return pages * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
 
 
 def capped_max_num_seqs(
@@ -171,14 +178,16 @@ def capped_max_num_seqs(
     head_size: int,
     elem_bytes: int,
     share: float = GOAL_SHARE,
+    pages: int | None = None,
 ) -> int | None:
     """The largest power of two (at least ``MIN_CAPPED_SEQS``) whose tail pool of ``layers``
     layers fits ``share`` of ``kv_memory_estimate`` bytes, when it is below ``vllm_default``;
-    None to keep vLLM's default (no tail, or the default already fits)."""
+    None to keep vLLM's default (no tail, or the default already fits). A slot holds ``pages``
+    BF16 pages a layer, by default this process's (``pages_per_slot``)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
-    slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes)
+    slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes, pages)
     fits = int(share * kv_memory_estimate // slot)
     cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
     return cap if cap < vllm_default else None

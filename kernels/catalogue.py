@@ -153,11 +153,18 @@ class KVCacheDtype:
         head_size: int,
         num_slots: int,
         elem_bytes: int = 2,
+        pages_per_slot: int = 1,
     ) -> int:
         """Tokens of this dtype's cache in ``kv_bytes`` of memory once the tail pool
         (``num_slots`` slots, vLLM's ``max_num_seqs``, in each of ``layers`` layers) has taken
-        its share of it: vLLM sizes the cache from what the model, the pool included, left."""
-        pool = layers * num_slots * self.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+        its share of it: vLLM sizes the cache from what the model, the pool included, left.
+        ``pages_per_slot``: the BF16 pages a slot holds (a second tail page, a sink page)."""
+        pool = (
+            pages_per_slot
+            * layers
+            * num_slots
+            * self.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+        )
         per_token = layers * num_kv_heads * self.bytes_per_token_head(head_size)
         return max(kv_bytes - pool, 0) // per_token
 

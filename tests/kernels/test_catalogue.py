@@ -68,6 +68,10 @@ def test_the_tail_pool_takes_its_share_of_the_cache_memory() -> None:
     assert pool == 2 * gib + 32 * 256 * 4
     assert int4.tokens_with_tail(4 * gib, 32, 8, 128, 256) == (4 * gib - pool) // per_token
     assert int4.tokens_with_tail(pool // 2, 32, 8, 128, 256) == 0
+    # a slot of three pages (two tail pages and a sink page): 128 of them, 3 GiB of pool
+    three = int4.tokens_with_tail(4 * gib, 32, 8, 128, 128, pages_per_slot=3)
+    assert three == (4 * gib - 3 * pool // 2) // per_token
+    assert three == int4.tokens_with_tail(4 * gib, 32, 8, 128, 384)
     # without a tail the slots cost nothing
     assert int8.tokens_with_tail(gib, 2, 4, 64, 1024) == gib // (
         2 * 4 * int8.bytes_per_token_head(64)

@@ -319,6 +319,27 @@ def test_two_tail_pages_and_a_sink_page_triple_what_a_slot_costs(
         tail_pool_memory.pages_per_slot()
 
 
+def test_a_page_count_given_is_used_whatever_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a computed table (benchmarks/tail_pool_capacity.py) names its pages; the runtime path
+    # (pages=None) counts the ones this process turns on
+    one = tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2)
+    assert one == 32 * INT4.tail_slot_bytes(8, 128)
+    assert tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2, pages=3) == 3 * one
+    # 4% of 40 GiB: 204 slots of one page, 68 of three
+    assert tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2) == 128
+    assert tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2, pages=3) == 64
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "2")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    assert tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2) == 3 * one
+    assert tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2, pages=1) == one
+    assert tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2) == 64
+    assert (
+        tail_pool_memory.capped_max_num_seqs("int4", 256, 40 * GIB, 32, 8, 128, 2, pages=1) == 128
+    )
+
+
 def test_sink_pages_double_what_a_slot_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     single = tail_pool_memory.tail_pool_cost(_specs("int4"), 256, 2, int(2.5 * GIB))
     monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
