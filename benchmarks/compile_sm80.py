@@ -256,10 +256,7 @@ def compile_int4() -> int:
         lay = Int4PageLayout(64, nkv, d)
         compile_one(
             _flush_pages_kernel,
-            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
-             "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
-             "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
-             "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
+            int4_flush_ptrs(dt),
             dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=1, **lay.kernel_constexprs()),
             num_warps=int4_flush_launch(lay),
         )  # fmt: skip
@@ -299,6 +296,16 @@ def compile_int4() -> int:
         ("bf16", 32, 8, 128, 2048, False, False, False, True),
         ("bf16", 4, 1, 256, 512, True, True, False, True),
     ]
+    n += compile_int4_attention(cases, tail_pages=1)
+    return n + compile_int4_decode_sm90()
+
+
+def compile_int4_attention(cases: list[tuple], tail_pages: int) -> int:
+    """int4 attention, one specialisation per case (dtype, nq, nkv, d, max_query_len, window,
+    softcap, split, sink) with ``tail_pages`` pages a tail slot, checked for its pipelined loads
+    and V operand (decode: its copies in flight); with one page, a split case also compiles the
+    split merge (the same kernel serves both tails)."""
+    n = 0
     for dt, nq, nkv, d, mq, window, softcap, split, sink in cases:
         lay = Int4PageLayout(64, nkv, d)
         group = nq // nkv
@@ -309,7 +316,7 @@ def compile_int4() -> int:
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
-                 HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=1, **lay.kernel_constexprs()),
+                 HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=tail_pages, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         n += 1
@@ -317,9 +324,10 @@ def compile_int4() -> int:
         check_v_operand(k)
         if cfg.block_m <= 16:  # the decode configuration
             check_int4_decode_in_flight(k)
-        print("ok attention int4", dt, nq, nkv, d, mq, window, softcap, split, sink,
+        pages = "" if tail_pages == 1 else f" tail pages {tail_pages}"
+        print(f"ok attention int4{pages}", dt, nq, nkv, d, mq, window, softcap, split, sink,
               k.metadata.shared, flush=True)  # fmt: skip
-        if cfg.split and split:
+        if tail_pages == 1 and cfg.split and split:
             compile_one(
                 merge_splits,
                 {"out_ptr": f"*{dt}", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
@@ -328,7 +336,7 @@ def compile_int4() -> int:
                 num_warps=4,
             )  # fmt: skip
             n += 1
-    return n + compile_int4_decode_sm90()
+    return n
 
 
 SM90_SHAPES = ((4, 1, 256, 2), (32, 8, 128, 4), (9, 3, 64, 2), (4, 1, 256, 1), (32, 8, 128, 1))
@@ -366,6 +374,14 @@ def compile_int4_decode_sm90(
     return n
 
 
+def int4_flush_ptrs(dt: str) -> dict[str, str]:
+    """Pointer arguments of cache_write_int4.py's _flush_pages_kernel."""
+    return {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
+            "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
+            "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
+            "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"}  # fmt: skip
+
+
 def int4_tail_store_ptrs(dt: str) -> dict[str, str]:
     """Pointer arguments of cache_write_int4.py's _store_tail_kernel."""
     return {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
@@ -384,10 +400,7 @@ def compile_int4_tail_pages() -> int:
         lay = Int4PageLayout(64, nkv, d)
         compile_one(
             _flush_pages_kernel,
-            {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
-             "cache16_ptr": "*fp16", "tail_ptr": f"*{dt}", "tail_page_ptr": "*i32",
-             "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
-             "slot_of_seq_ptr": "*i32", "slot_is_new_ptr": "*i32"},
+            int4_flush_ptrs(dt),
             dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=2, **lay.kernel_constexprs()),
             num_warps=int4_flush_launch(lay),
         )  # fmt: skip
@@ -404,26 +417,7 @@ def compile_int4_tail_pages() -> int:
         ("bf16", 32, 8, 128, 2048, False, False, False, True),
         ("bf16", 4, 1, 256, 512, True, True, False, False),
     ]
-    for dt, nq, nkv, d, mq, window, softcap, split, sink in cases:
-        lay = Int4PageLayout(64, nkv, d)
-        group = nq // nkv
-        cfg = choose_config_int4(group, d, mq)
-        ptrs = {**ATTN_INT4_PTRS, "q_ptr": f"*{dt}", "out_ptr": f"*{dt}", "tail_ptr": f"*{dt}",
-                "sink_ptr": f"*{dt}"}  # fmt: skip
-        k = compile_one(
-            _attn_int4_fwd, ptrs,
-            dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
-                 HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=2, **lay.kernel_constexprs()),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        n += 1
-        check_int4_pipelined(k)
-        check_v_operand(k)
-        if cfg.block_m <= 16:
-            check_int4_decode_in_flight(k)
-        print("ok attention int4 tail pages 2", dt, nq, nkv, d, mq, window, softcap, split, sink,
-              k.metadata.shared, flush=True)  # fmt: skip
+    n += compile_int4_attention(cases, tail_pages=2)
     return n + compile_int4_decode_sm90(2, ((4, 1, 256, 2), (32, 8, 128, 1)))
 
 
