@@ -253,17 +253,7 @@ def compile_int4() -> int:
     n = 0
     for dt, nkv, d, per_seq in (("bf16", 8, 128, 0), ("fp16", 3, 64, 2), ("bf16", 2, 256, 2),
                                 ("bf16", 1, 128, 2)):  # fmt: skip
-        lay = Int4PageLayout(64, nkv, d)
-        compile_one(
-            _flush_pages_kernel,
-            int4_flush_ptrs(dt),
-            dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=1, **lay.kernel_constexprs()),
-            num_warps=int4_flush_launch(lay),
-        )  # fmt: skip
-        compile_one(
-            _store_tail_kernel, int4_tail_store_ptrs(dt), dict(HEAD_SIZE=d, BLOCK_SIZE=64,
-            TAIL_PAGES=1), num_warps=4,
-        )  # fmt: skip
+        n += compile_int4_write(dt, nkv, d, per_seq, tail_pages=1)
         compile_one(
             _store_sink_kernel,
             {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "sink_ptr": f"*{dt}", "qsl_ptr": "*i32",
@@ -271,7 +261,7 @@ def compile_int4() -> int:
             dict(HEAD_SIZE=d, BLOCK_SIZE=64),
             num_warps=4,
         )  # fmt: skip
-        n += 3
+        n += 1
         print("ok write int4", dt, nkv, d, per_seq, flush=True)
     cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split, sink)
         ("bf16", 32, 8, 128, 1, False, False, True, False),
@@ -374,6 +364,21 @@ def compile_int4_decode_sm90(
     return n
 
 
+def compile_int4_write(dt: str, nkv: int, d: int, per_seq: int, tail_pages: int) -> int:
+    """The int4 write's two launches, the page flush then the tail store, for ``tail_pages``
+    pages a tail slot."""
+    lay = Int4PageLayout(64, nkv, d)
+    compile_one(
+        _flush_pages_kernel,
+        int4_flush_ptrs(dt),
+        dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=tail_pages, **lay.kernel_constexprs()),
+        num_warps=int4_flush_launch(lay),
+    )  # fmt: skip
+    compile_one(_store_tail_kernel, int4_tail_store_ptrs(dt),
+                dict(HEAD_SIZE=d, BLOCK_SIZE=64, TAIL_PAGES=tail_pages), num_warps=4)  # fmt: skip
+    return 2
+
+
 def int4_flush_ptrs(dt: str) -> dict[str, str]:
     """Pointer arguments of cache_write_int4.py's _flush_pages_kernel."""
     return {"key_ptr": f"*{dt}", "value_ptr": f"*{dt}", "cache_ptr": "*u8",
@@ -397,16 +402,7 @@ def compile_int4_tail_pages() -> int:
     n = 0
     for dt, nkv, d, per_seq in (("bf16", 8, 128, 0), ("fp16", 3, 64, 2), ("bf16", 2, 256, 2),
                                 ("bf16", 1, 256, 0)):  # fmt: skip
-        lay = Int4PageLayout(64, nkv, d)
-        compile_one(
-            _flush_pages_kernel,
-            int4_flush_ptrs(dt),
-            dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=2, **lay.kernel_constexprs()),
-            num_warps=int4_flush_launch(lay),
-        )  # fmt: skip
-        compile_one(_store_tail_kernel, int4_tail_store_ptrs(dt),
-                    dict(HEAD_SIZE=d, BLOCK_SIZE=64, TAIL_PAGES=2), num_warps=4)  # fmt: skip
-        n += 2
+        n += compile_int4_write(dt, nkv, d, per_seq, tail_pages=2)
         print("ok write int4 tail pages 2", dt, nkv, d, per_seq, flush=True)
     cases = [  # (dtype, nq, nkv, d, max_query_len, window, softcap, split, sink)
         ("bf16", 32, 8, 128, 1, False, False, True, False),
