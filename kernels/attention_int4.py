@@ -67,7 +67,7 @@ from .attention_plan import (
     store_split_stats,
     visible_keys,
 )
-from .cache_write_int4 import check_sink, check_tail
+from .cache_write_int4 import check_sink, check_tail, tail_entry
 from .launch import DirectLauncher
 from .page_layout import cached_int4_layout, next_power_of_2
 
@@ -524,6 +524,13 @@ def _decode_pages(
 
 
 @triton.jit
+def _tail_holds(tail_page_ptr, bt_row, slot, pg, TAIL_PAGES: tl.constexpr):
+    """Whether the slot's tail holds the sequence's page ``pg``: its ``tail_page`` entry names
+    the block of the sequence's block-table row ``bt_row``."""
+    return tl.load(tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES)) == tl.load(bt_row + pg)
+
+
+@triton.jit
 def _exact_page(
     row, stride_kv, key, key_ok, q_lo, q_hi, score_scale, pos, window, soft_cap, m_i, l_i, acc_lo,
     acc_hi, az_lo, az_hi, HEAD_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr,
@@ -642,22 +649,15 @@ def _attn_int4_fwd(
     full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are read from int4 pages
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
-    # a last page completed by the last step is still the tail's (split boundaries stay at pages)
-    if TAIL_PAGES == 1:
-        if (full == seq_len) & (full > 0) & (slot >= 0):
-            held = tl.load(tail_page_ptr + tl.maximum(slot, 0))
-            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
-                full = full - BLOCK_SIZE
-    elif slot >= 0:
-        # the page before full is the tail's when its half names its block: first a complete
-        # last page, then (once the tail holds the newest page) the page before that
-        if (full == seq_len) & (full > 0):
-            held = tl.load(tail_page_ptr + slot * 2 + (full // BLOCK_SIZE - 1) % 2)
-            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
-                full = full - BLOCK_SIZE
-        if (full > 0) & (full < seq_len):
-            held = tl.load(tail_page_ptr + slot * 2 + (full // BLOCK_SIZE - 1) % 2)
-            if held == tl.load(bt_row + full // BLOCK_SIZE - 1):
+    # a last page completed by the last step is still the tail's (split boundaries stay at pages);
+    # with two pages a slot, then the page before the newest when its half names its block
+    if (full == seq_len) & (full > 0) & (slot >= 0):
+        if _tail_holds(tail_page_ptr, bt_row, tl.maximum(slot, 0), full // BLOCK_SIZE - 1,
+                       TAIL_PAGES):  # fmt: skip
+            full = full - BLOCK_SIZE
+    if TAIL_PAGES == 2:
+        if (full > 0) & (full < seq_len) & (slot >= 0):
+            if _tail_holds(tail_page_ptr, bt_row, slot, full // BLOCK_SIZE - 1, TAIL_PAGES):
                 full = full - BLOCK_SIZE
     page_hi = tl.minimum(key_hi, full)
 
@@ -734,30 +734,25 @@ def _attn_int4_fwd(
                 USE_SOFTCAP, DOT_F32,
             )  # fmt: skip
 
-    # The tail: at most one page of keys [full, seq_len), rows 0.. of the sequence's slot.
-    if TAIL_PAGES == 1:
-        if (key_hi > full) & (slot >= 0) & (key_lo < key_hi):
-            key = full + offs_n
-            t_row = tail_ptr + slot * stride_ts + kvh * stride_th + offs_n * stride_tp
+    # The tail: keys [full, seq_len), at most TAIL_PAGES pages, key p in row p % (64 x pages) of
+    # the sequence's slot.
+    for i in tl.static_range(TAIL_PAGES):
+        t0 = full + i * BLOCK_SIZE
+        if (key_hi > t0) & (slot >= 0) & (key_lo < key_hi):
+            key = t0 + offs_n
+            rows = offs_n
+            readable = key < key_hi
+            if TAIL_PAGES == 2:
+                # a split boundary may fall between the two pages (64-key pages, splits of 128
+                # or 64 keys), so each split reads only its keys
+                rows = t0 % (2 * BLOCK_SIZE) + offs_n
+                readable = readable & (key >= key_lo)
+            t_row = tail_ptr + slot * stride_ts + kvh * stride_th + rows * stride_tp
             m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
-                t_row, stride_tkv, key, key < key_hi, q_lo, q_hi, score_scale, pos, window,
-                soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW,
-                USE_SOFTCAP, DOT_F32,
+                t_row, stride_tkv, key, readable, q_lo, q_hi, score_scale, pos, window, soft_cap,
+                m_i, l_i, acc_lo, acc_hi, az_lo, az_hi, HEAD_SIZE, USE_WINDOW, USE_SOFTCAP,
+                DOT_F32,
             )  # fmt: skip
-    else:
-        # Two pages at most, key p in row p % 128. A split boundary may fall between them (they
-        # are 64-key pages, the splits runs of 128 or 64 keys), so each split reads only its keys.
-        for i in tl.static_range(2):
-            t0 = full + i * BLOCK_SIZE
-            if (key_hi > t0) & (slot >= 0) & (key_lo < key_hi):
-                key = t0 + offs_n
-                t_row = (tail_ptr + slot * stride_ts + kvh * stride_th
-                         + (t0 % (2 * BLOCK_SIZE) + offs_n) * stride_tp)  # fmt: skip
-                m_i, l_i, acc_lo, acc_hi, az_lo, az_hi = _exact_page(
-                    t_row, stride_tkv, key, (key < key_hi) & (key >= key_lo), q_lo, q_hi,
-                    score_scale, pos, window, soft_cap, m_i, l_i, acc_lo, acc_hi, az_lo, az_hi,
-                    HEAD_SIZE, USE_WINDOW, USE_SOFTCAP, DOT_F32,
-                )  # fmt: skip
 
     if NGV == 1:
         az_hi = az_lo
@@ -844,7 +839,7 @@ def paged_attention_int4(
     complete pages are read from the cache). A tail of two pages: ``tail`` [num_slots, 2,
     num_kv_heads, 128, head_size] and ``tail_page`` int32 [num_slots, 2] (page pg in half pg % 2),
     as ``write_kv_cache_int4`` keeps them; the page before the newest is read from its half when
-    the half names its block. With a one-page tail the compiled code is what it was. Runs after the step's ``write_kv_cache_int4``. Rows
+    the half names its block. Runs after the step's ``write_kv_cache_int4``. Rows
     past query_start_loc[num_seqs] (CUDA-graph padding) keep what they held. No host sync,
     CUDA-graph safe with ``workspace``.
 

@@ -229,10 +229,8 @@ def _flush_pages_kernel(
     block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg, mask=complete, other=0)
     block = block.to(tl.int64)
     kept = tl.load(slot_is_new_ptr + seq) == 0  # the slot's rows are this sequence's
-    if TAIL_PAGES == 1:
-        holder = tl.load(tail_page_ptr + slot, mask=complete & has_slot, other=-1)
-    else:
-        holder = tl.load(tail_page_ptr + slot * 2 + pg % 2, mask=complete & has_slot, other=-1)
+    holder = tl.load(tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES), mask=complete & has_slot,
+                     other=-1)  # fmt: skip
     tail_ok = has_slot & kept & (holder.to(tl.int64) == block)
     # a page with positions before this step needs them from the tail (else: leave it)
     if complete & ((p0 >= ctx) | tail_ok):
@@ -241,9 +239,8 @@ def _flush_pages_kernel(
         new = pos >= ctx
         tok = (q0 + pos - ctx).to(tl.int64)
         tok = tl.where(new, tok, 0)
-        tail_row = tail_ptr + tl.maximum(slot, 0) * stride_ts + head * stride_th + r * stride_tp
-        if TAIL_PAGES == 2:
-            tail_row += (pg % 2) * BLOCK_SIZE * stride_tp
+        row = tail_half(pg, TAIL_PAGES) * BLOCK_SIZE + r
+        tail_row = tail_ptr + tl.maximum(slot, 0) * stride_ts + head * stride_th + row * stride_tp
         page = cache_ptr + block * stride_block
         page16 = cache16_ptr + block * (stride_block // 2)
         _flush_k(key_ptr + tok * stride_kt + head * stride_kh, tail_row, new, page, page16, head,
@@ -268,6 +265,20 @@ def _store_rows(key_ptr, value_ptr, dst, stride_dkv, pos, q0, ctx, seq_len, head
     ty = dst.dtype.element_ty
     tl.store(dst[:, None] + d[None, :], k.to(ty), mask=m[:, None])
     tl.store(dst[:, None] + stride_dkv + d[None, :], v.to(ty), mask=m[:, None])
+
+
+@triton.jit
+def tail_half(pg, TAIL_PAGES: tl.constexpr):
+    """The half of a tail slot that holds page ``pg`` (>= -1): 0 with one page a slot, pg % 2
+    with two."""
+    return (pg + TAIL_PAGES) % TAIL_PAGES
+
+
+@triton.jit
+def tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES: tl.constexpr):
+    """Where ``tail_page`` names the block a slot holds for page ``pg`` (>= -1): [slots] with one
+    page a slot, [slots, 2] (its half) with two."""
+    return tail_page_ptr + slot * TAIL_PAGES + tail_half(pg, TAIL_PAGES)
 
 
 @triton.jit(  # as _flush_pages_kernel
@@ -304,52 +315,31 @@ def _store_tail_kernel(
     q_len = tl.load(qsl_ptr + seq + 1) - q0
     seq_len = tl.load(seq_lens_ptr + seq)
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
-    if TAIL_PAGES == 2:
-        if (q_len > 0) & (slot >= 0):
-            ctx = seq_len - q_len
-            last = (seq_len - 1) // BLOCK_SIZE
-            new = tl.load(slot_is_new_ptr + seq) != 0
-            for i in tl.static_range(2):  # the page before the newest, then the newest
-                _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq,
-                           slot, last - 1 + i, q0, ctx, seq_len, head, new, stride_kt,
-                           stride_kh, stride_vt, stride_vh, stride_bt, stride_ts, stride_tkv,
-                           stride_th, stride_tp, HEAD_SIZE, BLOCK_SIZE)  # fmt: skip
-    elif (q_len > 0) & (slot >= 0):
+    if (q_len > 0) & (slot >= 0):
         ctx = seq_len - q_len
         last = (seq_len - 1) // BLOCK_SIZE
-        p0 = last * BLOCK_SIZE
-        block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + last)
-        # A complete last page is kept when the flush quantized it: the flush's own condition, on
-        # tail_page as it was before this step. Every head's program reads it and head 0's
-        # rewrites it, which never flips the comparison: it stores block when equal, else -1.
-        keep = p0 >= ctx
-        if (seq_len - p0 == BLOCK_SIZE) & (p0 < ctx):
-            kept = tl.load(slot_is_new_ptr + seq) == 0
-            keep = kept & (tl.load(tail_page_ptr + slot) == block)
-        if (seq_len - p0 < BLOCK_SIZE) | keep:
-            r = tl.arange(0, BLOCK_SIZE)
-            dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
-            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + r, q0, ctx, seq_len, head,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
-            if head == 0:
-                tl.store(tail_page_ptr + slot, block)
-        elif head == 0:  # a prefix-cache page the flush left: the slot holds nothing
-            tl.store(tail_page_ptr + slot, -1)
+        new = tl.load(slot_is_new_ptr + seq) != 0
+        for i in tl.static_range(TAIL_PAGES):  # with two pages the one before the newest first
+            _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq, slot,
+                       last - TAIL_PAGES + 1 + i, q0, ctx, seq_len, head, new, stride_kt,
+                       stride_kh, stride_vt, stride_vh, stride_bt, stride_ts, stride_tkv,
+                       stride_th, stride_tp, HEAD_SIZE, BLOCK_SIZE, TAIL_PAGES)  # fmt: skip
 
 
 @triton.jit
 def _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq, slot, pg, q0,
                ctx, seq_len, head, new, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt,
                stride_ts, stride_tkv, stride_th, stride_tp, HEAD_SIZE: tl.constexpr,
-               BLOCK_SIZE: tl.constexpr):  # fmt: skip
-    """A two-page tail's store of page pg (>= -1) of a sequence: its new rows into half pg % 2
-    and its block into that half's entry when the slot keeps it (a partial page; a complete one
-    the flush quantized, or that the step did not touch and the half still names: the page
-    before the newest), else -1 (a prefix-cache page; pg -1: the sequence has one page). As in
-    the one-page store, every head's program reads the entry and head 0's rewrites it, which
-    never flips the comparison."""
-    h = (pg + 2) % 2
-    entry = tail_page_ptr + slot * 2 + h
+               BLOCK_SIZE: tl.constexpr, TAIL_PAGES: tl.constexpr):  # fmt: skip
+    """The tail store of page pg (>= -1) of a sequence: its new rows into the page's half and its
+    block into that half's entry when the slot keeps it, else -1. A slot keeps a partial page,
+    and a complete one the flush quantized (it began this step, or its earlier rows were the
+    slot's: the flush's own condition, on tail_page as it was before this step) or, with two
+    pages, that the step did not touch and the half still names (the page before the newest).
+    -1: a prefix-cache page the flush left, or pg -1 (a sequence of one page, two-page tail).
+    Every head's program reads the entry and head 0's rewrites it, which never flips the
+    comparison: it stores block when equal, else -1."""
+    entry = tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES)
     if pg < 0:
         if head == 0:
             tl.store(entry, -1)
@@ -358,10 +348,11 @@ def _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq
         block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg)
         named = (~new) & (tl.load(entry) == block)
         if (p0 + BLOCK_SIZE > seq_len) | (p0 >= ctx) | named:
-            r = tl.arange(0, BLOCK_SIZE)
-            dst = tail_ptr + slot * stride_ts + head * stride_th + (h * BLOCK_SIZE + r) * stride_tp
-            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + r, q0, ctx, seq_len, head,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
+            r = tail_half(pg, TAIL_PAGES) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
+            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + tl.arange(0, BLOCK_SIZE), q0,
+                        ctx, seq_len, head, stride_kt, stride_kh, stride_vt, stride_vh,
+                        HEAD_SIZE)  # fmt: skip
             if head == 0:
                 tl.store(entry, block)
         elif head == 0:
