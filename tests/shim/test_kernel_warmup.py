@@ -116,14 +116,21 @@ def test_warmup_launches_run_on_the_interpreter(
     assert n == launches
 
 
-def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_them(
-    monkeypatch,
-) -> None:
+def _record_int4_launches(monkeypatch) -> list[tuple[str, dict]]:
+    """The warm-up's int4 launches, recorded (name, keyword arguments) instead of run, on a
+    warm-up that has warmed nothing yet."""
     calls: list[tuple[str, dict]] = []
     monkeypatch.setattr(kernel_warmup, "_warmed", set())
     for name in ("paged_attention", "write_kv_cache", "write_sink_int4"):
         monkeypatch.setattr(kernel_warmup, name,
                             lambda *a, _n=name, **kw: calls.append((_n, kw)))  # fmt: skip
+    return calls
+
+
+def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_them(
+    monkeypatch,
+) -> None:
+    calls = _record_int4_launches(monkeypatch)
     impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
     kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
     launches = kernel_warmup.warm_up_layer(impl, **kw)
@@ -140,11 +147,7 @@ def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_the
 
 
 def test_int4_with_two_tail_pages_warms_the_two_page_variants(monkeypatch) -> None:
-    calls: list[tuple[str, dict]] = []
-    monkeypatch.setattr(kernel_warmup, "_warmed", set())
-    for name in ("paged_attention", "write_kv_cache", "write_sink_int4"):
-        monkeypatch.setattr(kernel_warmup, name,
-                            lambda *a, _n=name, **kw: calls.append((_n, kw)))  # fmt: skip
+    calls = _record_int4_launches(monkeypatch)
     impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
     kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
     launches = kernel_warmup.warm_up_layer(impl, **kw)
