@@ -339,9 +339,10 @@ def int4_write_fn(
     # each slot holds its sequence's last page (and, with two pages, the one before it); reset
     # before every write, so that every replay flushes the same pages whatever the previous one
     # left (the copy is timed too)
-    holder = table[torch.arange(n, device=DEV), (torch.tensor(seq_lens, device=DEV) - 1) // bs]
     if c.pages == 2:
         holder = tail_halves(table, torch.tensor(seq_lens, device=DEV), bs).int()
+    else:
+        holder = table[torch.arange(n, device=DEV), (torch.tensor(seq_lens, device=DEV) - 1) // bs]
     kw = dict(tail=c.tail, tail_page=c.tail_page, block_size=bs, query_start_loc=qsl,
               seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV), block_table=table,
               slot_of_seq=slots, slot_is_new=torch.zeros_like(slots), num_seqs=n,

@@ -69,7 +69,7 @@ def rows(
                     tokens = int4.tokens_with_tail(
                         gib * GIB, layers, nkv, d, seqs, pages_per_slot=pages
                     )
-                    pool = pages * layers * seqs * int4.tail_slot_bytes(nkv, d)
+                    pool = int4.tail_pool_bytes(layers, nkv, d, seqs, pages_per_slot=pages)
                     out.append({
                         "model": model, "layers": layers, "kv_heads": nkv, "head_size": d,
                         "kv_gib": gib, "pages_per_slot": pages, "max_num_seqs": seqs,

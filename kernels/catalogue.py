@@ -145,6 +145,21 @@ class KVCacheDtype:
         assert self.page_tokens is not None
         return 2 * num_kv_heads * self.page_tokens * head_size * elem_bytes + 4
 
+    def tail_pool_bytes(
+        self,
+        layers: int,
+        num_kv_heads: int,
+        head_size: int,
+        num_slots: int,
+        elem_bytes: int = 2,
+        pages_per_slot: int = 1,
+    ) -> int:
+        """Bytes of the tail pool: ``num_slots`` slots (vLLM's ``max_num_seqs``) in each of
+        ``layers`` layers, each slot ``pages_per_slot`` BF16 pages (a second tail page, a sink
+        page)."""
+        slot = self.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+        return pages_per_slot * layers * num_slots * slot
+
     def tokens_with_tail(
         self,
         kv_bytes: int,
@@ -156,14 +171,10 @@ class KVCacheDtype:
         pages_per_slot: int = 1,
     ) -> int:
         """Tokens of this dtype's cache in ``kv_bytes`` of memory once the tail pool
-        (``num_slots`` slots, vLLM's ``max_num_seqs``, in each of ``layers`` layers) has taken
-        its share of it: vLLM sizes the cache from what the model, the pool included, left.
-        ``pages_per_slot``: the BF16 pages a slot holds (a second tail page, a sink page)."""
-        pool = (
-            pages_per_slot
-            * layers
-            * num_slots
-            * self.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
+        (``tail_pool_bytes``) has taken its share of it: vLLM sizes the cache from what the
+        model, the pool included, left."""
+        pool = self.tail_pool_bytes(
+            layers, num_kv_heads, head_size, num_slots, elem_bytes, pages_per_slot
         )
         per_token = layers * num_kv_heads * self.bytes_per_token_head(head_size)
         return max(kv_bytes - pool, 0) // per_token
