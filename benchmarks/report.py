@@ -1397,6 +1397,7 @@ for _name in (
     "accuracy_chunk16",
     "accuracy_gemma3_chunk16",
     "accuracy_gemma3_chunk16_int4_tails",
+    "accuracy_chunk16_int4_tails",
 ):
     if (RESULTS / f"{_name}.json").exists():
         TABLES[_name] = functools.partial(accuracy_table, RESULTS / f"{_name}.json")

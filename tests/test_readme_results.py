@@ -27,6 +27,7 @@ WHERE = {
     "accuracy_chunk16": RESULTS,
     "accuracy_gemma3_chunk16": RESULTS,
     "accuracy_gemma3_chunk16_int4_tails": RESULTS,
+    "accuracy_chunk16_int4_tails": RESULTS,
     "kernel_speed": RESULTS,
     "kernel_speed_targets": RESULTS,
     "kernel_speed_smollm2_1024_seqs": RESULTS,
