@@ -3,7 +3,7 @@
 Each ``patch_*`` / ``guard_*`` function takes the freshly imported vLLM module it patches (they run
 as wrapt post-import hooks, or at once when the module is already imported), is idempotent, and
 records how to undo itself; :func:`undo_all` puts vLLM back exactly as it was. Each site, why it is
-patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P13
+patched and what breaks if vLLM changes it: ``docs/vllm-touchpoints.md`` (by the labels P1..P14
 below; it also lists the vLLM and Triton internals read outside this module).
 
 Two sets of sites:
@@ -681,6 +681,62 @@ def attach_runner_hooks() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P14  vllm.v1.core.kv_cache_coordinator: find_longest_cache_hit (hits recompute the tail)
+
+
+def tail_tokens_a_hit_gives_back(kv_cache_config: Any) -> int:
+    """Tokens a prefix-cache hit gives back so that every page the tail holds is recomputed.
+
+    With ``INT8KV_INT4_TAIL_PAGES=2`` the tail keeps a sequence's newest page and the one before
+    it in the model's dtype, and attention reads both from there. vLLM's hit takes every full page
+    but the newest, so the page before the newest would come from the 4-bit cache on a hit where
+    a miss, which wrote it into the tail, reads it exact: the same prompt would attend
+    differently. One page less of hit puts that page through the write kernel again, into the
+    tail, for the cost of recomputing its tokens. 0 with one tail page or no tail dtype.
+    """
+    from int8kv_shim.catalogue_loader import needs_tail_pool
+    from int8kv_shim.environment_variables import int4_tail_pages
+
+    pages = [
+        group.kv_cache_spec.block_size
+        for group in kv_cache_config.kv_cache_groups
+        if needs_tail_pool(getattr(group.kv_cache_spec, "int8kv_dtype", None))
+    ]
+    # the variable is read only for a tail dtype: it means nothing to the others
+    return (int4_tail_pages() - 1) * max(pages) if pages else 0
+
+
+def _hit_args(block_hashes: Any, max_cache_hit_length: int) -> tuple[Any, int]:
+    return block_hashes, max_cache_hit_length
+
+
+def patch_prefix_hit_recomputes_tail(coordinator: ModuleType) -> None:
+    """``find_longest_cache_hit`` of vLLM's one-group and hybrid KV-cache coordinators: a shorter
+    longest hit by :func:`tail_tokens_a_hit_gives_back` (the coordinator aligns it to its pages).
+
+    ``KVCacheManager.get_computed_blocks`` asks it for every request that starts or resumes after
+    preemption, with at most ``num_tokens - 1`` tokens; nothing else in vLLM 0.24 asks it on the
+    paths a tail dtype allows (the hybrid coordinator's per-group lookup serves KV connectors,
+    which ``int4`` refuses).
+    """
+    if is_applied("prefix_hit_recomputes_tail"):
+        return
+
+    # wrapt passes the coordinator as instance also when the method is called through the class
+    def shorten_hit(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        give_back = tail_tokens_a_hit_gives_back(instance.kv_cache_config)
+        if give_back == 0:
+            return wrapped(*args, **kwargs)
+        block_hashes, longest = _hit_args(*args, **kwargs)
+        return wrapped(block_hashes, max(0, longest - give_back))
+
+    for name in ("UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator"):
+        cls = getattr(coordinator, name, None)
+        if cls is not None and "find_longest_cache_hit" in vars(cls):
+            _wrap_method(cls, "find_longest_cache_hit", shorten_hit, "prefix_hit_recomputes_tail")
+
+
+# --------------------------------------------------------------------------------------------------
 # Guards: the inert mode, for any vLLM but the supported one
 
 
@@ -766,6 +822,7 @@ ACTIVE_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
         patch_static_scales_loader,
     ),
     "vllm.v1.engine.core": (patch_report_tail_pool,),
+    "vllm.v1.core.kv_cache_coordinator": (patch_prefix_hit_recomputes_tail,),
 }
 
 GUARD_SITES: dict[str, tuple[Callable[[ModuleType], None], ...]] = {

@@ -498,3 +498,38 @@ def test_two_page_attention_with_sink_gpu():
 @pytest.mark.gpu
 def test_decode_across_two_boundaries_reads_the_previous_page_exact_gpu():
     test_decode_across_two_boundaries_reads_the_previous_page_exact("cuda")
+
+
+@pytest.mark.parametrize(("hit_pages", "reads_as_the_miss"), [(4, False), (3, True)])
+def test_a_hit_that_recomputes_the_page_before_the_newest_reads_what_the_miss_read(
+    hit_pages, reads_as_the_miss
+):
+    # A 300-token prompt: pages 0..3 full, page 4 partial. Computed in full (the miss) it leaves
+    # pages 3 and 4 in its slot. vLLM's prefix-cache hit takes the four full pages, so a request
+    # with the same prompt in a new slot recomputes only page 4 and reads page 3 in 4 bits; a hit
+    # one page shorter (the vLLM glue's, with two tail pages) recomputes page 3 into its slot too.
+    pool = Pool2(nkv=2, d=64)
+    k, v = _kv(300, pool)
+    miss = [1, 2, 3, 4, 5]
+    hit = miss[:hit_pages] + [9, 10, 11][: 5 - hit_pages]
+    _write(pool, k, v, [300], [300], [miss], [0], [1])
+    start = hit_pages * B
+    _write(pool, k[start:], v[start:], [300 - start], [300], [hit], [1], [1])
+    read_from_slot = [tail_start(300, s, row, pool.tail_page[s].tolist(), B, 2)
+                      for s, row in enumerate((miss, hit))]  # fmt: skip
+    assert read_from_slot == ([192, 192] if reads_as_the_miss else [192, 256])
+
+    # the prompt's last query, on both rows: the same output bit for bit, or not
+    nq = 4
+    query = torch.randn(1, nq, pool.d).to(pool.dtype).expand(2, nq, pool.d).contiguous()
+    i32 = lambda x: torch.as_tensor(x, dtype=torch.int32, device=pool.device)  # noqa: E731
+    kw = dict(block_size=B, query_start_loc=i32([0, 1, 2]), seq_lens=i32([300, 300]),
+              block_table=i32([miss, hit]), softmax_scale=pool.d**-0.5, tail=pool.tail,
+              tail_page=pool.tail_page, slot_of_seq=i32([0, 1]))  # fmt: skip
+    ref = paged_attention_int4_ref(query.to(pool.device), pool.cache, **kw)
+    out = torch.full_like(query, float("nan")).to(pool.device)
+    paged_attention_int4(query.to(pool.device), pool.cache, out, num_kv_heads=pool.nkv,
+                         max_query_len=1, max_seq_len=300, **kw)  # fmt: skip
+    for got in (ref, out):
+        assert torch.equal(got[0], got[1]) == reads_as_the_miss
+    assert_close_bf16(out.float(), ref.float())
