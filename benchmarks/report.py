@@ -1143,9 +1143,13 @@ def kv_quant_sim_table(path: Path = RESULTS / "kv_quant_sim.json") -> str:
     return "\n".join(lines)
 
 
-def kv_quant_greedy_table(path: Path = RESULTS / "kv_quant_greedy.json") -> str:
+def kv_quant_greedy_table(
+    path: Path = RESULTS / "kv_quant_greedy.json", later_gpu_details: tuple[str, ...] = ()
+) -> str:
     """Greedy agreement with BF16 of simulated cache formats, decoded through a KV cache
-    (benchmarks/kv_quant_greedy.py)."""
+    (benchmarks/kv_quant_greedy.py); under it, the GPU run's agreement on the same prompts that
+    the simulation recorded, and that of each GPU run made since (``later_gpu_details``: details
+    files of ``accuracy.py`` over the same prompt set, read now)."""
     result = _load(path)
     bos = "" if result.get("bos") is None else f", each led by BOS id {result['bos']}"
     lengths = "/".join(str(n) for n in result["lengths"])
@@ -1180,8 +1184,18 @@ def kv_quant_greedy_table(path: Path = RESULTS / "kv_quant_greedy.json") -> str:
             f"| {'-' if ratio is None else f'{ratio:.2f}x'} "
             f"| {'-' if ratio is None else _num(row.get('ratio_se'), '.2f')} |"
         )
-    gpu = result.get("gpu_same_prompts")
-    if gpu:
+    gpu_runs = [result["gpu_same_prompts"]] if result.get("gpu_same_prompts") else []
+    if later_gpu_details:
+        from benchmarks.kv_quant_greedy import gpu_same_prompts
+
+        indices = result["prompt_indices"][:done]
+        versus = gpu_runs[0]["versus"] if gpu_runs else "int8"
+        for name in later_gpu_details:
+            details = _load(RESULTS / name)
+            gpu_runs.append(
+                {"file": name, **gpu_same_prompts(details, indices, result["tokens"], versus)}
+            )
+    for gpu in gpu_runs:
         cells = []
         # the details file names its reference row: every other row's agreement is with it
         reference = _load(RESULTS / gpu["file"])["reference"]
@@ -1357,7 +1371,8 @@ TABLES = {
         RESULTS / "kv_quant_sim_tail_pages_gemma3.json"
     ),
     "int4_greedy_simulation_tail_pages": lambda: kv_quant_greedy_table(
-        RESULTS / "kv_quant_greedy_tail_pages.json"
+        RESULTS / "kv_quant_greedy_tail_pages.json",
+        later_gpu_details=("accuracy_chunk16_int4_tails_details.json",),
     ),
     "int4_greedy_simulation_tail_pages_gemma3": lambda: kv_quant_greedy_table(
         RESULTS / "kv_quant_greedy_tail_pages_gemma3.json"
