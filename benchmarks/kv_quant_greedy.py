@@ -132,6 +132,10 @@ def prompt_indices(
     return [k * stride + (k + shift - k * stride) % lengths for k in range(num)]
 
 
+# the GPU row a simulation is compared over when none is named
+GPU_VERSUS = "int8"
+
+
 def gpu_same_prompts(
     details: dict[str, Any], indices: Sequence[int], tokens: int, versus: str
 ) -> dict[str, Any]:
@@ -222,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="an accuracy.py details file of the same prompt set: its rows' agreement on these "
         "prompts is recorded beside the simulation's",
     )
-    p.add_argument("--gpu-versus", default="int8", help="the GPU row its ratios are taken over")
+    p.add_argument("--gpu-versus", default=GPU_VERSUS, help="the GPU row its ratios are taken over")
     p.add_argument("--tokens", type=int, default=GREEDY_TOKENS)
     p.add_argument(
         "--variants",

@@ -1186,10 +1186,10 @@ def kv_quant_greedy_table(
         )
     gpu_runs = [result["gpu_same_prompts"]] if result.get("gpu_same_prompts") else []
     if later_gpu_details:
-        from benchmarks.kv_quant_greedy import gpu_same_prompts
+        from benchmarks.kv_quant_greedy import GPU_VERSUS, gpu_same_prompts
 
         indices = result["prompt_indices"][:done]
-        versus = gpu_runs[0]["versus"] if gpu_runs else "int8"
+        versus = gpu_runs[0]["versus"] if gpu_runs else GPU_VERSUS
         for name in later_gpu_details:
             details = _load(RESULTS / name)
             gpu_runs.append(

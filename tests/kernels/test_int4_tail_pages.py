@@ -14,8 +14,9 @@ import pytest
 import torch
 from kvbatch import assert_close_bf16, make_batch
 from test_int4_attention import random_int4_cache
+from test_int4_write import random_pool
 
-from int8kv_kernels import get_page_bytes, paged_attention_int4, write_kv_cache
+from int8kv_kernels import paged_attention_int4, write_kv_cache
 from int8kv_kernels.page_layout import Int4PageLayout
 from int8kv_kernels.reference import attention_ref
 from int8kv_kernels.reference_int4 import (
@@ -45,28 +46,23 @@ class Pool2:
     tail_page: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        dev = self.device
-        nbytes = get_page_bytes("int4", B, self.nkv, self.d)
-        self.cache = torch.randint(-128, 128, (self.num_blocks, nbytes), dtype=torch.int8,
-                                   device=dev)  # fmt: skip
-        shape = (self.num_slots, 2, self.nkv, B * self.pages, self.d)
-        self.tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=dev)
-        self.tail = self.tail.view(self.dtype)
-        held = (self.num_slots, self.pages) if self.pages > 1 else (self.num_slots,)
-        self.tail_page = torch.full(held, -1, dtype=torch.int32, device=dev)
+        self.cache, self.tail, self.tail_page = random_pool(
+            self.nkv, self.d, self.num_blocks, self.num_slots, self.dtype, self.device, self.pages
+        )
+
+
+def _i32(pool, x):
+    return torch.as_tensor(x, dtype=torch.int32).to(pool.device)
 
 
 def _args(pool, q_lens, seq_lens, table, slots, new, pad_rows=0):
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(q_lens).cumsum(0)
-
-    def i32(x):
-        return torch.as_tensor(x, dtype=torch.int32).to(pool.device)
-
     return dict(
-        block_size=B, query_start_loc=i32(qsl), seq_lens=i32(seq_lens), block_table=i32(table),
-        slot_of_seq=i32(slots + [3] * pad_rows), slot_is_new=i32(new + [1] * pad_rows),
-        num_seqs=len(q_lens), max_query_len=max(q_lens),
+        block_size=B, query_start_loc=_i32(pool, qsl), seq_lens=_i32(pool, seq_lens),
+        block_table=_i32(pool, table), slot_of_seq=_i32(pool, slots + [3] * pad_rows),
+        slot_is_new=_i32(pool, new + [1] * pad_rows), num_seqs=len(q_lens),
+        max_query_len=max(q_lens),
     )  # fmt: skip
 
 
@@ -522,10 +518,10 @@ def test_a_hit_that_recomputes_the_page_before_the_newest_reads_what_the_miss_re
     # the prompt's last query, on both rows: the same output bit for bit, or not
     nq = 4
     query = torch.randn(1, nq, pool.d).to(pool.dtype).expand(2, nq, pool.d).contiguous()
-    i32 = lambda x: torch.as_tensor(x, dtype=torch.int32, device=pool.device)  # noqa: E731
-    kw = dict(block_size=B, query_start_loc=i32([0, 1, 2]), seq_lens=i32([300, 300]),
-              block_table=i32([miss, hit]), softmax_scale=pool.d**-0.5, tail=pool.tail,
-              tail_page=pool.tail_page, slot_of_seq=i32([0, 1]))  # fmt: skip
+    kw = dict(block_size=B, query_start_loc=_i32(pool, [0, 1, 2]),
+              seq_lens=_i32(pool, [300, 300]), block_table=_i32(pool, [miss, hit]),
+              softmax_scale=pool.d**-0.5, tail=pool.tail, tail_page=pool.tail_page,
+              slot_of_seq=_i32(pool, [0, 1]))  # fmt: skip
     ref = paged_attention_int4_ref(query.to(pool.device), pool.cache, **kw)
     out = torch.full_like(query, float("nan")).to(pool.device)
     paged_attention_int4(query.to(pool.device), pool.cache, out, num_kv_heads=pool.nkv,

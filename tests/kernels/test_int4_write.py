@@ -63,6 +63,25 @@ def test_int4_layout_refuses_other_block_sizes_and_head_sizes():
         Int4PageLayout(B, 2, 512)
 
 
+def random_pool(
+    nkv: int,
+    d: int,
+    num_blocks: int,
+    num_slots: int,
+    dtype: torch.dtype,
+    device: str,
+    pages: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cache, tail, tail_page) of random bytes, every slot's page entries -1: ``pages`` tail
+    pages a slot (``tail_page`` [slots] for one, [slots, pages] for more)."""
+    nbytes = get_page_bytes("int4", B, nkv, d)
+    cache = torch.randint(-128, 128, (num_blocks, nbytes), dtype=torch.int8, device=device)
+    shape = (num_slots, 2, nkv, B * pages, d)
+    tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=device).view(dtype)
+    held = (num_slots, pages) if pages > 1 else (num_slots,)
+    return cache, tail, torch.full(held, -1, dtype=torch.int32, device=device)
+
+
 @dataclass
 class Pool:
     """A cache and a tail pool of random bytes, the sequences' block tables, and every token's K/V
@@ -81,15 +100,9 @@ class Pool:
     tail_page: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        pages = get_page_bytes("int4", B, self.nkv, self.d)
-        dev = self.device
-        self.cache = torch.randint(
-            -128, 128, (self.num_blocks, pages), dtype=torch.int8, device=dev
+        self.cache, self.tail, self.tail_page = random_pool(
+            self.nkv, self.d, self.num_blocks, self.num_slots, self.dtype, self.device
         )
-        shape = (self.num_slots, 2, self.nkv, B, self.d)
-        tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=dev)
-        self.tail = tail.view(self.dtype)
-        self.tail_page = torch.full((self.num_slots,), -1, dtype=torch.int32, device=dev)
 
 
 def _write(pool: Pool, key, value, q_lens, seq_lens, table, slots, new, pad_rows: int = 0):

@@ -70,15 +70,20 @@ def hits(kv: KVCacheManager) -> list[int]:
     return found
 
 
+def lookup_types() -> dict[str, str]:
+    """The type of each coordinator's ``find_longest_cache_hit`` (a wrapper or vLLM's function)."""
+    return {
+        name: type(vars(getattr(coordinator, name))["find_longest_cache_hit"]).__name__
+        for name in ("UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
+    }
+
+
 r: dict = {
     "lengths": LENGTHS,
     "mode": int8kv_shim.mode(),
     "applied_on_import": patch.is_applied("prefix_hit_recomputes_tail"),
 }
-r["wrapped"] = {
-    name: type(vars(getattr(coordinator, name))["find_longest_cache_hit"]).__name__
-    for name in ("UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
-}
+r["wrapped"] = lookup_types()
 for pages in ("1", "2"):
     os.environ["INT8KV_INT4_TAIL_PAGES"] = pages
     r[f"int4_tail{pages}"] = hits(manager(spec("int4")))
@@ -89,9 +94,6 @@ os.environ["INT8KV_INT4_TAIL_PAGES"] = "3"
 r["int8_tail3"] = hits(manager(spec("int8")))
 os.environ["INT8KV_INT4_TAIL_PAGES"] = "2"
 int8kv_shim.uninstrument()
-r["unwrapped"] = {
-    name: type(vars(getattr(coordinator, name))["find_longest_cache_hit"]).__name__
-    for name in ("UnitaryKVCacheCoordinator", "HybridKVCacheCoordinator")
-}
+r["unwrapped"] = lookup_types()
 r["int4_tail2_uninstrumented"] = hits(manager(spec("int4")))
 probe.emit(r)
