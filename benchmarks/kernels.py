@@ -55,6 +55,7 @@ except ImportError:  # not installed: use the source tree through a temporary al
     _spec.loader.exec_module(K)
 
 from benchmarks import common  # noqa: E402
+from int8kv_kernels.cache_write_int4 import tail_pool_shapes  # noqa: E402
 from int8kv_kernels.catalogue import CATALOGUE, KERNEL_DTYPES, TAIL_DTYPES  # noqa: E402
 
 DEV = "cuda"
@@ -148,9 +149,8 @@ class Cache:
             # the pool of unfinished pages: one slot per sequence, its own pages' tokens
             self.pages = TAIL_PAGES.get(impl, 1)
             slots = max(num_slots, 1)
-            self.tail = torch.randn(slots, 2, nkv, lay.block_size * self.pages, d, device=DEV,
-                                    dtype=torch.bfloat16)  # fmt: skip
-            held = (slots, self.pages) if self.pages > 1 else (slots,)
+            shape, held = tail_pool_shapes(slots, nkv, d, self.pages, lay.block_size)
+            self.tail = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
             self.tail_page = torch.full(held, -1, dtype=torch.int32, device=DEV)
         else:
             lay = K.PageLayout(kv_dtype(impl), BLOCK, nkv, d)

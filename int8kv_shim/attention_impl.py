@@ -31,6 +31,7 @@ from int8kv_kernels import (
     write_sink_int4,
 )
 from int8kv_kernels.attention import MAX_SPLITS, choose_num_splits
+from int8kv_kernels.cache_write_int4 import tail_pool_shapes
 from int8kv_kernels.catalogue import (
     EXPERIMENTAL_DTYPES,
     FLASH_CONTEXT_DTYPES,
@@ -663,11 +664,8 @@ def _allocate_tail(
     slots = tail_slots.install(num_slots, device)
     tokens = page_tokens(kv_cache_dtype)
     assert tokens is not None, kv_cache_dtype
-    pages = int4_tail_pages()
-    tail = torch.zeros(
-        num_slots, 2, num_kv_heads, tokens * pages, head_size, dtype=dtype, device=device
-    )
-    held = (num_slots, pages) if pages > 1 else (num_slots,)
+    shape, held = tail_pool_shapes(num_slots, num_kv_heads, head_size, int4_tail_pages(), tokens)
+    tail = torch.zeros(shape, dtype=dtype, device=device)
     tail_page = torch.full(held, -1, dtype=torch.int32, device=device)
     sink = None
     if int4_sink_page_enabled():

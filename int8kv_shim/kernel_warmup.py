@@ -42,6 +42,7 @@ from int8kv_kernels import (
 )
 from int8kv_kernels.attention import MAX_SPLITS
 from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
+from int8kv_kernels.cache_write_int4 import tail_pool_shapes
 from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT4_DTYPES, INT8_DTYPES, STATIC_DTYPE
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim._logging import get_logger
@@ -185,9 +186,9 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
     )
     # One slot, shaped as the impl's pool ([slots, 2, kv-heads, page tokens x pages, head size]
     # in the model's dtype): the engine's pool holds live requests' unfinished pages.
-    pages = key.tail_pages
-    tail = torch.zeros(1, 2, hk, b * pages, d, dtype=key.model_dtype, device=device)
-    tail_page = torch.full((1, pages) if pages > 1 else (1,), -1, dtype=torch.int32, device=device)
+    shape, held = tail_pool_shapes(1, hk, d, key.tail_pages, b)
+    tail = torch.zeros(shape, dtype=key.model_dtype, device=device)
+    tail_page = torch.full(held, -1, dtype=torch.int32, device=device)
     slot_of_seq = torch.zeros(1, dtype=torch.int32, device=device)
     slot_is_new = torch.ones(1, dtype=torch.int32, device=device)
     block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :]

@@ -405,13 +405,22 @@ launch_tail = DirectLauncher(_store_tail_kernel)
 launch_sink = DirectLauncher(_store_sink_kernel)
 
 
+def tail_pool_shapes(
+    num_slots: int, num_kv_heads: int, head_size: int, pages: int = 1, block_size: int = 64
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(tail, tail_page) shapes of a pool of ``pages`` pages a slot, as :func:`check_tail` wants
+    them: [slots, 2, H, block_size x pages, D], and [slots] for one page, [slots, pages] for two."""
+    tail = (num_slots, 2, num_kv_heads, block_size * pages, head_size)
+    return tail, (num_slots,) if pages == 1 else (num_slots, pages)
+
+
 def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayout) -> int:
     """The tail pool's shape contract: [slots, 2, H, 64, D] model dtype and int32 [slots] (one
     page a slot), or [slots, 2, H, 128, D] and int32 [slots, 2] contiguous (two pages, page pg in
     half pg % 2). Returns the pages a slot holds."""
     pages = 2 if tail.dim() == 5 and tail.shape[3] == 2 * layout.block_size else 1
     _check_page_pool(tail, "tail", "num_slots", layout, pages)
-    held = (tail.shape[0],) if pages == 1 else (tail.shape[0], 2)
+    held = tail_pool_shapes(tail.shape[0], layout.num_kv_heads, layout.head_size, pages)[1]
     if tail_page is not None and (
         tail_page.dtype != torch.int32
         or tuple(tail_page.shape) != held

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from int8kv_kernels import Int4PageLayout, get_page_bytes, write_kv_cache
-from int8kv_kernels.cache_write_int4 import write_sink_int4
+from int8kv_kernels.cache_write_int4 import tail_pool_shapes, write_sink_int4
 from int8kv_kernels.catalogue import TAIL_DTYPES, get_dtype
 from int8kv_kernels.reference_int4 import (
     dequantize_cache_int4,
@@ -76,9 +76,8 @@ def random_pool(
     pages a slot (``tail_page`` [slots] for one, [slots, pages] for more)."""
     nbytes = get_page_bytes("int4", B, nkv, d)
     cache = torch.randint(-128, 128, (num_blocks, nbytes), dtype=torch.int8, device=device)
-    shape = (num_slots, 2, nkv, B * pages, d)
+    shape, held = tail_pool_shapes(num_slots, nkv, d, pages, B)
     tail = torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device=device).view(dtype)
-    held = (num_slots, pages) if pages > 1 else (num_slots,)
     return cache, tail, torch.full(held, -1, dtype=torch.int32, device=device)
 
 

@@ -26,6 +26,7 @@ from int8kv_kernels import (
     paged_attention,
     write_kv_cache,
 )
+from int8kv_kernels.cache_write_int4 import tail_pool_shapes
 from int8kv_kernels.catalogue import INT4_DTYPES, STATIC_DTYPE
 from int8kv_kernels.launch import DirectLauncher
 from int8kv_kernels.page_layout import get_page_bytes
@@ -148,8 +149,8 @@ class Int4Tail:
         hk, d, b = shape["kv_heads"], shape["head_size"], shape["block_size"]
         pages = shape.get("tail_pages", 1)  # INT8KV_INT4_TAIL_PAGES, set for the warm-up too
         self.slots = TailSlots(num_slots, "cpu")
-        self.tail = torch.zeros(num_slots, 2, hk, b * pages, d, dtype=torch.bfloat16)
-        held = (num_slots, pages) if pages > 1 else (num_slots,)
+        tail, held = tail_pool_shapes(num_slots, hk, d, pages, b)
+        self.tail = torch.zeros(tail, dtype=torch.bfloat16)
         self.tail_page = torch.full(held, -1, dtype=torch.int32)
         self.dtype, self.block_size = shape["kv_dtype"], b
 
