@@ -406,9 +406,9 @@ def decode_config(spec: str | None):
         yield
         return
     import int8kv_kernels.attention as A
-    from benchmarks.tune_decode import _fixed_config
+    from benchmarks.tune_decode import fixed_config
 
-    fixed, orig = _fixed_config(*map(int, spec.split(","))), A._choose_config
+    fixed, orig = fixed_config(*map(int, spec.split(","))), A._choose_config
 
     def choose(group, head_size, max_query_len, *rest, **kw):
         if max_query_len == 1:

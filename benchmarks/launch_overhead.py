@@ -41,7 +41,7 @@ import triton.language as tl
 
 import int8kv_kernels.attention as attention
 import int8kv_kernels.cache_write as cache_write
-from int8kv_kernels.launch import DirectLauncher
+from int8kv_kernels.launch import DirectLauncher, clear_replays
 from int8kv_kernels.page_layout import get_page_bytes
 
 
@@ -198,8 +198,7 @@ def main() -> None:
 
         def unrecorded(fn: Callable[[], None]) -> Callable[[], None]:
             def call() -> None:
-                attention._replays.clear()
-                cache_write._replays.clear()
+                clear_replays()
                 fn()
 
             return call

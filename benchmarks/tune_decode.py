@@ -79,7 +79,7 @@ SHAPES = [(8, 8192), (32, 8192), (8, 1024), (128, 1024), (1, 32768)]
 TARGET_SHAPES = {(8, 8192), (32, 8192)}
 
 
-def _fixed_config(tile_n: int, warps: int, stages: int, chunks: int):
+def fixed_config(tile_n: int, warps: int, stages: int, chunks: int):
     """A stand-in for ``attention._choose_config`` that always returns this decode config.
 
     Takes whatever arguments _choose_config takes (only the GQA group, the first, matters here):
@@ -201,7 +201,7 @@ def main() -> None:
             scales = torch.full((nkv, d), 0.01, device="cuda")  # per (kv-head, channel)
             for tn, w, st, ch in configs if kv_dtype == "int8" else configs[:2] + configs[-1:]:
                 for ns in split_counts(heur):
-                    A._choose_config = _fixed_config(tn, w, st, ch)
+                    A._choose_config = fixed_config(tn, w, st, ch)
 
                     def run(ns=ns):
                         for c in caches:

@@ -201,6 +201,7 @@ class ReplayCache:
     def __init__(self, max_entries: int = 256) -> None:
         self.max_entries = max_entries
         self._entries: dict[tuple, tuple] = {}
+        _caches.append(self)
 
     def add(self, key: tuple, replays: Sequence[Replay], *keep: Any) -> None:
         """Record ``replays`` under ``key``, launched in that order; ``keep``: objects the
@@ -228,3 +229,14 @@ class ReplayCache:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+# every wrapper's replay cache (one per module, made at import), for clear_replays
+_caches: list[ReplayCache] = []
+
+
+def clear_replays() -> None:
+    """Forget every recorded launch, so that each wrapper's next call launches through its
+    binder again (what ``benchmarks/launch_overhead.py`` times as the unrecorded path)."""
+    for cache in _caches:
+        cache.clear()

@@ -12,9 +12,9 @@ from benchmarks import tune_decode
 
 
 @pytest.mark.parametrize("config", tune_decode.CONFIGS)
-def test_fixed_config_reaches_the_launch_plan(config, monkeypatch):
+def testfixed_config_reaches_the_launch_plan(config, monkeypatch):
     tile_n, warps, stages, chunks = config
-    monkeypatch.setattr(A, "_choose_config", tune_decode._fixed_config(*config))
+    monkeypatch.setattr(A, "_choose_config", tune_decode.fixed_config(*config))
     query = torch.zeros(4, 12, 128)  # 4 decode tokens, GQA group 4 over 3 kv heads
     plan = A._plan_launch(query, 4, 4, 1, 8192, 3, None, 2)
     assert (plan.cfg.tile_n, plan.cfg.num_warps, plan.cfg.num_stages) == (tile_n, warps, stages)
