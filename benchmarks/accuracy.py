@@ -296,6 +296,8 @@ def worker(args: argparse.Namespace) -> int:
         "greedy_s": round(t_greedy, 1),
         "shim": os.environ.get(common.SHIM_ENV, ""),
         "int8kv_prefill": os.environ.get(PREFILL_ENV, ""),
+        # every switch of the shim this row ran with (int4's sink page and tail pages among them)
+        "int8kv_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INT8KV_")},
     }
     np.savez(
         args.result,

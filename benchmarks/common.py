@@ -37,6 +37,15 @@ MODEL_SHAPES = [(32, 8, 128), (28, 4, 128), (9, 3, 64), (4, 1, 256), (16, 8, 256
 SHIM_ENV = "INT8KV_SHIM"
 SCALES_ENV = "INT8KV_SCALES"
 
+
+def _int4_env(sink: bool, tail_pages: int) -> dict[str, str]:
+    """The environment of an ``int4`` row: its sink page on or off, its tail pages (1 or 2)."""
+    return {
+        "INT8KV_INT4_SINK_PAGE": "1" if sink else "0",
+        "INT8KV_INT4_TAIL_PAGES": str(tail_pages),
+    }
+
+
 # How each row label of the benchmarks maps onto vLLM arguments.
 #
 # - Upstream configurations run WITHOUT the shim (``shim=False``), so their rows are plain vLLM
@@ -78,25 +87,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # int8_static rows need a calibration file (``ensure_scales`` makes one per V format).
     "int8_static": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "int8"},
     "int8_static_e4m3": {"kv_cache_dtype": "int8_static", "shim": True, "v_format": "e4m3"},
-    "int4": {"kv_cache_dtype": "int4", "shim": True},
-    # int4 with each sequence's first page kept in the model's dtype (int8kv_shim/sink_pages.py)
-    "int4_sink_page": {
-        "kv_cache_dtype": "int4",
-        "shim": True,
-        "env": {"INT8KV_INT4_SINK_PAGE": "1"},
-    },
-    # int4 with the page before each sequence's newest kept in the model's dtype too (its last
-    # 64..127 keys read exact), without and with the sink page
-    "int4_tail2": {
-        "kv_cache_dtype": "int4",
-        "shim": True,
-        "env": {"INT8KV_INT4_TAIL_PAGES": "2"},
-    },
-    "int4_sink_page_tail2": {
-        "kv_cache_dtype": "int4",
-        "shim": True,
-        "env": {"INT8KV_INT4_SINK_PAGE": "1", "INT8KV_INT4_TAIL_PAGES": "2"},
-    },
+    # int4 rows set both of its switches, so that a label keeps its meaning whatever the shipped
+    # defaults and the caller's environment: "int4" is the default, its first page (sink) and its
+    # two newest pages in the model's dtype (int8kv_shim/sink_pages.py, tail_slots.py)
+    "int4": {"kv_cache_dtype": "int4", "shim": True, "env": _int4_env(sink=True, tail_pages=2)},
+    # the default of 2026-12-05 and before: the newest page only, no sink page
+    "int4_tail1": {"kv_cache_dtype": "int4", "shim": True, "env": _int4_env(False, 1)},
+    "int4_sink_page": {"kv_cache_dtype": "int4", "shim": True, "env": _int4_env(True, 1)},
+    "int4_tail2": {"kv_cache_dtype": "int4", "shim": True, "env": _int4_env(False, 2)},
+    # the label the default's first GPU rows were measured under (same settings as "int4")
+    "int4_sink_page_tail2": {"kv_cache_dtype": "int4", "shim": True, "env": _int4_env(True, 2)},
 }
 
 

@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.common import config_for
 from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
 from int8kv_kernels.catalogue import CATALOGUE
 
@@ -502,12 +503,27 @@ CHOICES = (
 )
 # kernels.json names upstream's INT8 cache by its kernel
 KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
+# What the kernel bench's rows of a dtype timed where that is not the dtype's default, said
+# beside its cell: benchmarks/kernels.py's "int4" reads one tail page and no sink page, where
+# int4's default reads two tail pages (impl "int4_tail2") and a sink page
+KERNEL_TIMED_AS = {
+    "int4": "reading one tail page and no sink page (`INT8KV_INT4_TAIL_PAGES=1 "
+    "INT8KV_INT4_SINK_PAGE=0`); the default's second tail page and sink page are not timed yet"
+}
 
 
 def dtype_choice_table(
     accuracy_paths: tuple[Path | tuple[Path, ...], ...] = (
-        (RESULTS / "accuracy_chunk16.json", RESULTS / "accuracy.json"),
-        (RESULTS / "accuracy_gemma3_chunk16.json", RESULTS / "accuracy_gemma3.json"),
+        (
+            RESULTS / "accuracy_chunk16.json",
+            RESULTS / "accuracy_chunk16_int4_tails.json",
+            RESULTS / "accuracy.json",
+        ),
+        (
+            RESULTS / "accuracy_gemma3_chunk16.json",
+            RESULTS / "accuracy_gemma3_chunk16_int4_tails.json",
+            RESULTS / "accuracy_gemma3.json",
+        ),
     ),
     kernels_path: Path = RESULTS / "kernels.json",
     int4_kernels_path: Path = RESULTS / "kernels_int4.json",
@@ -535,11 +551,13 @@ def dtype_choice_table(
 
     def current(acc: dict, dtype: str, prefill: str | None = None) -> dict | None:
         """A row of the format the dtype stores today (rows of an older format are kept for
-        the record, marked with ``format``), read through the pages when ``prefill`` says."""
+        the record, marked with ``format``), read through the pages when ``prefill`` says; a
+        row read through the pages counts only with the dtype's own settings (its label's
+        configuration is the dtype's: no switch of another variant)."""
         return next(
             (r for r in acc["rows"] if r["kv_cache_dtype"] == dtype and "format" not in r
              and (prefill is None or r["prefill"] == prefill)
-             and (prefill != "pages" or r["label"] == dtype)),
+             and (prefill != "pages" or config_for(r["label"]) == config_for(dtype))),
             None,
         )  # fmt: skip
 
@@ -586,7 +604,8 @@ def dtype_choice_table(
             notes.append(
                 f"`{dtype}`'s decode: its own run, [`{int4_kernels_path.name}`]"
                 f"(benchmarks/results/{int4_kernels_path.name}) ({_extent(int4_kernels)}), "
-                f"{int4_kernels['gpu']} ({_provenance(int4_kernels)})."
+                f"{int4_kernels['gpu']} ({_provenance(int4_kernels)})"
+                + (f", {KERNEL_TIMED_AS[dtype]}." if dtype in KERNEL_TIMED_AS else ".")
             )
         else:
             speed = "not measured"

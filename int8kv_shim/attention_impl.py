@@ -347,8 +347,8 @@ class Int8KVAttentionImpl(AttentionImpl):
         if kv_cache_dtype in EXPERIMENTAL_DTYPES:
             logger.warning_once(
                 "int8kv-shim: --kv-cache-dtype %s is experimental: its kernels match their torch "
-                "reference, but it misses its speed and greedy-agreement targets "
-                "(README, Limitations)",
+                "reference, but its decode misses its speed target and not every end-to-end "
+                "test has run on a GPU with its defaults (README, Limitations)",
                 kv_cache_dtype,
             )
         self.num_heads = num_heads
@@ -646,7 +646,7 @@ def _allocate_tail(
     """One layer's (tail, tail_page, sink), sized from the vLLM config being built: the tail holds
     ``INT8KV_INT4_TAIL_PAGES`` pages a slot ([slots, 2, kv-heads, 64 x pages, head size], and
     ``tail_page`` [slots] for one page, [slots, 2] for two: the block each half holds); ``sink``,
-    a page per slot, only with ``INT8KV_INT4_SINK_PAGE`` (else None)."""
+    a page per slot, unless ``INT8KV_INT4_SINK_PAGE`` is off (then None)."""
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()

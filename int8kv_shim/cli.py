@@ -19,10 +19,13 @@ from pathlib import Path
 
 from int8kv_shim.catalogue_loader import load_catalogue
 from int8kv_shim.environment_variables import (
+    INT8KV_INT4_SINK_PAGE,
+    INT8KV_INT4_TAIL_PAGES,
     INT8KV_PREFILL,
     INT8KV_SHIM,
     TRUTHY_VALUES,
     activation_requested,
+    int4_sink_page_enabled,
     int4_tail_pages,
     prefill_mode,
 )
@@ -118,7 +121,11 @@ def doctor(args: argparse.Namespace) -> int:
     except ValueError as e:
         problems.append(str(e))
     try:
-        int4_tail_pages()  # read when an int4 layer allocates its tail: refused here first
+        # read when an int4 layer allocates its tail: refused here first
+        pages, sink = int4_tail_pages(), int4_sink_page_enabled()
+        kept = f"newest {pages} page{'s' * (pages > 1)}" + (" and first page" if sink else "")
+        switches = f"{INT8KV_INT4_TAIL_PAGES}, {INT8KV_INT4_SINK_PAGE}"
+        out(f"int4 in BF16  each sequence's {kept} ({switches})")
     except ValueError as e:
         problems.append(str(e))
 

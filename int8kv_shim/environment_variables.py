@@ -74,30 +74,40 @@ def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 INT8KV_INT4_SINK_PAGE = "INT8KV_INT4_SINK_PAGE"
-"""``1`` / ``on`` / ``true`` / ``yes``: ``int4`` keeps each sequence's first page in the model's
-dtype beside its 4-bit page (``sink_pages.py``), one more page per ``max_num_seqs`` slot and
-layer. Off unless set, until measurements through the cache decide it."""
+"""Whether ``int4`` keeps each sequence's first page in the model's dtype beside its 4-bit page
+(``sink_pages.py``), one more page per ``max_num_seqs`` slot and layer: on by default (measured
+through the cache on both real models, it and the two-page tail bring ``int4`` level with
+``int8``); ``0`` / ``off`` / ``false`` / ``no`` switches it off. Anything else is an error."""
 
 
 def int4_sink_page_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``int4`` keeps sink pages (``INT8KV_INT4_SINK_PAGE``; off unless switched on)."""
+    """Whether ``int4`` keeps sink pages (``INT8KV_INT4_SINK_PAGE``; on unless switched off)."""
     env = os.environ if environ is None else environ
-    return is_truthy(env.get(INT8KV_INT4_SINK_PAGE))
+    raw = env.get(INT8KV_INT4_SINK_PAGE)
+    if raw is None or not raw.strip() or is_truthy(raw):
+        return True
+    if is_falsy(raw):
+        return False
+    raise ValueError(
+        f"int8kv-shim: {INT8KV_INT4_SINK_PAGE}={raw!r} is not one of "
+        f"{', '.join(sorted(TRUTHY_VALUES | FALSY_VALUES))}"
+    )
 
 
 INT8KV_INT4_TAIL_PAGES = "INT8KV_INT4_TAIL_PAGES"
-"""How many of a running sequence's newest pages ``int4`` keeps in the model's dtype: ``1``
-(default) its newest page, ``2`` that page and the one before it, so a query always reads its
-last 64..127 keys exact (twice the tail pool's memory). Anything else is an error."""
+"""How many of a running sequence's newest pages ``int4`` keeps in the model's dtype: ``2``
+(default) its newest page and the one before it, so a query always reads its last 64..127 keys
+exact; ``1`` its newest page only (half the tail pool's memory). Anything else is an error."""
 
 INT4_TAIL_PAGES: tuple[int, ...] = (1, 2)
+INT4_DEFAULT_TAIL_PAGES = 2
 
 
 def int4_tail_pages(environ: Mapping[str, str] | None = None) -> int:
-    """``1`` (default) or ``2``, from ``INT8KV_INT4_TAIL_PAGES``; anything else is an error."""
+    """``2`` (default) or ``1``, from ``INT8KV_INT4_TAIL_PAGES``; anything else is an error."""
     env = os.environ if environ is None else environ
     raw = env.get(INT8KV_INT4_TAIL_PAGES)
-    text = (raw or "").strip() or "1"
+    text = (raw or "").strip() or str(INT4_DEFAULT_TAIL_PAGES)
     allowed = [str(n) for n in INT4_TAIL_PAGES]
     if text not in allowed:
         raise ValueError(

@@ -20,9 +20,10 @@ specialized on by the kernels (``do_not_specialize``), so these few launches cov
 cache and a scratch pool of one slot, shaped like the layer's, never on the engine's pool, whose
 slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
 longer chunk), each a page flush then a tail store; its attention is warmed as int8's (it has no
-context gather: its continuations stay on our kernels), with sink pages (``INT8KV_INT4_SINK_PAGE``)
-the variant that reads them and their store too, and with a tail of two pages
-(``INT8KV_INT4_TAIL_PAGES=2``) the variants of all three that read and keep two pages a slot.
+context gather: its continuations stay on our kernels), with sink pages
+(``INT8KV_INT4_SINK_PAGE``, on by default) the variant that reads them and their store too, and
+with a tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``, the default) the variants of all three
+that read and keep two pages a slot.
 """
 
 from __future__ import annotations

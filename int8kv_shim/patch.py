@@ -687,7 +687,7 @@ def attach_runner_hooks() -> None:
 def tail_tokens_a_hit_gives_back(kv_cache_config: Any) -> int:
     """Tokens a prefix-cache hit gives back so that every page the tail holds is recomputed.
 
-    With ``INT8KV_INT4_TAIL_PAGES=2`` the tail keeps a sequence's newest page and the one before
+    With two tail pages (the default) the tail keeps a sequence's newest page and the one before
     it in the model's dtype, and attention reads both from there. vLLM's hit takes every full page
     but the newest, so the page before the newest would come from the 4-bit cache on a hit where
     a miss, which wrote it into the tail, reads it exact: the same prompt would attend

@@ -5,11 +5,11 @@ of ``num_slots`` slots (``tail``: ``[num_slots, 2, num_kv_heads, page_tokens, he
 ``tail_page``, the block each slot holds, allocated by the attention impl). The write kernel
 quantizes a page into the cache when it fills, and the slot keeps it until the sequence's next
 token starts a new page (attention reads it from the slot until then). With
-``INT8KV_INT4_TAIL_PAGES=2`` a slot holds two pages (``tail``: ``[num_slots, 2, num_kv_heads,
-2 x page_tokens, head_size]``, ``tail_page`` ``[num_slots, 2]``): the newest and the one before it,
-page pg in half pg % 2, kept until the sequence is two pages on; a slot new this step holds
-neither of its sequence's pages (the write kernel marks both halves). Which slot a sequence uses is
-decided here, once per worker process, for all layers:
+``INT8KV_INT4_TAIL_PAGES=2`` (the default) a slot holds two pages (``tail``: ``[num_slots, 2,
+num_kv_heads, 2 x page_tokens, head_size]``, ``tail_page`` ``[num_slots, 2]``): the newest and the
+one before it, page pg in half pg % 2, kept until the sequence is two pages on; a slot new this
+step holds neither of its sequence's pages (the write kernel marks both halves). Which slot a
+sequence uses is decided here, once per worker process, for all layers:
 
 * a request gets a slot the first step it is scheduled and keeps it for its life, **keyed by its
   request id**: vLLM can leave a running request unscheduled for a step (the token budget ran out

@@ -225,7 +225,8 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             group_size=128,
             has_zero_point=True,
             description="4-bit, asymmetric fp16 scale/zero: K per channel of a 64-token page, "
-            "V per token and group of 128 channels; the unfinished page in BF16/FP16",
+            "V per token and group of 128 channels; each sequence's first page and two newest "
+            "in BF16/FP16 (by default)",
             qmax=15.0,
             experimental=True,
             page_tokens=64,

@@ -369,17 +369,26 @@ def test_config_env_reaches_only_its_child(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("INT8KV_DIRECT_LAUNCH", raising=False)
     assert common.child_env("int8_kernel_grid")["INT8KV_DIRECT_LAUNCH"] == "0"
     assert "INT8KV_DIRECT_LAUNCH" not in common.child_env("int8")
-    monkeypatch.delenv("INT8KV_INT4_SINK_PAGE", raising=False)
-    assert common.llm_kwargs_for("int4_sink_page") == {"kv_cache_dtype": "int4"}
-    assert common.child_env("int4_sink_page")["INT8KV_INT4_SINK_PAGE"] == "1"
-    assert "INT8KV_INT4_SINK_PAGE" not in common.child_env("int4")
-    monkeypatch.delenv("INT8KV_INT4_TAIL_PAGES", raising=False)
-    for label in ("int4_tail2", "int4_sink_page_tail2"):
+    # every int4 row names both of int4's switches: a label means the same settings whatever
+    # the shipped defaults and whatever the caller's environment says
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "1")
+    settings = {
+        "int4": ("1", "2"),
+        "int4_sink_page_tail2": ("1", "2"),
+        "int4_tail1": ("0", "1"),
+        "int4_sink_page": ("1", "1"),
+        "int4_tail2": ("0", "2"),
+    }
+    for label, (sink, pages) in settings.items():
         assert common.llm_kwargs_for(label) == {"kv_cache_dtype": "int4"}
-        assert common.child_env(label)["INT8KV_INT4_TAIL_PAGES"] == "2"
-    assert common.child_env("int4_sink_page_tail2")["INT8KV_INT4_SINK_PAGE"] == "1"
-    assert "INT8KV_INT4_SINK_PAGE" not in common.child_env("int4_tail2")
-    assert "INT8KV_INT4_TAIL_PAGES" not in common.child_env("int4_sink_page")
+        env = common.child_env(label)
+        assert (env["INT8KV_INT4_SINK_PAGE"], env["INT8KV_INT4_TAIL_PAGES"]) == (sink, pages)
+    assert common.config_for("int4") == common.config_for("int4_sink_page_tail2")
+    # and int4's default is what the shim does with neither variable set
+    from int8kv_shim.environment_variables import int4_sink_page_enabled, int4_tail_pages
+
+    assert (int4_sink_page_enabled({}), int4_tail_pages({})) == (True, 2)
 
 
 def test_results_are_copied_into_out_overwriting_but_never_onto_themselves(tmp_path, monkeypatch):

@@ -11,9 +11,16 @@ from int8kv_kernels.catalogue import get_dtype
 CHECK = Path(__file__).with_name("int4_wiring_check.py")
 
 
-def _run(*args: str, **extra_env: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", **extra_env}
-    env.pop("INT8KV_SHIM", None)  # the classes are used directly; no patching needed
+# int4_wiring_check.py's figures are for a slot of one page (the newest, no sink page): each test
+# that keeps more switches them on
+ONE_PAGE = {"INT8KV_INT4_TAIL_PAGES": "1", "INT8KV_INT4_SINK_PAGE": "0"}
+
+
+def _run(*args: str, one_page: bool = True, **extra_env: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    for name in ("INT8KV_SHIM", *ONE_PAGE):  # classes used directly; int4's switches as given
+        env.pop(name, None)
+    env |= (ONE_PAGE if one_page else {}) | extra_env
     run = subprocess.run(
         [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=600
     )
@@ -46,6 +53,12 @@ def test_int4_two_tail_pages_through_the_glue_with_the_real_kernels() -> None:
     log = _run("kernels", INT8KV_INT4_TAIL_PAGES="2")
     assert "kernels with two tail pages ok (sink pages False)" in log, log[-2000:]
     log = _run("kernels", INT8KV_INT4_TAIL_PAGES="2", INT8KV_INT4_SINK_PAGE="1")
+    assert "kernels with two tail pages ok (sink pages True)" in log, log[-2000:]
+
+
+def test_int4_as_shipped_through_the_glue_with_the_real_kernels() -> None:
+    # neither variable set: two tail pages and a sink page
+    log = _run("kernels", one_page=False)
     assert "kernels with two tail pages ok (sink pages True)" in log, log[-2000:]
 
 

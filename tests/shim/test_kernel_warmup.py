@@ -32,9 +32,10 @@ SHAPES |= {
     "int4 Gemma 3 4/1/256, sliding": SHAPES["Gemma 3 4/1/256, sliding"] | _INT4,
     "int4 32/8/128": SHAPES["int8_static e4m3 32/8/128"] | _INT4,
 }
-# and with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2)
+# and as int4 ships: a tail of two pages and a sink page (INT8KV_INT4_TAIL_PAGES=2,
+# INT8KV_INT4_SINK_PAGE=1); the shapes above keep one tail page and no sink page
 SHAPES |= {
-    f"{name}, two tail pages": SHAPES[name] | {"tail_pages": 2}
+    f"{name}, two tail pages and a sink page": SHAPES[name] | {"tail_pages": 2, "sink": True}
     for name in ("int4 Gemma 3 4/1/256, sliding", "int4 32/8/128")
 }
 KERNELS = {
@@ -48,6 +49,7 @@ def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real JITFunctions
     shape = SHAPES[name]
     env["INT8KV_INT4_TAIL_PAGES"] = str(shape.get("tail_pages", 1))
+    env["INT8KV_INT4_SINK_PAGE"] = "1" if shape.get("sink") else "0"
     shape = {**shape, "block_size": 64 if shape["kv_dtype"] == "int4" else 16}
     proc = subprocess.run(
         [sys.executable, str(PROBE), json.dumps(shape)],
@@ -58,6 +60,7 @@ def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None
     warm = set(found["warmup"])
     kernels = {eval(k)[0] for k in warm}  # noqa: S307  (our own repr of tuples of literals)
     expected = KERNELS["int4" if shape["kv_dtype"] == "int4" else "int8"]
+    expected = expected | ({"_store_sink_kernel"} if shape.get("sink") else set())
     assert expected | ({"_gather_kv_kernel"} if shape["gather"] else set()) == kernels
     missing = {
         batch: [k for k in keys if k not in warm]
@@ -97,12 +100,12 @@ def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
 
 
 # two writes; one decode token at every split count; two tokens split and not; a prefill chunk;
-# int8's context gather (int4 has none)
+# int8's context gather (int4 has none), int4's sink page store (on by default)
 _LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 1
 
 
 @pytest.mark.parametrize(
-    "kv_dtype, block_size, launches", [("int8", 16, _LAUNCHES + 1), ("int4", 64, _LAUNCHES)]
+    "kv_dtype, block_size, launches", [("int8", 16, _LAUNCHES + 1), ("int4", 64, _LAUNCHES + 1)]
 )
 def test_warmup_launches_run_on_the_interpreter(
     kv_dtype: str, block_size: int, launches: int
@@ -133,6 +136,7 @@ def test_int4_with_sink_pages_warms_their_store_and_the_attention_that_reads_the
     calls = _record_int4_launches(monkeypatch)
     impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
     kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "0")
     launches = kernel_warmup.warm_up_layer(impl, **kw)
     assert "write_sink_int4" not in [n for n, _ in calls]
     assert all("sink" not in c for n, c in calls if n == "paged_attention")
@@ -150,6 +154,8 @@ def test_int4_with_two_tail_pages_warms_the_two_page_variants(monkeypatch) -> No
     calls = _record_int4_launches(monkeypatch)
     impl = _impl(kv_cache_dtype="int4", num_heads=4, num_kv_heads=2, head_size=64)
     kw = dict(block_size=64, model_dtype=torch.bfloat16, device=torch.device("cpu"))
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "1")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "0")
     launches = kernel_warmup.warm_up_layer(impl, **kw)
     assert all(c["tail"].shape == (1, 2, 2, 64, 64) and c["tail_page"].shape == (1,)
                for n, c in calls if n != "write_sink_int4")  # fmt: skip

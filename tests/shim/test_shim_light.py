@@ -177,24 +177,44 @@ def test_readme_dtype_table_matches_the_catalogue() -> None:
 @pytest.mark.parametrize(
     ("value", "on"), [(None, True), ("", True), ("1", True), ("0", False), (" OFF ", False)]
 )
-def test_on_unless_switched_off_variables(value: str | None, on: bool) -> None:
-    from int8kv_shim.environment_variables import direct_launch_enabled
+@pytest.mark.parametrize("name", ["INT8KV_DIRECT_LAUNCH", "INT8KV_INT4_SINK_PAGE"])
+def test_on_unless_switched_off_variables(name: str, value: str | None, on: bool) -> None:
+    from int8kv_shim.environment_variables import direct_launch_enabled, int4_sink_page_enabled
 
-    env = {} if value is None else {"INT8KV_DIRECT_LAUNCH": value}
-    assert direct_launch_enabled(env) is on
+    read = {
+        "INT8KV_DIRECT_LAUNCH": direct_launch_enabled,
+        "INT8KV_INT4_SINK_PAGE": int4_sink_page_enabled,
+    }
+    env = {} if value is None else {name: value}
+    assert read[name](env) is on
 
 
-@pytest.mark.parametrize(
-    ("value", "on"), [(None, False), ("", False), ("1", True), (" On ", True), ("0", False)]
-)
-def test_off_unless_switched_on_variables(value: str | None, on: bool) -> None:
+@pytest.mark.parametrize("value", ["2", "maybe", "enabled"])
+def test_int4_sink_page_refuses_other_values(value: str) -> None:
     from int8kv_shim.environment_variables import int4_sink_page_enabled
 
-    env = {} if value is None else {"INT8KV_INT4_SINK_PAGE": value}
-    assert int4_sink_page_enabled(env) is on
+    with pytest.raises(ValueError, match=r"INT8KV_INT4_SINK_PAGE=.* is not one of 0, 1, false"):
+        int4_sink_page_enabled({"INT8KV_INT4_SINK_PAGE": value})
 
 
-@pytest.mark.parametrize(("value", "pages"), [(None, 1), ("", 1), ("1", 1), (" 2 ", 2)])
+def test_doctor_says_what_int4_keeps_in_bf16_and_refuses_a_bad_sink_switch(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("INT8KV_SHIM", "1")
+    monkeypatch.delenv("INT8KV_INT4_TAIL_PAGES", raising=False)
+    monkeypatch.delenv("INT8KV_INT4_SINK_PAGE", raising=False)
+    code, out = _doctor(capsys)
+    assert "int4 in BF16  each sequence's newest 2 pages and first page" in out
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "1")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "off")
+    code, out = _doctor(capsys)
+    assert "int4 in BF16  each sequence's newest 1 page (" in out
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "maybe")
+    code, out = _doctor(capsys)
+    assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_INT4_SINK_PAGE='maybe' is not one of" in out
+
+
+@pytest.mark.parametrize(("value", "pages"), [(None, 2), ("", 2), ("1", 1), (" 2 ", 2)])
 def test_int4_tail_pages(value: str | None, pages: int) -> None:
     from int8kv_shim.environment_variables import int4_tail_pages
 

@@ -16,6 +16,24 @@ GIB = 2**30
 INT4 = get_dtype("int4")
 
 
+@pytest.fixture(autouse=True)
+def _one_page_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the figures below are worked out for a slot of one page (the newest, no sink page); the
+    # tests of more pages switch them on themselves
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "1")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "0")
+
+
+def test_by_default_a_slot_holds_two_tail_pages_and_a_sink_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one = tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2)
+    monkeypatch.delenv("INT8KV_INT4_TAIL_PAGES")
+    monkeypatch.delenv("INT8KV_INT4_SINK_PAGE")
+    assert tail_pool_memory.pages_per_slot() == 3
+    assert tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2) == 3 * one
+
+
 def _specs(dtype: str, layers: int = 32, nkv: int = 8, d: int = 128) -> dict:
     spec = SimpleNamespace(int8kv_dtype=dtype, num_kv_heads=nkv, head_size=d)
     return {f"model.layers.{i}.self_attn.attn": spec for i in range(layers)}

@@ -25,12 +25,14 @@ from int8kv_kernels import (
     make_workspace,
     paged_attention,
     write_kv_cache,
+    write_sink_int4,
 )
 from int8kv_kernels.cache_write_int4 import tail_pool_shapes
 from int8kv_kernels.catalogue import INT4_DTYPES, STATIC_DTYPE
 from int8kv_kernels.launch import DirectLauncher
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim import kernel_warmup
+from int8kv_shim.sink_pages import SinkPages
 from int8kv_shim.tail_slots import TailSlots
 
 _BACKEND = CUDABackend(GPUTarget("cuda", 80, 32))
@@ -143,7 +145,8 @@ def serving_batches(shape: dict) -> dict[str, list[str]]:
 class Int4Tail:
     """An engine's tail pool and slot buffers as the impl and tail_slots.py make them: a pool of
     max_num_seqs slots (250 here: slot_is_new, the second row of one (2, slots) buffer, then
-    starts off a 16-byte boundary) and [rows] views of its persistent slot buffers."""
+    starts off a 16-byte boundary) and [rows] views of its persistent slot buffers; with
+    ``shape["sink"]`` (INT8KV_INT4_SINK_PAGE) the sink pool and sink_pages.py's row buffers too."""
 
     def __init__(self, shape: dict, num_slots: int = 250) -> None:
         hk, d, b = shape["kv_heads"], shape["head_size"], shape["block_size"]
@@ -153,6 +156,8 @@ class Int4Tail:
         self.tail = torch.zeros(tail, dtype=torch.bfloat16)
         self.tail_page = torch.full(held, -1, dtype=torch.int32)
         self.dtype, self.block_size = shape["kv_dtype"], b
+        self.sinks = SinkPages(num_slots, num_slots, "cpu") if shape.get("sink") else None
+        self.sink = torch.zeros(num_slots, 2, hk, b, d, dtype=torch.bfloat16)
 
     def write(self, kv, kv_cache, qsl, lens, table, num_seqs: int, max_query_len: int) -> None:
         write_kv_cache(kv, kv, kv_cache, torch.zeros(kv.shape[0], dtype=torch.int64),
@@ -161,13 +166,19 @@ class Int4Tail:
                        block_table=table, slot_of_seq=self.slots.slot_of_seq[:num_seqs],
                        slot_is_new=self.slots.slot_is_new[:num_seqs], num_seqs=num_seqs,
                        max_query_len=max_query_len)  # fmt: skip
+        if self.sinks is not None:
+            write_sink_int4(kv, kv, self.sink, self.sinks.sink_store_of_seq[:num_seqs],
+                            query_start_loc=qsl, seq_lens=lens, num_seqs=num_seqs)  # fmt: skip
 
 
 def tail_kw(tail: Int4Tail | None, start: int, end: int) -> dict:
     if tail is None:
         return {}
-    return {"tail": tail.tail, "slot_of_seq": tail.slots.slot_of_seq[start:end],
-            "tail_page": tail.tail_page}  # fmt: skip
+    kw = {"tail": tail.tail, "slot_of_seq": tail.slots.slot_of_seq[start:end],
+          "tail_page": tail.tail_page}  # fmt: skip
+    if tail.sinks is not None:
+        kw |= {"sink": tail.sink, "sink_of_seq": tail.sinks.sink_of_seq[start:end]}
+    return kw
 
 
 def scales(shape: dict) -> dict:
