@@ -166,17 +166,18 @@ def test_int4_layers_allocate_their_tail_pool_when_built(active: dict) -> None:
     from int8kv_kernels.catalogue import get_dtype
 
     facts = active["backend"]
-    # max_num_seqs slots x (K, V) x kv heads x a 64-token page x head size, the model's dtype;
-    # built with the model, so vLLM's memory profiling counts it before sizing the KV cache
+    # max_num_seqs slots x (K, V) x kv heads x two 64-token pages x head size, the model's dtype,
+    # with the block each half holds, and a sink page a slot (int4's defaults); built with the
+    # model, so vLLM's memory profiling counts it before sizing the KV cache
     assert facts["tail_pools"] == {
         "int8": None,
         "int8_static": None,
-        "int4": ["torch.bfloat16", [3, 2, 8, 64, 128], [-1, -1, -1]],
+        "int4": ["torch.bfloat16", [3, 2, 8, 128, 128], [[-1, -1]] * 3, [3, 2, 8, 64, 128]],
     }
     # a layer reading another layer's cache reads that layer's tail and allocates none
     assert facts["shared_layer_pool"] is True
     # and the cache tokens that memory would hold (8 kv-heads of 128 per int4 token)
-    pool_bytes = 3 * 2 * 8 * 64 * 128 * 2 + 3 * 4
+    pool_bytes = 3 * 2 * 8 * 128 * 128 * 2 + 3 * 2 * 8 * 64 * 128 * 2 + 3 * 2 * 4
     tokens = pool_bytes // (8 * get_dtype("int4").bytes_per_token_head(128))
     assert facts["pool_accounting"] == [3, 1, pool_bytes, tokens]
     assert facts["int4_without_config"].startswith(
