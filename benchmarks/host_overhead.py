@@ -213,10 +213,8 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
              clock: Callable[[], int] | None = None) -> dict[str, list[int]]:  # fmt: skip
     """One step as vLLM runs it: the builder, then per layer the cache update and the attention;
     with ``clock``, the time of each call."""
-    from int8kv_kernels import attention, cache_write
-
-    attention._replays.clear()  # a new step's launches: layer 1 records, the rest replay
-    cache_write._replays.clear()
+    for module in _kernel_modules():  # a new step's launches: layer 1 records, the rest replay
+        module._replays.clear()
     t = clock or (lambda: 0)
     times: dict[str, list[int]] = {"build": [], "update": [], "forward": []}
     t0 = t()
@@ -258,9 +256,8 @@ def measure(kv_dtype: str, batch: str, steps: int, launches: Launches) -> dict[s
     res["step_us"] = res["build_us"] + res["update_step_us"] + res["forward_step_us"]
     res |= {k + "_per_step": v for k, v in per_step.items()}
     # aten ops of each call, views included (under the mode, so not timed)
-    attention_mod, cache_write_mod = _kernel_modules()
-    attention_mod._replays.clear()
-    cache_write_mod._replays.clear()
+    for module in _kernel_modules():
+        module._replays.clear()
     layer = SimpleNamespace(layer_name="layer")
     ops: dict[str, Counter[str]] = {}
     with CountOps() as c:
@@ -280,10 +277,11 @@ def measure(kv_dtype: str, batch: str, steps: int, launches: Launches) -> dict[s
     return res
 
 
-def _kernel_modules() -> tuple[Any, Any]:
-    from int8kv_kernels import attention, cache_write
+def _kernel_modules() -> tuple[Any, ...]:
+    """The wrappers' modules whose replay caches (``_replays``) a new step empties."""
+    from int8kv_kernels import attention, cache_write, context_gather
 
-    return attention, cache_write
+    return tuple(m for m in (attention, cache_write, context_gather) if hasattr(m, "_replays"))
 
 
 def check_syncs(kv_dtype: str, batch: str) -> str | None:

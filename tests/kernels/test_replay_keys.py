@@ -1,11 +1,11 @@
-"""The keys under which paged_attention and write_kv_cache replay a launch (kernels/launch.py,
-ReplayCache) must tell apart every call that would launch differently.
+"""The keys under which paged_attention, write_kv_cache and gather_kv_context replay a launch
+(kernels/launch.py, ReplayCache) must tell apart every call that would launch differently.
 
 A replay reuses everything of the recorded launch but the calling layer's own tensors (query,
-output, cache, static scales), whose dtype, device and alignment it checks itself. So any other
-argument, and the shapes and strides of the swapped tensors, must change the key; the swapped
-tensors' storage alone must not. The calls here stop at the key (a stub cache answers "replayed"),
-so they need no GPU and launch nothing.
+output, cache, new K/V, static scales, the gather's output buffers), whose dtype, device and
+alignment it checks itself. So any other argument, and the shapes and strides of the swapped
+tensors, must change the key; the swapped tensors' storage alone must not. The calls here stop at
+the key (a stub cache answers "replayed"), so they need no GPU and launch nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 
 import int8kv_kernels.attention as attention
 import int8kv_kernels.cache_write as cache_write
+import int8kv_kernels.context_gather as context_gather
 from int8kv_kernels import get_page_bytes, make_workspace
 
 NQ, NKV, D, BS = 8, 2, 64, 16
@@ -115,12 +116,49 @@ def _write_changes(a):
     }  # fmt: skip
 
 
+def _gather_args():
+    pages = get_page_bytes("int8", BS, NKV, D)
+    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
+    return dict(
+        kv_cache=torch.zeros(8, pages, dtype=torch.int8), new_key=k, new_value=torch.randn_like(k),
+        kv_dtype="int8", block_size=BS, block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
+        cu_seqlens_q=_int32(3, fill=torch.tensor([0, 2, 4])),
+        cu_seqlens_k=_int32(3, fill=torch.tensor([0, 10, 20])), max_seqlen_k=10, num_k_tokens=20,
+        k_scale=None, v_scale=None, v_format="int8",
+    )  # fmt: skip
+
+
+def _gather_changes(a):
+    k, cache = a["new_key"], a["kv_cache"]
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
+    strided = torch.randn(4, 2 * NKV, D, dtype=k.dtype)[:, ::2]
+    return {
+        "kv_cache": [wide[:, : cache.shape[1]]], "new_key": [k[:3], strided],
+        "new_value": [a["new_value"][:3], strided], "kv_dtype": ["int8_static"],
+        "block_size": [32],
+        "block_table": [a["block_table"].clone(), torch.zeros(2, 3, dtype=torch.int32)[:, :2],
+                        _as_int64(a["block_table"])],
+        "cu_seqlens_q": [a["cu_seqlens_q"].clone(), a["cu_seqlens_q"][:2],
+                         _as_int64(a["cu_seqlens_q"])],
+        "cu_seqlens_k": [a["cu_seqlens_k"].clone(), a["cu_seqlens_k"][:2],
+                         _as_int64(a["cu_seqlens_k"])],
+        "max_seqlen_k": [11], "num_k_tokens": [21], "k_scale": [torch.ones(NKV, D)],
+        "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
+    }  # fmt: skip
+
+
 CASES = {
     "paged_attention": (attention, attention.paged_attention, _attention_args, _attention_changes,
                         ("query", "output", "kv_cache", "k_scale", "v_scale")),
     "write_kv_cache": (cache_write, cache_write.write_kv_cache, _write_args, _write_changes,
                        ("key", "value", "kv_cache", "k_scale", "v_scale")),
+    "gather_kv_context": (context_gather, context_gather.gather_kv_context, _gather_args,
+                          _gather_changes, ("kv_cache", "new_key", "new_value", "k_scale",
+                                            "v_scale")),
 }  # fmt: skip
+# each wrapper's launchers
+LAUNCHERS = {attention: ("launch_attn", "launch_merge"), cache_write: ("launch_write",),
+             context_gather: ("launch_gather",)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -146,7 +184,8 @@ def test_a_swapped_config_chooser_or_write_launch_changes_the_key(monkeypatch):
     recorder = _KeyRecorder()
     monkeypatch.setattr(attention, "_replays", recorder)
     monkeypatch.setattr(cache_write, "_replays", recorder)
-    for module, fn, make_args, *_ in CASES.values():
+    for name in ("paged_attention", "write_kv_cache"):
+        module, fn, make_args, *_ = CASES[name]
         fn(**make_args())
         if module is attention:  # tune_decode.py, kvbatch.force_chunked_decode
             monkeypatch.setattr(attention, "_choose_config", lambda *a, **k: None)
@@ -181,8 +220,7 @@ def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monke
             return None
 
     monkeypatch.setattr(module, "_replays", _Cache())
-    launchers = ("launch_attn", "launch_merge") if module is attention else ("launch_write",)
-    for attr in launchers:
+    for attr in LAUNCHERS[module]:
         monkeypatch.setattr(module, attr, _Launcher(getattr(module, attr).fn))
     scales = {"k_scale": torch.ones(NKV, D), "v_scale": torch.ones(NKV, D)}
     args = {**make_args(), "kv_dtype": kv_dtype, **(scales if kv_dtype == "int8_static" else {})}
