@@ -381,6 +381,11 @@ class Int8KVAttentionImpl(AttentionImpl):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
+        # a page's bytes per token, which gives do_kv_cache_update the block size (once, not per
+        # call: the catalogue lookup is on every layer's eager path)
+        self._page_bytes_per_token = num_kv_heads * get_dtype(kv_cache_dtype).bytes_per_token_head(
+            head_size
+        )
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap or None
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -637,9 +642,8 @@ class Int8KVAttentionImpl(AttentionImpl):
             kv_cache,
             slot_mapping,
             kv_dtype=self.kv_cache_dtype,
-            block_size=_block_size(
-                kv_cache, self.kv_cache_dtype, self.num_kv_heads, self.head_size
-            ),
+            # the page holds block_size tokens' whole state, so its byte count gives block_size
+            block_size=kv_cache.shape[1] // self._page_bytes_per_token,
             **self._kernel_scales(),
         )
 
@@ -701,12 +705,6 @@ def _allocate_tail(
     pool_bytes = sum(x.numel() * x.element_size() for x in (tail, sink) if x is not None)
     slots.count_pool(pool_bytes + tail_page.numel() * 4, cache_bytes_per_token)
     return tail, tail_page, sink
-
-
-def _block_size(kv_cache: torch.Tensor, kv_dtype: str, num_kv_heads: int, head_size: int) -> int:
-    # The page holds block_size tokens' whole state, so its byte count gives block_size back.
-    per_token = num_kv_heads * get_dtype(kv_dtype).bytes_per_token_head(head_size)
-    return kv_cache.shape[1] // per_token
 
 
 def _refusal(
