@@ -279,9 +279,16 @@ def measure(kv_dtype: str, batch: str, steps: int, launches: Launches) -> dict[s
 
 def _kernel_modules() -> tuple[Any, ...]:
     """The wrappers' modules whose replay caches (``_replays``) a new step empties."""
-    from int8kv_kernels import attention, cache_write, context_gather
+    from int8kv_kernels import (
+        attention,
+        attention_int4,
+        cache_write,
+        cache_write_int4,
+        context_gather,
+    )
 
-    return tuple(m for m in (attention, cache_write, context_gather) if hasattr(m, "_replays"))
+    modules = (attention, cache_write, context_gather, attention_int4, cache_write_int4)
+    return tuple(m for m in modules if hasattr(m, "_replays"))
 
 
 def check_syncs(kv_dtype: str, batch: str) -> str | None:

@@ -324,3 +324,63 @@ def test_launch_hooks_count_only_when_a_hook_is_registered():
         assert launch._launch_hooks_set()
     finally:
         chain.remove(hook)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [1, 1, 20, 7]])  # decodes; a mixed batch
+def test_int4_replays_across_layers_match_triton_launches_gpu(q_lens, monkeypatch):
+    """int4's write (page flush + tail store) and attention, layers of one step as vLLM runs them:
+    the same batch metadata and tail slots, each layer with its own cache, tail pool, tail pages,
+    new K/V and query. From the second layer on the launches are replays; the caches, tails and
+    outputs equal plain ``kernel[grid]`` launches' bit for bit."""
+    from int8kv_kernels import Int4PageLayout, make_workspace, paged_attention_int4
+    from int8kv_kernels.attention_int4 import launch_attn_int4
+    from int8kv_kernels.cache_write_int4 import launch_flush, launch_tail, write_kv_cache_int4
+
+    torch.manual_seed(3)
+    nq, nkv, d, bs, slots = 8, 2, 64, 64, 6
+    b = make_batch(q_lens, [71, 71, 130, 64], nq, d, bs, "cuda")
+    page_bytes = Int4PageLayout(bs, nkv, d).page_bytes
+    n = b.query.shape[0]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    slot_of_seq, slot_is_new = i32([0, 1, 2, 3]), i32([0, 1, 0, 1])
+    ws = make_workspace(8, nq, d, device="cuda")
+    layers = [dict(cache=torch.randint(-128, 128, (b.num_blocks, page_bytes), dtype=torch.int8,
+                                       device="cuda"),
+                   tail=torch.randn(slots, 2, nkv, bs, d, device="cuda").bfloat16(),
+                   tail_page=i32([-1] * slots), query=torch.randn_like(b.query),
+                   k=torch.randn(n, nkv, d, device="cuda").bfloat16(),
+                   v=torch.randn(n, nkv, d, device="cuda").bfloat16()) for _ in range(3)]  # fmt: skip
+    start = [dict(cache=x["cache"].clone(), tail=x["tail"].clone(), tail_page=x["tail_page"].clone())
+             for x in layers]  # fmt: skip
+
+    def step():
+        outs = []
+        for layer, first in zip(layers, start, strict=True):
+            for name, t in first.items():  # every step from the same state
+                layer[name].copy_(t)
+            meta = dict(block_size=bs, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+                        block_table=b.block_table)  # fmt: skip
+            write_kv_cache_int4(layer["k"], layer["v"], layer["cache"], layer["tail"],
+                                layer["tail_page"], slot_of_seq=slot_of_seq,
+                                slot_is_new=slot_is_new, num_seqs=len(q_lens),
+                                max_query_len=b.max_query_len, **meta)  # fmt: skip
+            out = torch.full_like(layer["query"], float("nan"))
+            paged_attention_int4(layer["query"], layer["cache"], out, num_kv_heads=nkv,
+                                 max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
+                                 softmax_scale=d**-0.5, tail=layer["tail"],
+                                 tail_page=layer["tail_page"], slot_of_seq=slot_of_seq,
+                                 workspace=ws, num_splits=4, **meta)  # fmt: skip
+            outs += [out, layer["cache"].clone(), layer["tail"].clone(), layer["tail_page"].clone()]
+        return outs
+
+    step()  # compiles, records
+    launchers = (launch_attn_int4, launch_flush, launch_tail)
+    before = [x.direct_launches for x in launchers]
+    outs = step()  # every launch a replay
+    assert [x.direct_launches - y for x, y in zip(launchers, before, strict=True)] == [3, 3, 3]
+    for launcher in (*launchers, launch_merge):
+        monkeypatch.setattr(launcher, "direct", False)
+    plain = step()
+    for x, y in zip(outs, plain, strict=True):
+        assert torch.equal(x.nan_to_num(), y.nan_to_num()) and torch.equal(x.isnan(), y.isnan())

@@ -1,5 +1,6 @@
-"""The keys under which paged_attention, write_kv_cache and gather_kv_context replay a launch
-(kernels/launch.py, ReplayCache) must tell apart every call that would launch differently.
+"""The keys under which paged_attention, write_kv_cache and gather_kv_context, and int4's
+paged_attention_int4 and write_kv_cache_int4, replay a launch (kernels/launch.py, ReplayCache)
+must tell apart every call that would launch differently.
 
 A replay reuses everything of the recorded launch but the calling layer's own tensors (query,
 output, cache, new K/V, static scales, the gather's output buffers), whose dtype, device and
@@ -16,7 +17,10 @@ import pytest
 import torch
 
 import int8kv_kernels.attention as attention
+import int8kv_kernels.attention_int4 as attention_int4
+import int8kv_kernels.attention_plan as attention_plan
 import int8kv_kernels.cache_write as cache_write
+import int8kv_kernels.cache_write_int4 as cache_write_int4
 import int8kv_kernels.context_gather as context_gather
 from int8kv_kernels import get_page_bytes, make_workspace
 
@@ -227,5 +231,155 @@ def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monke
     splits = {"num_splits": 4} if module is attention else {}  # the merge's record too
     fn(**{**args, **splits})
     assert len(swaps) == (2 if module is attention else 1)
+    for firsts in swaps:
+        assert set(firsts) <= given[0], (firsts, given[0])
+
+
+# int4 (attention_int4.py, cache_write_int4.py): the layer's own tensors are its query, output,
+# cache, tail pool and tail pages (and sink pool); the batch's are the metadata and tail slots
+B4 = 64
+
+
+def _tail(slots: int = 4, pages: int = 1) -> torch.Tensor:
+    return torch.zeros(slots, 2, NKV, B4 * pages, D, dtype=torch.bfloat16)
+
+
+def _attention_int4_args():
+    pages = get_page_bytes("int4", B4, NKV, D)
+    q = torch.randn(4, NQ, D, dtype=torch.bfloat16)
+    return dict(
+        query=q, kv_cache=torch.zeros(8, pages, dtype=torch.int8), output=torch.empty_like(q),
+        kv_dtype="int4", block_size=B4, num_kv_heads=NKV,
+        query_start_loc=_int32(5, fill=torch.arange(5)), seq_lens=_int32(4, fill=torch.tensor(20)),
+        block_table=_int32(4, 2, fill=torch.arange(8).view(4, 2)), max_query_len=1,
+        max_seq_len=20, softmax_scale=0.125, tail=_tail(), tail_page=_int32(4),
+        slot_of_seq=_int32(4, fill=torch.arange(4)), sliding_window=None, soft_cap=None,
+        workspace=None, num_splits=None, sink=None, sink_of_seq=None,
+    )  # fmt: skip
+
+
+def _attention_int4_changes(a):
+    q, out, cache = a["query"], a["output"], a["kv_cache"]
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
+    return {
+        "query": [q[:3], torch.randn(4, 2 * NQ, D, dtype=q.dtype)[:, ::2]],
+        "output": [torch.empty(4, 2 * NQ, D, dtype=out.dtype)[:, ::2], out[:3]],
+        "kv_cache": [wide[:, : cache.shape[1]]], "kv_dtype": ["int4_other"], "block_size": [32],
+        "num_kv_heads": [1],
+        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
+        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
+        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
+                        _as_int64(a["block_table"])],
+        "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
+        "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
+        "tail_page": [_int32(3), _int32(4, 2), torch.zeros(8, dtype=torch.int32)[::2]],
+        "slot_of_seq": [a["slot_of_seq"].clone(), a["slot_of_seq"][:3],
+                        _as_int64(a["slot_of_seq"])],
+        "sliding_window": [8], "soft_cap": [30.0],
+        "workspace": [make_workspace(4, NQ, D, device="cpu")], "num_splits": [2],
+        "sink": [_tail(1)], "sink_of_seq": [_int32(4)],
+    }  # fmt: skip
+
+
+def _write_int4_args():
+    pages = get_page_bytes("int4", B4, NKV, D)
+    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
+    return dict(
+        key=k, value=torch.randn_like(k), kv_cache=torch.zeros(8, pages, dtype=torch.int8),
+        tail=_tail(), tail_page=_int32(4), block_size=B4,
+        query_start_loc=_int32(5, fill=torch.arange(5)), seq_lens=_int32(4, fill=torch.tensor(20)),
+        block_table=_int32(4, 2, fill=torch.arange(8).view(4, 2)),
+        slot_of_seq=_int32(4, fill=torch.arange(4)), slot_is_new=_int32(4), num_seqs=4,
+        max_query_len=1, kv_dtype="int4",
+    )  # fmt: skip
+
+
+def _write_int4_changes(a):
+    k, cache = a["key"], a["kv_cache"]
+    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
+    strided = torch.randn(4, 2 * NKV, D, dtype=k.dtype)[:, ::2]
+    return {
+        "key": [k[:3], strided], "value": [a["value"][:3], strided], "kv_cache": [wide[:, :-16]],
+        "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
+        "tail_page": [_int32(3), _int32(4, 2), torch.zeros(8, dtype=torch.int32)[::2]],
+        "block_size": [32],
+        **{name: [a[name].clone(), _as_int64(a[name])]
+           for name in ("query_start_loc", "seq_lens", "slot_of_seq", "slot_is_new")},
+        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
+                        _as_int64(a["block_table"])],
+        "num_seqs": [3], "max_query_len": [2], "kv_dtype": ["int4_other"],
+    }  # fmt: skip
+
+
+INT4_CASES = {
+    "paged_attention_int4": (attention_int4, attention_int4.paged_attention_int4,
+                             _attention_int4_args, _attention_int4_changes,
+                             ("query", "output", "kv_cache", "tail", "tail_page", "sink")),
+    "write_kv_cache_int4": (cache_write_int4, cache_write_int4.write_kv_cache_int4,
+                            _write_int4_args, _write_int4_changes,
+                            ("key", "value", "kv_cache", "tail", "tail_page")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", INT4_CASES)
+def test_every_int4_argument_is_in_the_replay_key(name, monkeypatch):
+    module, fn, make_args, make_changes, swapped = INT4_CASES[name]
+    recorder = _KeyRecorder()
+    monkeypatch.setattr(module, "_replays", recorder)
+    base = make_args()
+    changes = make_changes(base)
+    assert set(changes) == set(inspect.signature(fn).parameters), "a parameter has no change"
+    fn(**base)
+    for param, values in changes.items():
+        for value in values:
+            fn(**{**base, param: value})
+            assert recorder.keys[-1] != recorder.keys[0], f"{param}: {value!r:.60} kept the key"
+    fn(**{**base, **{p: base[p].clone() for p in swapped if base[p] is not None}})
+    assert recorder.keys[-1] == recorder.keys[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "sink"),
+    [
+        ("paged_attention_int4", False),
+        ("paged_attention_int4", True),
+        ("write_kv_cache_int4", False),
+    ],
+)
+def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monkeypatch):
+    """As for int8: each swap group's first name among the tensors the wrapper hands the cache
+    (with and without a sink pool, whose slot the tail takes when there is none)."""
+    module, fn, make_args, *_ = INT4_CASES[name]
+    given, swaps = [], []
+
+    class _Cache:
+        def run(self, key, **tensors):
+            given.append({n for n, t in tensors.items() if t is not None})
+            return False
+
+    class _Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def record(self, swap, grid, *args, **kwargs):
+            names = self.kernel.arg_names
+            assert all(n in names for group in swap for n in group), swap
+            swaps.append([group[0] for group in swap])
+            return None
+
+    monkeypatch.setattr(module, "_replays", _Cache())
+    launchers = {attention_int4: [(attention_int4, "launch_attn_int4"),
+                                  (attention_plan, "launch_merge")],
+                 cache_write_int4: [(cache_write_int4, "launch_flush"),
+                                    (cache_write_int4, "launch_tail")]}[module]  # fmt: skip
+    for owner, attr in launchers:
+        monkeypatch.setattr(owner, attr, _Launcher(getattr(owner, attr).fn))
+    args = make_args()
+    if module is attention_int4:
+        args["num_splits"] = 4  # the merge's record too
+    if sink:
+        args |= {"sink": _tail(1), "sink_of_seq": _int32(4)}
+    fn(**args)
+    assert len(swaps) == 2
     for firsts in swaps:
         assert set(firsts) <= given[0], (firsts, given[0])
