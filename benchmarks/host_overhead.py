@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import shlex
@@ -40,6 +39,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.common import write_json
 
 NQ, NKV, D, LAYERS = 9, 3, 64, 30
 BLOCK_SIZES = {"int8": 16, "int4": 64}
@@ -323,6 +324,7 @@ def main() -> None:
     launches.install()
     res: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "benchmarks.host_overhead", *sys.argv[1:]]),
+        "gpu": None,
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "binder": not args.no_binder,
@@ -345,8 +347,7 @@ def main() -> None:
                 + (f" | sync: {row['sync']}" if args.check_syncs else ""),
                 flush=True,
             )
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(res, args.out)  # with the date and the commit measured
 
 
 if __name__ == "__main__":
