@@ -594,6 +594,15 @@ def write_sink_int4(
     >= 64 and rows past num_seqs write nothing. One launch, grid (num_seqs, num_kv_heads): no host
     sync, CUDA-graph safe.
     """
+    # as write_kv_cache_int4's: the layer's own new K/V and sink pool are swapped into a replay
+    memo = (
+        "sink", key.shape, key.stride(), value.shape, value.stride(), sink.shape, sink.stride(),
+        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.dtype,
+        sink_of_seq.data_ptr(), sink_of_seq.shape, sink_of_seq.dtype, num_seqs, block_size,
+        kv_dtype,
+    )  # fmt: skip
+    if _replays.run(memo, key_ptr=key, value_ptr=value, sink_ptr=sink):
+        return
     _, num_kv_heads, head_size = key.shape
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     if key.stride(2) != 1 or value.stride(2) != 1:
@@ -604,7 +613,8 @@ def write_sink_int4(
     if num_seqs == 0 or key.shape[0] == 0:
         return
     ss = sink.stride()
-    launch_sink(
+    replay = launch_sink.record(
+        [("key_ptr",), ("value_ptr",), ("sink_ptr",)],
         (num_seqs, num_kv_heads),
         key,
         value,
@@ -624,3 +634,5 @@ def write_sink_int4(
         BLOCK_SIZE=block_size,
         num_warps=4,
     )
+    if replay is not None:
+        _replays.add(memo, [replay])

@@ -1,6 +1,6 @@
 """The keys under which paged_attention, write_kv_cache and gather_kv_context, and int4's
-paged_attention_int4 and write_kv_cache_int4, replay a launch (kernels/launch.py, ReplayCache)
-must tell apart every call that would launch differently.
+paged_attention_int4, write_kv_cache_int4 and write_sink_int4, replay a launch (kernels/launch.py,
+ReplayCache) must tell apart every call that would launch differently.
 
 A replay reuses everything of the recorded launch but the calling layer's own tensors (query,
 output, cache, new K/V, static scales, the gather's output buffers), whose dtype, device and
@@ -311,6 +311,28 @@ def _write_int4_changes(a):
     }  # fmt: skip
 
 
+def _sink_args():
+    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
+    return dict(
+        key=k, value=torch.randn_like(k), sink=_tail(2), sink_of_seq=_int32(4),
+        query_start_loc=_int32(5, fill=torch.arange(5)), seq_lens=_int32(4, fill=torch.tensor(20)),
+        num_seqs=4, block_size=B4, kv_dtype="int4",
+    )  # fmt: skip
+
+
+def _sink_changes(a):
+    k = a["key"]
+    strided = torch.randn(4, 2 * NKV, D, dtype=k.dtype)[:, ::2]
+    return {
+        "key": [k[:3], strided], "value": [a["value"][:3], strided],
+        "sink": [_tail(3), _tail(8)[::2]],
+        "sink_of_seq": [a["sink_of_seq"].clone(), a["sink_of_seq"][:3],
+                        _as_int64(a["sink_of_seq"])],
+        **{name: [a[name].clone(), _as_int64(a[name])] for name in ("query_start_loc", "seq_lens")},
+        "num_seqs": [3], "block_size": [32], "kv_dtype": ["int4_other"],
+    }  # fmt: skip
+
+
 INT4_CASES = {
     "paged_attention_int4": (attention_int4, attention_int4.paged_attention_int4,
                              _attention_int4_args, _attention_int4_changes,
@@ -318,7 +340,18 @@ INT4_CASES = {
     "write_kv_cache_int4": (cache_write_int4, cache_write_int4.write_kv_cache_int4,
                             _write_int4_args, _write_int4_changes,
                             ("key", "value", "kv_cache", "tail", "tail_page")),
+    "write_sink_int4": (cache_write_int4, cache_write_int4.write_sink_int4, _sink_args,
+                        _sink_changes, ("key", "value", "sink")),
 }  # fmt: skip
+# each int4 wrapper's launchers, by their owning module
+INT4_LAUNCHERS = {
+    "paged_attention_int4": [
+        (attention_int4, "launch_attn_int4"),
+        (attention_plan, "launch_merge"),
+    ],
+    "write_kv_cache_int4": [(cache_write_int4, "launch_flush"), (cache_write_int4, "launch_tail")],
+    "write_sink_int4": [(cache_write_int4, "launch_sink")],
+}
 
 
 @pytest.mark.parametrize("name", INT4_CASES)
@@ -344,6 +377,7 @@ def test_every_int4_argument_is_in_the_replay_key(name, monkeypatch):
         ("paged_attention_int4", False),
         ("paged_attention_int4", True),
         ("write_kv_cache_int4", False),
+        ("write_sink_int4", True),
     ],
 )
 def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monkeypatch):
@@ -368,18 +402,14 @@ def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monk
             return None
 
     monkeypatch.setattr(module, "_replays", _Cache())
-    launchers = {attention_int4: [(attention_int4, "launch_attn_int4"),
-                                  (attention_plan, "launch_merge")],
-                 cache_write_int4: [(cache_write_int4, "launch_flush"),
-                                    (cache_write_int4, "launch_tail")]}[module]  # fmt: skip
-    for owner, attr in launchers:
+    for owner, attr in INT4_LAUNCHERS[name]:
         monkeypatch.setattr(owner, attr, _Launcher(getattr(owner, attr).fn))
     args = make_args()
     if module is attention_int4:
         args["num_splits"] = 4  # the merge's record too
-    if sink:
+    if sink and module is attention_int4:
         args |= {"sink": _tail(1), "sink_of_seq": _int32(4)}
     fn(**args)
-    assert len(swaps) == 2
+    assert len(swaps) == len(INT4_LAUNCHERS[name])
     for firsts in swaps:
         assert set(firsts) <= given[0], (firsts, given[0])
