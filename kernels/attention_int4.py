@@ -863,8 +863,9 @@ def paged_attention_int4(
         slot_of_seq.data_ptr(), slot_of_seq.shape, slot_of_seq.dtype,
         None if sink_of_seq is None else (sink_of_seq.data_ptr(), sink_of_seq.shape,
                                           sink_of_seq.dtype),
-        kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
-        sliding_window, soft_cap, id(workspace), num_splits,
+        kv_dtype, block_size, num_kv_heads, max_query_len, softmax_scale, sliding_window, soft_cap,
+        id(workspace), num_splits,
+        max_seq_len if num_splits is None else None,  # as paged_attention's key
         choose_config_int4,  # tests swap the config chooser
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache.view(torch.uint8),

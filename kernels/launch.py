@@ -196,7 +196,7 @@ class Replay:
 
 class ReplayCache:
     """A wrapper's recorded launches by the wrapper's key: everything that decides them but the
-    tensors the replays swap. Bounded (emptied when full: a decode step's key changes every step).
+    tensors the replays swap. Bounded (emptied when full: a batch's key changes with its shape).
     """
 
     def __init__(self, max_entries: int = 256) -> None:

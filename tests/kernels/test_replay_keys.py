@@ -413,3 +413,19 @@ def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monk
     assert len(swaps) == len(INT4_LAUNCHERS[name])
     for firsts in swaps:
         assert set(firsts) <= given[0], (firsts, given[0])
+
+
+@pytest.mark.parametrize("name", ["paged_attention", "paged_attention_int4"])
+def test_a_given_split_count_leaves_the_longest_sequence_out_of_the_key(name, monkeypatch):
+    """max_seq_len only picks the split count: with num_splits given (the shim always gives it)
+    the next step's longer sequences keep the key, so its first layer replays too."""
+    module, fn, make_args, *_ = {**CASES, **INT4_CASES}[name]
+    recorder = _KeyRecorder()
+    monkeypatch.setattr(module, "_replays", recorder)
+    base = {**make_args(), "num_splits": 2}
+    fn(**base)
+    fn(**{**base, "max_seq_len": 4096})
+    assert recorder.keys[-1] == recorder.keys[0]
+    fn(**{**base, "num_splits": None})
+    fn(**{**base, "num_splits": None, "max_seq_len": 4096})
+    assert recorder.keys[-1] != recorder.keys[-2]
