@@ -87,6 +87,18 @@ def missing_kernels(kv_cache_dtype: str) -> str | None:
 
 
 @dataclass
+class Rows:
+    """Some consecutive sequences of a batch: views of its per-sequence tensors (the tail slot
+    and sink rows None where the dtype has none)."""
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_of_seq: torch.Tensor | None = None
+    sink_of_seq: torch.Tensor | None = None
+
+
+@dataclass
 class Int8KVAttentionMetadata:
     num_actual_tokens: int
     max_query_len: int
@@ -106,6 +118,10 @@ class Int8KVAttentionMetadata:
     num_decode_tokens: int = 0
     # query_start_loc of the sequences after the decodes, counted from their first token
     prefill_query_start_loc: torch.Tensor | None = None
+    # With num_decodes: the rows of the leading decodes and of the sequences after them, sliced
+    # here once a step rather than by every layer's forward
+    decode_rows: Rows | None = None
+    prefill_rows: Rows | None = None
     # Prefills (first chunks and long enough continuations) on FlashAttention (flash_prefill.py).
     split: PrefillSplit | None = None
     # Dtypes with a tail pool (int4): row r's tail slot (-1: none) and whether it is new this step,
@@ -216,6 +232,17 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
                 sink_of_seq=sink_of_seq,
             )  # fmt: skip
             self._log_route(split, reason)
+        decode_rows = prefill_rows = None
+        if mixed:
+            nd, n = num_decodes, m.num_reqs
+            decode_rows = Rows(
+                m.query_start_loc[: nd + 1], m.seq_lens[:nd], m.block_table_tensor[:nd],
+                _rows(slot_of_seq, 0, nd), _rows(sink_of_seq, 0, nd),
+            )  # fmt: skip
+            prefill_rows = Rows(
+                m.query_start_loc[nd : n + 1] - num_decode_tokens, m.seq_lens[nd:n],
+                m.block_table_tensor[nd:n], _rows(slot_of_seq, nd, n), _rows(sink_of_seq, nd, n),
+            )  # fmt: skip
         return Int8KVAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -230,11 +257,9 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             num_reqs=m.num_reqs,
             num_decodes=num_decodes if mixed else 0,
             num_decode_tokens=num_decode_tokens if mixed else 0,
-            prefill_query_start_loc=(
-                m.query_start_loc[num_decodes : m.num_reqs + 1] - num_decode_tokens
-                if mixed
-                else None
-            ),
+            prefill_query_start_loc=None if prefill_rows is None else prefill_rows.query_start_loc,
+            decode_rows=decode_rows,
+            prefill_rows=prefill_rows,
             split=split,
             slot_of_seq=slot_of_seq,
             slot_is_new=slot_is_new,
@@ -314,7 +339,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         # every sequence (correct for any batch).
         metadata.split = None
         metadata.num_decodes = metadata.num_decode_tokens = 0
-        metadata.prefill_query_start_loc = None
+        metadata.prefill_query_start_loc = metadata.decode_rows = metadata.prefill_rows = None
         metadata.num_splits = self._decode_splits(common_attn_metadata.num_reqs)
         return metadata
 
@@ -356,6 +381,11 @@ class Int8KVAttentionImpl(AttentionImpl):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
+        # a page's bytes per token, which gives do_kv_cache_update the block size (once, not per
+        # call: the catalogue lookup is on every layer's eager path)
+        self._page_bytes_per_token = num_kv_heads * get_dtype(kv_cache_dtype).bytes_per_token_head(
+            head_size
+        )
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap or None
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -454,13 +484,12 @@ class Int8KVAttentionImpl(AttentionImpl):
         lo = 0  # first token after the decodes that run as their own launch
         qsl, seq_lens, block_table = md.query_start_loc, md.seq_lens, md.block_table
         slots, sinks = md.slot_of_seq, md.sink_of_seq
-        if md.prefill_query_start_loc is not None:
-            nd, lo = md.num_decodes, md.num_decode_tokens
-            self._paged(query[:lo], kv_cache, output[:lo], md, qsl[: nd + 1], seq_lens[:nd],
-                        block_table[:nd], 1, _rows(slots, 0, nd), _rows(sinks, 0, nd))  # fmt: skip
-            qsl, seq_lens = md.prefill_query_start_loc, seq_lens[nd : md.num_reqs]
-            block_table = block_table[nd : md.num_reqs]
-            slots, sinks = _rows(slots, nd, md.num_reqs), _rows(sinks, nd, md.num_reqs)
+        if md.decode_rows is not None and md.prefill_rows is not None:
+            lo, d, r = md.num_decode_tokens, md.decode_rows, md.prefill_rows
+            self._paged(query[:lo], kv_cache, output[:lo], md, d.query_start_loc, d.seq_lens,
+                        d.block_table, 1, d.slot_of_seq, d.sink_of_seq)  # fmt: skip
+            qsl, seq_lens, block_table = r.query_start_loc, r.seq_lens, r.block_table
+            slots, sinks = r.slot_of_seq, r.sink_of_seq
         split = md.split if self._flash_attention is not None and key is not None else None
         if split is not None:
             try:
@@ -613,9 +642,8 @@ class Int8KVAttentionImpl(AttentionImpl):
             kv_cache,
             slot_mapping,
             kv_dtype=self.kv_cache_dtype,
-            block_size=_block_size(
-                kv_cache, self.kv_cache_dtype, self.num_kv_heads, self.head_size
-            ),
+            # the page holds block_size tokens' whole state, so its byte count gives block_size
+            block_size=kv_cache.shape[1] // self._page_bytes_per_token,
             **self._kernel_scales(),
         )
 
@@ -677,12 +705,6 @@ def _allocate_tail(
     pool_bytes = sum(x.numel() * x.element_size() for x in (tail, sink) if x is not None)
     slots.count_pool(pool_bytes + tail_page.numel() * 4, cache_bytes_per_token)
     return tail, tail_page, sink
-
-
-def _block_size(kv_cache: torch.Tensor, kv_dtype: str, num_kv_heads: int, head_size: int) -> int:
-    # The page holds block_size tokens' whole state, so its byte count gives block_size back.
-    per_token = num_kv_heads * get_dtype(kv_dtype).bytes_per_token_head(head_size)
-    return kv_cache.shape[1] // per_token
 
 
 def _refusal(

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from int8kv_shim._logging import get_logger
@@ -76,7 +77,6 @@ def context_bytes_per_token(num_kv_heads: int, head_size: int) -> int:
 class Subset:
     """Some sequences of a batch, as a compact varlen batch of their own."""
 
-    token_index: torch.Tensor  # int64 [tokens]: rows of query/key/value/output in the full batch
     query_start_loc: torch.Tensor  # int32 [seqs + 1], compacted
     max_query_len: int
     seq_lens: torch.Tensor  # int32 [seqs]: their rows of the batch's seq_lens
@@ -87,13 +87,24 @@ class Subset:
     max_key_len: int = 0
     num_key_tokens: int = 0
     context_tokens: int = 0  # sum of the contexts: > 0 means gather_kv_context builds the keys
-    # (first, end) when token_index is the contiguous run first..end-1 (the usual case: decodes
+    # (first, end) when the rows are the contiguous run first..end-1 (the usual case: decodes
     # first, then every prefill on FlashAttention): rows are then sliced, not gathered and scattered
     token_range: tuple[int, int] | None = None
     # int32 [seqs]: their rows of the batch's tail slots (dtypes with a tail pool), else None
     slot_of_seq: torch.Tensor | None = None
     # int32 [seqs]: their rows of the batch's sink pages (int4 with sink pages), else None
     sink_of_seq: torch.Tensor | None = None
+    # token_index's tensor; for contiguous rows made on first use (from _run), as slicing needs none
+    _token_index: torch.Tensor | None = field(default=None, repr=False)
+    _run: tuple[int, int] | None = field(default=None, repr=False)
+
+    @property
+    def token_index(self) -> torch.Tensor:
+        """int64 [tokens]: the rows of query/key/value/output in the full batch."""
+        if self._token_index is None:
+            assert self._run is not None
+            self._token_index = torch.arange(*self._run, device=self.query_start_loc.device)
+        return self._token_index
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """This subset's rows of a full-batch tensor: a view when they are contiguous."""
@@ -169,26 +180,27 @@ def plan_split(
     Sequences before ``first_seq`` (the decodes the impl runs as their own launch) are in neither
     list.
     """
-    # Tensor ops, not a loop over requests: every step with prefills passes here (with the loops
+    # Array ops, not a loop over requests: every step with prefills passes here (with the loops
     # of split_batch / make_subset, a step of 1024 fresh prompts took 1.7 ms of host time; 0.4 ms
-    # now, CPU measurement).
-    qsl = query_start_loc_cpu[first_seq : num_reqs + 1].to(torch.int64)
+    # with torch ops). NumPy, on views of the CPU tensors: a torch op on a tensor this small
+    # costs a few us of dispatch, NumPy's a fraction of that (benchmarks/host_overhead.py).
+    qsl = query_start_loc_cpu[first_seq : num_reqs + 1].numpy().astype(np.int64)
     q_len = qsl[1:] - qsl[:-1]
-    ctx = num_computed_cpu[first_seq:num_reqs].to(torch.int64)
+    ctx = num_computed_cpu[first_seq:num_reqs].numpy().astype(np.int64)
     flash = (q_len > 1) & (ctx == 0)
     # Continuations take the context budget in batch order (few per step: a loop over them only).
     fits = (
         (q_len > 1) & (q_len >= min_continuation_tokens) & (ctx > 0) & (ctx <= max_context_tokens)
     )
-    candidates = fits.nonzero().flatten().tolist()
+    candidates = np.flatnonzero(fits).tolist()
     budget = max_context_tokens
     for i, c in zip(candidates, ctx[candidates].tolist(), strict=True):
         if c <= budget:
             flash[i] = True
             budget -= c
-    if not bool(flash.any()):
+    if not flash.any():
         return None
-    seqs = torch.arange(first_seq, num_reqs)
+    seqs = np.arange(first_seq, num_reqs)
     # padding requests (no tokens) are in neither list: nothing to compute
     return seqs[flash].tolist(), seqs[~flash & (q_len > 0)].tolist()
 
@@ -202,50 +214,78 @@ def make_subset(
     slot_of_seq: torch.Tensor | None = None,
     sink_of_seq: torch.Tensor | None = None,
 ) -> Subset:
-    """The compact varlen description of ``seqs`` (host work, small copies, two gathers).
+    """The compact varlen description of ``seqs`` (host work, one small copy to the device).
 
-    The copies come from pageable memory: CUDA stages a small one and returns without waiting for
-    the queued kernels (benchmarks/results/launch_overhead.json, ``h2d_pageable_wait_ms``: 0.05 ms
-    with a 0.2 s kernel queued), so they do not stall vLLM's asynchronous scheduling.
+    Consecutive sequences (the usual case) take views of the batch's device tensors; others are
+    gathered with an index copied to the device. The copies come from pageable memory: CUDA stages
+    a small one and returns without waiting for the queued kernels
+    (benchmarks/results/launch_overhead.json, ``h2d_pageable_wait_ms``: 0.03 ms with a 0.2 s
+    kernel queued), so they do not stall vLLM's asynchronous scheduling; each still costs host
+    time, so query_start_loc and key_start_loc travel as one copy.
 
     With ``num_computed_cpu``, also FlashAttention's key side (context + new tokens).
     """
     device = seq_lens.device
-    seqs_cpu = torch.tensor(seqs, dtype=torch.int64)
-    qsl = query_start_loc_cpu.to(torch.int64)
-    first = qsl[seqs_cpu]  # each sequence's first row in the batch
-    lens_cpu = qsl[seqs_cpu + 1] - first
-    ends = lens_cpu.cumsum(0)
-    # rows of the subset's tokens, sequence after sequence (tensor ops: a 16K-token prefill step
-    # made a Python list of 16K ints here, ~1 ms of host time per step)
-    offsets = first - (ends - lens_cpu)  # row of a sequence's token j = its offset + subset row
-    tokens = torch.arange(int(ends[-1])) + offsets.repeat_interleave(lens_cpu)
-    contiguous = bool((offsets == offsets[0]).all())
-    seq_index = seqs_cpu.to(device, non_blocking=True)
-    query_start_loc = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
-    query_start_loc = query_start_loc.to(device, non_blocking=True)
-    subset = Subset(
-        token_index=tokens.to(device, non_blocking=True),
-        query_start_loc=query_start_loc,
-        max_query_len=int(lens_cpu.max()),
-        seq_lens=seq_lens.index_select(0, seq_index),
-        block_table=block_table.index_select(0, seq_index),
-        token_range=(int(offsets[0]), int(offsets[0] + ends[-1])) if contiguous else None,
-        slot_of_seq=None if slot_of_seq is None else slot_of_seq.index_select(0, seq_index),
-        sink_of_seq=None if sink_of_seq is None else sink_of_seq.index_select(0, seq_index),
-    )
+    index = np.asarray(seqs, dtype=np.int64)
+    qsl = query_start_loc_cpu.numpy()
+    first = qsl[index].astype(np.int64)  # each sequence's first row in the batch
+    lens = qsl[index + 1] - first
+    ends = np.cumsum(lens)
+    num_tokens = int(ends[-1])
+    # row of a sequence's token j = its offset + subset row
+    offsets = first - (ends - lens)
+    run = None
+    if (offsets == offsets[0]).all():
+        run = (int(offsets[0]), int(offsets[0]) + num_tokens)
+    starts = np.zeros(len(seqs) + 1, dtype=np.int64)
+    starts[1:] = ends
+    key_starts = None
+    context_tokens = max_key_len = num_key_tokens = 0
     if num_computed_cpu is not None:
-        contexts = num_computed_cpu.to(torch.int64)[seqs_cpu]
-        key_lens = contexts + lens_cpu
-        subset.context_tokens = int(contexts.sum())
-        subset.max_key_len = int(key_lens.max())
-        subset.num_key_tokens = int(key_lens.sum())
-        if subset.context_tokens:
-            key_starts = torch.cat([key_lens.new_zeros(1), key_lens.cumsum(0)]).to(torch.int32)
-            subset.key_start_loc = key_starts.to(device, non_blocking=True)
-        else:
-            subset.key_start_loc = query_start_loc
-    return subset
+        key_lens = num_computed_cpu.numpy()[index].astype(np.int64) + lens
+        context_tokens = int(key_lens.sum()) - num_tokens
+        max_key_len = int(key_lens.max())
+        num_key_tokens = int(key_lens.sum())
+        if context_tokens:
+            key_starts = np.zeros_like(starts)
+            key_starts[1:] = np.cumsum(key_lens)
+    host = starts if key_starts is None else np.concatenate([starts, key_starts])
+    # one copy: query_start_loc, then key_start_loc when there is a context
+    starts_dev = torch.from_numpy(host.astype(np.int32)).to(device, non_blocking=True)
+    query_start_loc = starts_dev[: len(seqs) + 1]
+    key_start_loc = query_start_loc if key_starts is None else starts_dev[len(seqs) + 1 :]
+    token_index = None
+    if run is None:
+        # rows of the subset's tokens, sequence after sequence (array ops: a 16K-token prefill
+        # step made a Python list of 16K ints here, ~1 ms of host time per step)
+        tokens = np.arange(num_tokens) + np.repeat(offsets, lens)
+        token_index = torch.from_numpy(tokens).to(device, non_blocking=True)
+    seq_index = None
+    if not (index[1:] - index[:-1] == 1).all():  # consecutive sequences take views
+        seq_index = torch.from_numpy(index).to(device, non_blocking=True)
+
+    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None:
+            return None
+        if seq_index is None:
+            return x[seqs[0] : seqs[0] + len(seqs)]
+        return x.index_select(0, seq_index)
+
+    return Subset(
+        query_start_loc=query_start_loc,
+        max_query_len=int(lens.max()),
+        seq_lens=rows(seq_lens),
+        block_table=rows(block_table),
+        key_start_loc=None if num_computed_cpu is None else key_start_loc,
+        max_key_len=max_key_len,
+        num_key_tokens=num_key_tokens,
+        context_tokens=context_tokens,
+        token_range=run,
+        slot_of_seq=rows(slot_of_seq),
+        sink_of_seq=rows(sink_of_seq),
+        _token_index=token_index,
+        _run=run,
+    )
 
 
 def split_batch(
@@ -275,10 +315,13 @@ def split_batch(
     if plan is None:
         return None
     flash, rest = plan
-    rest_cpu = torch.tensor(rest, dtype=torch.int64)
-    qsl = query_start_loc_cpu.to(torch.int64)
-    single = (qsl[rest_cpu + 1] - qsl[rest_cpu]) == 1
-    one, longer = rest_cpu[single].tolist(), rest_cpu[~single].tolist()
+    one: list[int] = []
+    longer: list[int] = []
+    if rest:
+        rest_np = np.asarray(rest, dtype=np.int64)
+        qsl = query_start_loc_cpu.numpy()
+        single = (qsl[rest_np + 1] - qsl[rest_np]) == 1
+        one, longer = rest_np[single].tolist(), rest_np[~single].tolist()
 
     def subset(seqs: list[int]) -> Subset | None:
         if not seqs:

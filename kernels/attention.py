@@ -776,8 +776,10 @@ def paged_attention(
         query.shape, query.stride(), output.shape, output.stride(), kv_cache.stride(),
         query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
         seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
-        kv_dtype, block_size, num_kv_heads, max_query_len, max_seq_len, softmax_scale,
-        sliding_window, soft_cap, None if k_scale is None else k_scale.shape,
+        kv_dtype, block_size, num_kv_heads, max_query_len, softmax_scale, sliding_window, soft_cap,
+        # max_seq_len only picks the split count, which a given num_splits fixes: then the next
+        # step of a batch that keeps its shape and buffers replays from its first layer on
+        max_seq_len if num_splits is None else None, None if k_scale is None else k_scale.shape,
         None if v_scale is None else v_scale.shape, id(workspace), num_splits,
         v_format, _choose_config,  # tune_decode.py and tests swap the config chooser
         tail is None, slot_of_seq is None, tail_page is None,  # int4's, unused here

@@ -68,7 +68,7 @@ from .attention_plan import (
     visible_keys,
 )
 from .cache_write_int4 import check_sink, check_tail, tail_entry
-from .launch import DirectLauncher
+from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_int4_layout, next_power_of_2
 
 # Each query row is scaled to max |q| <= 2^Q_EXP: q * s then stays inside fp16 (65504) for a K
@@ -774,6 +774,7 @@ def _attn_int4_fwd(
 
 
 launch_attn_int4 = DirectLauncher(_attn_int4_fwd)
+_replays = ReplayCache()
 
 
 @functools.cache  # on the host path of every launch
@@ -850,6 +851,26 @@ def paged_attention_int4(
     the sink is not. Without them (or with every sink_of_seq -1) the output is bit for bit the
     same. reference_int4.paged_attention_int4_ref is the spec.
     """
+    # Everything that decides the launches but the addresses of the calling layer's own tensors
+    # (query, output, cache, tail pool and its pages, sink pool): every layer of a step repeats the
+    # call with only those changed, and replays the first layer's launches (launch.py).
+    key = (
+        query.shape, query.stride(), output.shape, output.stride(), kv_cache.stride(),
+        tail.shape, tail.stride(), tail_page.shape, tail_page.stride(),
+        None if sink is None else (sink.shape, sink.stride()),
+        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
+        seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
+        slot_of_seq.data_ptr(), slot_of_seq.shape, slot_of_seq.dtype,
+        None if sink_of_seq is None else (sink_of_seq.data_ptr(), sink_of_seq.shape,
+                                          sink_of_seq.dtype),
+        kv_dtype, block_size, num_kv_heads, max_query_len, softmax_scale, sliding_window, soft_cap,
+        id(workspace), num_splits,
+        max_seq_len if num_splits is None else None,  # as paged_attention's key
+        choose_config_int4,  # tests swap the config chooser
+    )  # fmt: skip
+    if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache.view(torch.uint8),
+                    tail_ptr=tail, tail_page_ptr=tail_page, sink_ptr=sink):  # fmt: skip
+        return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
@@ -876,7 +897,15 @@ def paged_attention_int4(
     if not has_sink:
         sink, sink_of_seq = tail, slot_of_seq
     ss = sink.stride()
-    launch_attn_int4(
+    # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split;
+    # without a sink pool the tail stands in for it)
+    swap = [("q_ptr",), ("out_ptr", *(() if use_split else ("ws_acc_ptr", "ws_m_ptr", "ws_l_ptr"))),
+            ("cache_ptr", "cache16_ptr"), ("tail_ptr", *(() if has_sink else ("sink_ptr",))),
+            ("tail_page_ptr",)]  # fmt: skip
+    if has_sink:
+        swap.append(("sink_ptr",))
+    attn = launch_attn_int4.record(
+        swap,
         (plan.num_q_blocks, num_kv_heads, plan.splits),
         query,
         output,
@@ -925,5 +954,9 @@ def paged_attention_int4(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    merge = None
     if use_split:
-        launch_split_merge(output, ws, query_start_loc, num_seqs, plan.splits)
+        merge = launch_split_merge(output, ws, query_start_loc, num_seqs, plan.splits)
+    # A workspace made by this call would be freed under a replay of it
+    if attn is not None and (merge is not None or not use_split) and workspace is ws:
+        _replays.add(key, [attn] if merge is None else [attn, merge], workspace)

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .attention_plan import SLICED_METADATA_PTRS, find_seq
 from .catalogue import get_dtype
-from .launch import DirectLauncher
+from .launch import DirectLauncher, ReplayCache
 from .page_layout import Int4PageLayout, cached_int4_layout
 from .quantize import FP16_MAX, rint
 
@@ -403,6 +403,7 @@ def int4_flush_launch(layout: Int4PageLayout) -> int:
 launch_flush = DirectLauncher(_flush_pages_kernel)
 launch_tail = DirectLauncher(_store_tail_kernel)
 launch_sink = DirectLauncher(_store_sink_kernel)
+_replays = ReplayCache()
 
 
 def tail_pool_shapes(
@@ -483,6 +484,19 @@ def write_kv_cache_int4(
     it completes). Two launches, shapes from Python ints only:
     no host sync, CUDA-graph safe.
     """
+    # Everything that decides the launches but the addresses of the calling layer's own tensors
+    # (new K/V, cache, tail pool and its pages): every layer of a step repeats the call with only
+    # those changed, and replays the first layer's launches (launch.py).
+    memo = (
+        key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(), tail.shape,
+        tail.stride(), tail_page.shape, tail_page.stride(), kv_dtype, block_size,
+        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.dtype,
+        block_table.data_ptr(), block_table.stride(), block_table.dtype, slot_of_seq.data_ptr(),
+        slot_of_seq.dtype, slot_is_new.data_ptr(), slot_is_new.dtype, num_seqs, max_query_len,
+    )  # fmt: skip
+    if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache.view(torch.uint8),
+                    tail_ptr=tail, tail_page_ptr=tail_page):  # fmt: skip
+        return
     _, num_kv_heads, head_size = key.shape
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     if key.stride(2) != 1 or value.stride(2) != 1:
@@ -495,7 +509,9 @@ def write_kv_cache_int4(
     per_seq = 0 if max_query_len <= 1 else 2
     programs = num_seqs if per_seq == 0 else key.shape[0] // block_size + per_seq * num_seqs
     ts = tail.stride()
-    launch_flush(
+    layer = [("key_ptr",), ("value_ptr",), ("tail_ptr",), ("tail_page_ptr",)]
+    flush = launch_flush.record(
+        [*layer, ("cache_ptr", "cache16_ptr")],
         (programs, num_kv_heads),
         key,
         value,
@@ -524,7 +540,8 @@ def write_kv_cache_int4(
         **layout.kernel_constexprs(),
         num_warps=int4_flush_launch(layout),
     )
-    launch_tail(
+    store = launch_tail.record(
+        layer,
         (num_seqs, num_kv_heads),
         key,
         value,
@@ -550,6 +567,8 @@ def write_kv_cache_int4(
         TAIL_PAGES=tail_pages,
         num_warps=4,
     )
+    if flush is not None and store is not None:
+        _replays.add(memo, [flush, store])
 
 
 def write_sink_int4(
@@ -575,6 +594,15 @@ def write_sink_int4(
     >= 64 and rows past num_seqs write nothing. One launch, grid (num_seqs, num_kv_heads): no host
     sync, CUDA-graph safe.
     """
+    # as write_kv_cache_int4's: the layer's own new K/V and sink pool are swapped into a replay
+    memo = (
+        "sink", key.shape, key.stride(), value.shape, value.stride(), sink.shape, sink.stride(),
+        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.dtype,
+        sink_of_seq.data_ptr(), sink_of_seq.shape, sink_of_seq.dtype, num_seqs, block_size,
+        kv_dtype,
+    )  # fmt: skip
+    if _replays.run(memo, key_ptr=key, value_ptr=value, sink_ptr=sink):
+        return
     _, num_kv_heads, head_size = key.shape
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     if key.stride(2) != 1 or value.stride(2) != 1:
@@ -585,7 +613,8 @@ def write_sink_int4(
     if num_seqs == 0 or key.shape[0] == 0:
         return
     ss = sink.stride()
-    launch_sink(
+    replay = launch_sink.record(
+        [("key_ptr",), ("value_ptr",), ("sink_ptr",)],
         (num_seqs, num_kv_heads),
         key,
         value,
@@ -605,3 +634,5 @@ def write_sink_int4(
         BLOCK_SIZE=block_size,
         num_warps=4,
     )
+    if replay is not None:
+        _replays.add(memo, [replay])

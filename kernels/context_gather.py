@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .attention import v_column
 from .e4m3 import check_v_format, e4m3_decode
-from .launch import DirectLauncher
+from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_page_layout
 from .quantize import check_static_scales
 
@@ -142,6 +142,7 @@ def _gather_kv_kernel(
 
 
 launch_gather = DirectLauncher(_gather_kv_kernel)
+_replays = ReplayCache()
 
 
 def gather_kv_context(
@@ -173,6 +174,24 @@ def gather_kv_context(
     channel); ``v_format="e4m3"`` as in ``paged_attention``.
     """
     num_kv_heads, head_size = new_key.shape[1], new_key.shape[2]
+    shape = (num_k_tokens, num_kv_heads, head_size)
+    # Everything that decides the launch but the addresses of the calling layer's own tensors
+    # (its cache, new K/V, static scales and the buffers made here): every layer of a step repeats
+    # the call with only those changed, and replays the first layer's launch (launch.py).
+    key = (
+        new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
+        kv_dtype, block_size, block_table.data_ptr(), block_table.shape, block_table.stride(),
+        block_table.dtype, cu_seqlens_q.data_ptr(), cu_seqlens_q.shape, cu_seqlens_q.dtype,
+        cu_seqlens_k.data_ptr(), cu_seqlens_k.shape, cu_seqlens_k.dtype, max_seqlen_k,
+        num_k_tokens, None if k_scale is None else k_scale.shape,
+        None if v_scale is None else v_scale.shape, v_format,
+    )  # fmt: skip
+    k_out = torch.empty(shape, dtype=new_key.dtype, device=new_key.device)
+    v_out = torch.empty_like(k_out)
+    if _replays.run(key, cache_ptr=kv_cache, new_k_ptr=new_key, new_v_ptr=new_value,
+                    k_out_ptr=k_out, v_out_ptr=v_out, k_scale_ptr=k_scale,
+                    v_scale_ptr=v_scale):  # fmt: skip
+        return k_out, v_out
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
     v_e4m3 = check_v_format(kv_dtype, v_format)
     dynamic = layout.has_scales
@@ -186,15 +205,17 @@ def gather_kv_context(
         raise ValueError("new_key/new_value must be contiguous along head_size")
     if kv_cache.dtype != torch.int8 or kv_cache.stride(1) != 1 or kv_cache.stride(0) % 2:
         raise ValueError("kv_cache must be int8 [num_blocks, page_bytes] with an even block stride")
-    shape = (num_k_tokens, num_kv_heads, head_size)
-    k_out = torch.empty(shape, dtype=new_key.dtype, device=new_key.device)
-    v_out = torch.empty_like(k_out)
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_k_tokens == 0 or num_seqs == 0:
         return k_out, v_out
-    dummy = cu_seqlens_q
+    dummy = cu_seqlens_q  # never read when DYNAMIC (the pointer must still be a tensor)
     grid = (-(-max_seqlen_k // _BLOCK_T), num_seqs, num_kv_heads)  # no triton.cdiv: ~2 us per call
-    launch_gather(
+    swap = [("cache_ptr", "cache16_ptr"), ("new_k_ptr",), ("new_v_ptr",), ("k_out_ptr",),
+            ("v_out_ptr",)]  # fmt: skip
+    if not dynamic:
+        swap += [("k_scale_ptr",), ("v_scale_ptr",)]
+    replay = launch_gather.record(
+        swap,
         grid,
         kv_cache,
         kv_cache.view(torch.float16) if dynamic else kv_cache,
@@ -224,4 +245,6 @@ def gather_kv_context(
         OUT_BF16=new_key.dtype == torch.bfloat16,
         num_warps=4,
     )
+    if replay is not None:
+        _replays.add(key, [replay])
     return k_out, v_out

@@ -94,3 +94,39 @@ def test_gather_refuses_int4_and_missing_static_scales(device):
         gather_kv_context(cache, new, new, kv_dtype="int4", **kw)
     with pytest.raises(ValueError, match="k_scale and v_scale"):
         gather_kv_context(cache, new, new, kv_dtype="int8_static", **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_layers_replay_the_gather_with_their_own_tensors_gpu(kv_dtype, monkeypatch):
+    """Layers of one step: the same batch metadata, each layer with its own cache, new K/V and
+    static scales. From the second layer on the gather is a replay of the first layer's launch;
+    every layer's K/V equal the reference's bit for bit, and a plain ``kernel[grid]`` launch's."""
+    import int8kv_kernels.context_gather as context_gather
+
+    torch.manual_seed(2)
+    bs, nkv, d = 16, 2, 64
+    num_blocks, table, cu_q, cu_k, new_k, new_v = _batch(bs, nkv, d, torch.bfloat16, "cuda")
+    layers = [(*make_cache(kv_dtype, bs, nkv, d, num_blocks, "cuda"), torch.randn_like(new_k),
+               torch.randn_like(new_v)) for _ in range(3)]  # fmt: skip
+    launcher = context_gather.launch_gather
+
+    def step():
+        outs = []
+        for cache, k_scale, v_scale, k_new, v_new in layers:
+            kw = dict(kv_dtype=kv_dtype, block_size=bs, block_table=table, cu_seqlens_q=cu_q,
+                      cu_seqlens_k=cu_k, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+            outs.append(gather_kv_context(cache, k_new, v_new, max_seqlen_k=80,
+                                          num_k_tokens=int(cu_k[-1]), **kw))  # fmt: skip
+            ref = gather_kv_context_ref(cache, k_new, v_new, **kw)
+            assert _same_bits(outs[-1][0], ref[0]) and _same_bits(outs[-1][1], ref[1])
+        return outs
+
+    step()  # compiles, records
+    before = launcher.direct_launches
+    outs = step()  # every launch a replay
+    assert launcher.direct_launches - before == len(layers)
+    monkeypatch.setattr(launcher, "direct", False)
+    plain = step()
+    for (k, v), (k2, v2) in zip(outs, plain, strict=True):
+        assert _same_bits(k, k2) and _same_bits(v, v2)

@@ -324,3 +324,80 @@ def test_launch_hooks_count_only_when_a_hook_is_registered():
         assert launch._launch_hooks_set()
     finally:
         chain.remove(hook)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [1, 1, 20, 7]])  # decodes; a mixed batch
+@pytest.mark.parametrize("sinks", [False, True])
+def test_int4_replays_across_layers_match_triton_launches_gpu(q_lens, sinks, monkeypatch):
+    """int4's write (page flush + tail store, and the sink write) and attention, layers of one
+    step as vLLM runs them: the same batch metadata, tail slots and sinks, each layer with its own
+    cache, tail pool, tail pages, sink pool, new K/V and query. In the second step every launch is
+    a replay; the caches, tails, sinks and outputs equal plain ``kernel[grid]`` launches' bit for
+    bit."""
+    from int8kv_kernels import Int4PageLayout, make_workspace, paged_attention_int4
+    from int8kv_kernels.attention_int4 import launch_attn_int4
+    from int8kv_kernels.cache_write_int4 import (
+        launch_flush,
+        launch_sink,
+        launch_tail,
+        write_kv_cache_int4,
+        write_sink_int4,
+    )
+
+    torch.manual_seed(3)
+    nq, nkv, d, bs, slots = 8, 2, 64, 64, 6
+    b = make_batch(q_lens, [71, 71, 130, 64], nq, d, bs, "cuda")
+    page_bytes = Int4PageLayout(bs, nkv, d).page_bytes
+    n = b.query.shape[0]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    slot_of_seq, slot_is_new = i32([0, 1, 2, 3]), i32([0, 1, 0, 1])
+    sink_of_seq = i32([1, -1, 0, 2]) if sinks else None
+    ws = make_workspace(8, nq, d, device="cuda")
+    layers = [dict(cache=torch.randint(-128, 128, (b.num_blocks, page_bytes), dtype=torch.int8,
+                                       device="cuda"),
+                   tail=torch.randn(slots, 2, nkv, bs, d, device="cuda").bfloat16(),
+                   tail_page=i32([-1] * slots), query=torch.randn_like(b.query),
+                   sink=torch.randn(3, 2, nkv, bs, d, device="cuda").bfloat16(),
+                   k=torch.randn(n, nkv, d, device="cuda").bfloat16(),
+                   v=torch.randn(n, nkv, d, device="cuda").bfloat16()) for _ in range(3)]  # fmt: skip
+    state = ("cache", "tail", "tail_page", "sink")
+    start = [{name: x[name].clone() for name in state} for x in layers]
+
+    def step():
+        outs = []
+        for layer, first in zip(layers, start, strict=True):
+            for name, t in first.items():  # every step from the same state
+                layer[name].copy_(t)
+            meta = dict(block_size=bs, query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+                        block_table=b.block_table)  # fmt: skip
+            write_kv_cache_int4(layer["k"], layer["v"], layer["cache"], layer["tail"],
+                                layer["tail_page"], slot_of_seq=slot_of_seq,
+                                slot_is_new=slot_is_new, num_seqs=len(q_lens),
+                                max_query_len=b.max_query_len, **meta)  # fmt: skip
+            sink = layer["sink"] if sinks else None
+            if sinks:
+                write_sink_int4(layer["k"], layer["v"], sink, sink_of_seq,
+                                query_start_loc=b.query_start_loc, seq_lens=b.seq_lens,
+                                num_seqs=len(q_lens))  # fmt: skip
+            out = torch.full_like(layer["query"], float("nan"))
+            paged_attention_int4(layer["query"], layer["cache"], out, num_kv_heads=nkv,
+                                 max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
+                                 softmax_scale=d**-0.5, tail=layer["tail"],
+                                 tail_page=layer["tail_page"], slot_of_seq=slot_of_seq,
+                                 workspace=ws, num_splits=4, sink=sink, sink_of_seq=sink_of_seq,
+                                 **meta)  # fmt: skip
+            outs += [out, *(layer[name].clone() for name in state)]
+        return outs
+
+    step()  # compiles, records
+    launchers = (launch_attn_int4, launch_flush, launch_tail, launch_sink)
+    before = [x.direct_launches for x in launchers]
+    outs = step()  # every launch a replay
+    launched = [x.direct_launches - y for x, y in zip(launchers, before, strict=True)]
+    assert launched == [3, 3, 3, 3 if sinks else 0]
+    for launcher in (*launchers, launch_merge):
+        monkeypatch.setattr(launcher, "direct", False)
+    plain = step()
+    for x, y in zip(outs, plain, strict=True):
+        assert torch.equal(x.nan_to_num(), y.nan_to_num()) and torch.equal(x.isnan(), y.isnan())

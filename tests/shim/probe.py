@@ -225,8 +225,12 @@ def backend_facts(names: list[str]) -> dict[str, Any]:
         "tail_pools": {
             name: None
             if impl.tail is None
-            else [str(impl.tail.dtype), list(impl.tail.shape), impl.tail_page.tolist(),
-                  None if impl.sink is None else list(impl.sink.shape)]
+            else [
+                str(impl.tail.dtype),
+                list(impl.tail.shape),
+                impl.tail_page.tolist(),
+                None if impl.sink is None else list(impl.sink.shape),
+            ]
             for name, impl in impls.items()
         },  # fmt: skip
         "shared_layer_pool": shared.tail is None,
