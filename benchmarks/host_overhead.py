@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.common import write_json
+from benchmarks.common import RESULTS_DIR, write_json
 from int8kv_kernels.launch import clear_replays
 
 NQ, NKV, D, LAYERS = 9, 3, 64, 30
@@ -295,7 +295,7 @@ def check_syncs(kv_dtype: str, batch: str) -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="host_overhead.json")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "host_overhead.json"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--dtypes", default="int8,int4")
     ap.add_argument("--batches", default=",".join(BATCHES))
@@ -313,6 +313,8 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "binder": not args.no_binder,
+        # the shim's switches it ran with (int4's sink page and tail pages decide its launches)
+        "int8kv_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INT8KV_")},
         "rows": [],
     }
     for kv_dtype in args.dtypes.split(","):

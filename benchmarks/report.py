@@ -449,6 +449,59 @@ def launch_overhead_table(
     return "\n".join(lines)
 
 
+# benchmarks/host_overhead.py's batches, as a reader knows them
+HOST_BATCHES = {
+    "decode": "32 decodes",
+    "mixed": "31 decodes + a 2048-token first chunk",
+    "gather": "31 decodes + a 2048-token chunk over 5888 cached tokens",
+}
+
+
+def host_overhead_table(
+    path: Path = RESULTS / "host_overhead.json",
+    before_path: Path = RESULTS / "host_overhead_642228b.json",
+) -> str:
+    """Host time of the attention path per vLLM step on a CPU (benchmarks/host_overhead.py), the
+    code before the host-side changes against today's, each cell ``before -> after``."""
+    after = _load(path)
+    before = _load(before_path)
+    old = {(r["dtype"], r["batch"]): r for r in before["rows"]}
+    env = " ".join(f"{k}={v}" for k, v in after.get("int8kv_env", {}).items())
+
+    def cell(r: dict, w: dict | None, field: str, ops: str | None = None, fmt: str = ".0f") -> str:
+        def one(x: dict) -> str:
+            return format(x[field], fmt) + (f" ({x[ops]})" if ops else "")
+
+        return one(r) if w is None else f"{one(w)} → {one(r)}"
+
+    lines = [
+        f"{after['cpu']} CPU, torch {after['torch']}, every kernel launch and FlashAttention-2 "
+        "stubbed (Triton's binder run on each launch that is not a replay), SmolLM2-135M's "
+        "attention (9/3 heads of 64, 30 layers)"
+        + (f", `{env}`" if env else "")
+        + f"; before: {_provenance(before)}, `{_short(before['command'])}`; after: "
+        f"{_provenance(after)}, `{_short(after['command'])}`. Microseconds of host time, "
+        "medians over the steps, before → after; in brackets the aten ops dispatched:",
+        "",
+        "| dtype | batch | builder, once a step | forward, layers 2-30 each | cache update, "
+        "layers 2-30 each | step: builder + 30 layers | direct launches / replays a step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in after["rows"]:
+        w = old.get((r["dtype"], r["batch"]))
+        launches = f"{r['launches_per_step']} / {r['replays_per_step']}"
+        if w is not None:
+            launches = f"{w['launches_per_step']} / {w['replays_per_step']} → {launches}"
+        lines.append(
+            f"| `{r['dtype']}` | {HOST_BATCHES.get(r['batch'], r['batch'])} "
+            f"| {cell(r, w, 'build_us', 'build_ops')} "
+            f"| {cell(r, w, 'forward_rest_us', 'forward_rest_ops', '.1f')} "
+            f"| {cell(r, w, 'update_rest_us', fmt='.1f')} | {cell(r, w, 'step_us')} "
+            f"| {launches} |"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------
 # accuracy.json: perplexity and agreement through vLLM, per KV-cache dtype
 
@@ -1400,6 +1453,7 @@ TABLES = {
     "tail_pool_capacity": tail_pool_capacity_table,
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
+    "host_overhead": host_overhead_table,
     "int4_decode_head256": lambda: int4_decode_table(RESULTS / "kernels_head256.json"),
     "int4_decode_loops": int4_decode_loops_table,
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),

@@ -43,6 +43,7 @@ WHERE = {
     "int4_decode_head256": RESULTS,
     "int4_decode_loops": RESULTS,
     "launch_overhead": RESULTS,
+    "host_overhead": RESULTS,
     "throughput": RESULTS,
     "throughput_1k_paired": RESULTS,
     "serving": RESULTS,
@@ -427,3 +428,30 @@ def test_greedy_simulation_table_names_its_prompts_and_the_gpus_agreement_on_the
         "agreement with its `auto` row; in brackets over `int8`'s): `int8` 0.600 ± 0.050, "
         "`int4` 0.300 ± 0.040 (0.50x ± 0.06)."
     )
+
+
+def test_host_overhead_table_puts_each_figure_before_and_after(tmp_path) -> None:
+    def row(dtype: str, batch: str, us: float, launches: int) -> dict:
+        return {"dtype": dtype, "batch": batch, "build_us": us, "build_ops": 3,
+                "forward_rest_us": us / 10, "forward_rest_ops": 2, "update_rest_us": 1.25,
+                "step_us": 30 * us, "launches_per_step": launches, "replays_per_step": 90 - launches}  # fmt: skip
+
+    base = {"cpu": "x86_64", "torch": "2.11", "date": "2026-12-05"}
+    after, before = tmp_path / "after.json", tmp_path / "before.json"
+    after.write_text(json.dumps({**base, "command": "python -m benchmarks.host_overhead",
+                                 "git_commit": "b" * 40, "int8kv_env": {"INT8KV_X": "1"},
+                                 "rows": [row("int8", "mixed", 100.0, 3), row("int4", "decode", 7.0, 4)]}))  # fmt: skip
+    before.write_text(json.dumps({**base, "command": "python -m benchmarks.host_overhead",
+                                  "git_commit": "a" * 40, "rows": [row("int8", "mixed", 250.0, 33)]}))  # fmt: skip
+    lines = _report().host_overhead_table(after, before).splitlines()
+    assert (
+        "`INT8KV_X=1`" in lines[0]
+        and "commit `aaaaaaa`" in lines[0]
+        and "commit `bbbbbbb`" in lines[0]
+    )
+    assert lines[-2] == (
+        "| `int8` | 31 decodes + a 2048-token first chunk | 250 (3) → 100 (3) | 25.0 (2) → 10.0 (2) "
+        "| 1.2 → 1.2 | 7500 → 3000 | 33 / 57 → 3 / 87 |"
+    )
+    # a row the earlier code had no figure for stands alone
+    assert lines[-1] == "| `int4` | 32 decodes | 7 (3) | 0.7 (2) | 1.2 | 210 | 4 / 86 |"
