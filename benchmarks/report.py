@@ -467,6 +467,8 @@ def host_overhead_table(
     before = _load(before_path)
     old = {(r["dtype"], r["batch"]): r for r in before["rows"]}
     env = " ".join(f"{k}={v}" for k, v in after.get("int8kv_env", {}).items())
+    checked = [r for doc in (before, after) for r in doc["rows"] if "sync" in r]
+    syncs = [f"{r['dtype']} {r['batch']}: {r['sync']}" for r in checked if r["sync"]]
 
     def cell(r: dict, w: dict | None, field: str, ops: str | None = None, fmt: str = ".0f") -> str:
         def one(x: dict) -> str:
@@ -481,7 +483,14 @@ def host_overhead_table(
         + (f", `{env}`" if env else "")
         + f"; before: {_provenance(before)}, `{_short(before['command'])}`; after: "
         f"{_provenance(after)}, `{_short(after['command'])}`. Microseconds of host time, "
-        "medians over the steps, before → after; in brackets the aten ops dispatched:",
+        "medians over the steps, before → after; in brackets the aten ops dispatched."
+        + (
+            f" Host reads of a device value (`--check-syncs`: every batch once on torch's meta "
+            f"device, as a GPU sync would be): {'; '.join(syncs) or 'none'} in the "
+            f"{len(checked)} checked."
+            if checked
+            else ""
+        ),
         "",
         "| dtype | batch | builder, once a step | forward, layers 2-30 each | cache update, "
         "layers 2-30 each | step: builder + 30 layers | direct launches / replays a step |",
@@ -489,9 +498,11 @@ def host_overhead_table(
     ]
     for r in after["rows"]:
         w = old.get((r["dtype"], r["batch"]))
-        launches = f"{r['launches_per_step']} / {r['replays_per_step']}"
-        if w is not None:
-            launches = f"{w['launches_per_step']} / {w['replays_per_step']} → {launches}"
+
+        def calls(x: dict) -> str:  # the counts are kept only where there was one
+            return f"{x.get('launches_per_step', 0)} / {x.get('replays_per_step', 0)}"
+
+        launches = calls(r) if w is None else f"{calls(w)} → {calls(r)}"
         lines.append(
             f"| `{r['dtype']}` | {HOST_BATCHES.get(r['batch'], r['batch'])} "
             f"| {cell(r, w, 'build_us', 'build_ops')} "
