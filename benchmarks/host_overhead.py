@@ -67,17 +67,7 @@ class Launches:
         class StandInReplay(launch.Replay):
             def bind(self, tensors: dict[str, torch.Tensor]) -> list | None:
                 # Replay.bind's checks but the CUDA ones (device, is_cuda)
-                values = self.values.copy()
-                for name, positions, dtype, aligned in self.slots:
-                    tensor = tensors[name]
-                    if tensor.dtype != dtype:
-                        return None
-                    address = tensor.data_ptr()
-                    if aligned != (address % 16 == 0):
-                        return None
-                    for i in positions:
-                        values[i] = address
-                return values
+                return self.swapped(tensors, on_cuda=False)
 
             def launch(self, values: list) -> None:
                 stand_in.counts["replays"] += 1

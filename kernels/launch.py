@@ -175,10 +175,16 @@ class Replay:
             return None
         if _current_device() != self.index:
             return None
+        return self.swapped(tensors)
+
+    def swapped(self, tensors: Mapping[str, torch.Tensor], on_cuda: bool = True) -> list | None:
+        """The recorded argument values with ``tensors``' addresses swapped in, or None where one
+        differs from what the binary was specialized on (dtype, 16-byte alignment) or, with
+        ``on_cuda``, is not on a GPU."""
         values = self.values.copy()
         for name, positions, dtype, aligned in self.slots:
             tensor = tensors[name]
-            if tensor.dtype != dtype or not tensor.is_cuda:
+            if tensor.dtype != dtype or (on_cuda and not tensor.is_cuda):
                 return None
             address = tensor.data_ptr()
             if aligned != (address % 16 == 0):

@@ -165,25 +165,6 @@ LAUNCHERS = {attention: ("launch_attn", "launch_merge"), cache_write: ("launch_w
              context_gather: ("launch_gather",)}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_every_argument_is_in_the_replay_key(name, monkeypatch):
-    module, fn, make_args, make_changes, swapped = CASES[name]
-    recorder = _KeyRecorder()
-    monkeypatch.setattr(module, "_replays", recorder)
-    base = make_args()
-    changes = make_changes(base)
-    # a parameter added later must come with a change here
-    assert set(changes) == set(inspect.signature(fn).parameters), "a parameter has no change"
-    fn(**base)
-    for param, values in changes.items():
-        for value in values:
-            fn(**{**base, param: value})
-            assert recorder.keys[-1] != recorder.keys[0], f"{param}: {value!r:.60} kept the key"
-    # the swapped tensors' storage alone (same dtype, shape, strides) keeps the key
-    fn(**{**base, **{p: base[p].clone() for p in swapped if base[p] is not None}})
-    assert recorder.keys[-1] == recorder.keys[0]
-
-
 def test_a_swapped_config_chooser_or_write_launch_changes_the_key(monkeypatch):
     recorder = _KeyRecorder()
     monkeypatch.setattr(attention, "_replays", recorder)
@@ -354,19 +335,21 @@ INT4_LAUNCHERS = {
 }
 
 
-@pytest.mark.parametrize("name", INT4_CASES)
-def test_every_int4_argument_is_in_the_replay_key(name, monkeypatch):
-    module, fn, make_args, make_changes, swapped = INT4_CASES[name]
+@pytest.mark.parametrize("name", [*CASES, *INT4_CASES])
+def test_every_argument_is_in_the_replay_key(name, monkeypatch):
+    module, fn, make_args, make_changes, swapped = {**CASES, **INT4_CASES}[name]
     recorder = _KeyRecorder()
     monkeypatch.setattr(module, "_replays", recorder)
     base = make_args()
     changes = make_changes(base)
+    # a parameter added later must come with a change here
     assert set(changes) == set(inspect.signature(fn).parameters), "a parameter has no change"
     fn(**base)
     for param, values in changes.items():
         for value in values:
             fn(**{**base, param: value})
             assert recorder.keys[-1] != recorder.keys[0], f"{param}: {value!r:.60} kept the key"
+    # the swapped tensors' storage alone (same dtype, shape, strides) keeps the key
     fn(**{**base, **{p: base[p].clone() for p in swapped if base[p] is not None}})
     assert recorder.keys[-1] == recorder.keys[0]
 
