@@ -180,18 +180,16 @@ def test_a_swapped_config_chooser_or_write_launch_changes_the_key(monkeypatch):
         assert recorder.keys[-1] != recorder.keys[-2]
 
 
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
-def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monkeypatch):
-    """A replay takes its tensors by the first argument name of each group ``record`` got; the
-    wrapper must hand ``ReplayCache.run`` a tensor under each of those names (a missing one would
-    raise on the GPU only, at the second layer)."""
-    module, fn, make_args, *_ = CASES[name]
-    given, swaps = [], []
+def _record_swaps(monkeypatch, module, launchers) -> tuple[list[set[str]], list[list[str]]]:
+    """Stand-ins for ``module``'s replay cache and for the ``(owner, attribute)`` launchers: the
+    names of the (non-None) tensors each ``ReplayCache.run`` is handed, and the first argument
+    name of each swap group each ``record`` gets (every name checked to be the kernel's)."""
+    given: list[set[str]] = []
+    swaps: list[list[str]] = []
 
     class _Cache:
         def run(self, key, **tensors):
-            given.append(set(tensors))
+            given.append({n for n, t in tensors.items() if t is not None})
             return False
 
     class _Launcher:
@@ -205,8 +203,19 @@ def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monke
             return None
 
     monkeypatch.setattr(module, "_replays", _Cache())
-    for attr in LAUNCHERS[module]:
-        monkeypatch.setattr(module, attr, _Launcher(getattr(module, attr).fn))
+    for owner, attr in launchers:
+        monkeypatch.setattr(owner, attr, _Launcher(getattr(owner, attr).fn))
+    return given, swaps
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("kv_dtype", ["int8", "int8_static"])
+def test_every_swapped_argument_is_one_the_replay_is_given(name, kv_dtype, monkeypatch):
+    """A replay takes its tensors by the first argument name of each group ``record`` got; the
+    wrapper must hand ``ReplayCache.run`` a tensor under each of those names (a missing one would
+    raise on the GPU only, at the second layer)."""
+    module, fn, make_args, *_ = CASES[name]
+    given, swaps = _record_swaps(monkeypatch, module, [(module, a) for a in LAUNCHERS[module]])
     scales = {"k_scale": torch.ones(NKV, D), "v_scale": torch.ones(NKV, D)}
     args = {**make_args(), "kv_dtype": kv_dtype, **(scales if kv_dtype == "int8_static" else {})}
     splits = {"num_splits": 4} if module is attention else {}  # the merge's record too
@@ -367,26 +376,7 @@ def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monk
     """As for int8: each swap group's first name among the tensors the wrapper hands the cache
     (with and without a sink pool, whose slot the tail takes when there is none)."""
     module, fn, make_args, *_ = INT4_CASES[name]
-    given, swaps = [], []
-
-    class _Cache:
-        def run(self, key, **tensors):
-            given.append({n for n, t in tensors.items() if t is not None})
-            return False
-
-    class _Launcher:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def record(self, swap, grid, *args, **kwargs):
-            names = self.kernel.arg_names
-            assert all(n in names for group in swap for n in group), swap
-            swaps.append([group[0] for group in swap])
-            return None
-
-    monkeypatch.setattr(module, "_replays", _Cache())
-    for owner, attr in INT4_LAUNCHERS[name]:
-        monkeypatch.setattr(owner, attr, _Launcher(getattr(owner, attr).fn))
+    given, swaps = _record_swaps(monkeypatch, module, INT4_LAUNCHERS[name])
     args = make_args()
     if module is attention_int4:
         args["num_splits"] = 4  # the merge's record too
