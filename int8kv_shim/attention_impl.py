@@ -116,10 +116,9 @@ class Int8KVAttentionMetadata:
     # configuration (split-KV, small tiles) instead of the prefill one the longest query picks.
     num_decodes: int = 0
     num_decode_tokens: int = 0
-    # query_start_loc of the sequences after the decodes, counted from their first token
-    prefill_query_start_loc: torch.Tensor | None = None
-    # With num_decodes: the rows of the leading decodes and of the sequences after them, sliced
-    # here once a step rather than by every layer's forward
+    # With num_decodes: the rows of the leading decodes and of the sequences after them (their
+    # query_start_loc counted from their first token), sliced here once a step rather than by
+    # every layer's forward
     decode_rows: Rows | None = None
     prefill_rows: Rows | None = None
     # Prefills (first chunks and long enough continuations) on FlashAttention (flash_prefill.py).
@@ -257,7 +256,6 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             num_reqs=m.num_reqs,
             num_decodes=num_decodes if mixed else 0,
             num_decode_tokens=num_decode_tokens if mixed else 0,
-            prefill_query_start_loc=None if prefill_rows is None else prefill_rows.query_start_loc,
             decode_rows=decode_rows,
             prefill_rows=prefill_rows,
             split=split,
@@ -339,7 +337,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         # every sequence (correct for any batch).
         metadata.split = None
         metadata.num_decodes = metadata.num_decode_tokens = 0
-        metadata.prefill_query_start_loc = metadata.decode_rows = metadata.prefill_rows = None
+        metadata.decode_rows = metadata.prefill_rows = None
         metadata.num_splits = self._decode_splits(common_attn_metadata.num_reqs)
         return metadata
 

@@ -115,7 +115,7 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
         # the decode (sequence 0) runs as its own launch: nothing else is left for our kernels
         assert metadata.split.rest is None
     assert (metadata.num_decodes, metadata.num_decode_tokens) == (1, 1)
-    assert metadata.prefill_query_start_loc.tolist() == [0, 9, 14]
+    assert metadata.prefill_rows.query_start_loc.tolist() == [0, 9, 14]
 
     query = torch.randn(num_tokens + 2, nq, d, dtype=torch.bfloat16)  # 2 padded rows, as vLLM pads
     pad = torch.zeros(2, nkv, d, dtype=torch.bfloat16)
@@ -172,7 +172,7 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
     capture = builder.build_for_cudagraph_capture(
         dataclasses.replace(common, seq_lens=common.seq_lens.clone())  # it fills seq_lens with 1
     )
-    assert capture.split is None and capture.prefill_query_start_loc is None
+    assert capture.split is None and capture.prefill_rows is None and capture.decode_rows is None
     assert capture.num_decodes == 0
     assert capture.num_splits == builder._decode_splits(len(seq_lens))
     # The profiling run: no metadata, output zeroed, nothing else touched.
