@@ -297,7 +297,7 @@ def worker(args: argparse.Namespace) -> int:
         "shim": os.environ.get(common.SHIM_ENV, ""),
         "int8kv_prefill": os.environ.get(PREFILL_ENV, ""),
         # every switch of the shim this row ran with (int4's sink page and tail pages among them)
-        "int8kv_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INT8KV_")},
+        "int8kv_env": common.shim_switches(),
     }
     np.savez(
         args.result,

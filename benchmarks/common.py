@@ -681,6 +681,13 @@ def gpu_name() -> str:
         return "unknown"
 
 
+def shim_switches(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The shim's variables (``INT8KV_*``) a run had, sorted: which of its switches a result was
+    measured with (int4's sink page and tail pages, the prefill path, ...)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(env.items()) if k.startswith("INT8KV_")}
+
+
 def command_line() -> str:
     """How this script was invoked, for the results' ``command`` field: ``python -m
     benchmarks.NAME ...`` for a module run (the scripts' way), else the script's path from the

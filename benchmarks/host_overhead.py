@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.common import RESULTS_DIR, write_json
+from benchmarks.common import RESULTS_DIR, shim_switches, write_json
 from int8kv_kernels.launch import clear_replays
 
 NQ, NKV, D, LAYERS = 9, 3, 64, 30
@@ -304,7 +304,7 @@ def main() -> None:
         "torch": torch.__version__,
         "binder": not args.no_binder,
         # the shim's switches it ran with (int4's sink page and tail pages decide its launches)
-        "int8kv_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("INT8KV_")},
+        "int8kv_env": shim_switches(),
         "rows": [],
     }
     for kv_dtype in args.dtypes.split(","):

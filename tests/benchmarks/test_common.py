@@ -468,3 +468,14 @@ def test_git_commit_can_be_told_the_tree_s_commit(monkeypatch: pytest.MonkeyPatc
     assert common.stamp({})["git_commit"] == told
     monkeypatch.setenv("INT8KV_GIT_COMMIT", "not-a-hash")  # ignored: the checkout's own
     assert common.git_commit() != "not-a-hash"
+
+
+def test_shim_switches_are_the_int8kv_variables_sorted() -> None:
+    env = {
+        "INT8KV_PREFILL": "triton",
+        "PATH": "/bin",
+        "INT8KV_INT4_SINK_PAGE": "0",
+        "XINT8KV_A": "1",
+    }
+    assert common.shim_switches(env) == {"INT8KV_INT4_SINK_PAGE": "0", "INT8KV_PREFILL": "triton"}
+    assert list(common.shim_switches(env)) == ["INT8KV_INT4_SINK_PAGE", "INT8KV_PREFILL"]
