@@ -94,16 +94,16 @@ class Subset:
     slot_of_seq: torch.Tensor | None = None
     # int32 [seqs]: their rows of the batch's sink pages (int4 with sink pages), else None
     sink_of_seq: torch.Tensor | None = None
-    # token_index's tensor; for contiguous rows made on first use (from _run), as slicing needs none
+    # token_index's tensor; for contiguous rows made on first use (from token_range), as slicing
+    # needs none
     _token_index: torch.Tensor | None = field(default=None, repr=False)
-    _run: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def token_index(self) -> torch.Tensor:
         """int64 [tokens]: the rows of query/key/value/output in the full batch."""
         if self._token_index is None:
-            assert self._run is not None
-            self._token_index = torch.arange(*self._run, device=self.query_start_loc.device)
+            assert self.token_range is not None
+            self._token_index = torch.arange(*self.token_range, device=self.query_start_loc.device)
         return self._token_index
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -284,7 +284,6 @@ def make_subset(
         slot_of_seq=rows(slot_of_seq),
         sink_of_seq=rows(sink_of_seq),
         _token_index=token_index,
-        _run=run,
     )
 
 

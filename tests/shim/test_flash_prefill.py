@@ -283,6 +283,7 @@ def _run_split(
     assert split.flash.token_index.tolist() == flash_rows
     if not views:  # the gather / scatter path, as for subsets whose rows are not contiguous
         for subset in (split.flash, *split.our_kernels()):
+            _ = subset.token_index  # made from token_range, and kept, before the range goes
             subset.token_range = None
     scales = b["scales"]
 
