@@ -157,7 +157,9 @@ class Int4Tail:
         self.tail_page = torch.full(held, -1, dtype=torch.int32)
         self.dtype, self.block_size = shape["kv_dtype"], b
         self.sinks = SinkPages(num_slots, num_slots, "cpu") if shape.get("sink") else None
-        self.sink = torch.zeros(num_slots, 2, hk, b, d, dtype=torch.bfloat16)
+        self.sink = (
+            torch.zeros(num_slots, 2, hk, b, d, dtype=torch.bfloat16) if self.sinks else None
+        )
 
     def write(self, kv, kv_cache, qsl, lens, table, num_seqs: int, max_query_len: int) -> None:
         write_kv_cache(kv, kv, kv_cache, torch.zeros(kv.shape[0], dtype=torch.int64),
