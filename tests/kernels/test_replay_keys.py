@@ -67,8 +67,9 @@ def _attention_args():
     )  # fmt: skip
 
 
-def _attention_changes(a):
-    """Per parameter of paged_attention, calls that must get another key than ``a``."""
+def _any_attention_changes(a):
+    """Calls that must get another key than ``a``, for the parameters both attention wrappers
+    (paged_attention, paged_attention_int4) take."""
     q, out, cache = a["query"], a["output"], a["kv_cache"]
     wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
     return {
@@ -79,11 +80,17 @@ def _attention_changes(a):
         "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
         "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
                         _as_int64(a["block_table"])],
-        "kv_dtype": ["int8_static"], "block_size": [32], "num_kv_heads": [4],
         "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
-        "sliding_window": [8], "soft_cap": [30.0], "k_scale": [torch.ones(NKV, D)],
-        "v_scale": [torch.ones(NKV, D)], "workspace": [make_workspace(4, NQ, D, device="cpu")],
-        "num_splits": [2], "v_format": ["e4m3"],
+        "sliding_window": [8], "soft_cap": [30.0],
+        "workspace": [make_workspace(4, NQ, D, device="cpu")], "num_splits": [2],
+    }  # fmt: skip
+
+
+def _attention_changes(a):
+    """Per parameter of paged_attention, calls that must get another key than ``a``."""
+    return _any_attention_changes(a) | {
+        "kv_dtype": ["int8_static"], "block_size": [32], "num_kv_heads": [4],
+        "k_scale": [torch.ones(NKV, D)], "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
         # int4's (ignored by int8 pages, but part of the call)
         "tail": [torch.zeros(1, 2, NKV, 64, D, dtype=torch.bfloat16)],
         "slot_of_seq": [_int32(4)], "tail_page": [_int32(1)],
@@ -249,24 +256,12 @@ def _attention_int4_args():
 
 
 def _attention_int4_changes(a):
-    q, out, cache = a["query"], a["output"], a["kv_cache"]
-    wide = torch.zeros(cache.shape[0], cache.shape[1] + 16, dtype=torch.int8)
-    return {
-        "query": [q[:3], torch.randn(4, 2 * NQ, D, dtype=q.dtype)[:, ::2]],
-        "output": [torch.empty(4, 2 * NQ, D, dtype=out.dtype)[:, ::2], out[:3]],
-        "kv_cache": [wide[:, : cache.shape[1]]], "kv_dtype": ["int4_other"], "block_size": [32],
-        "num_kv_heads": [1],
-        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
-        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
-        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
-                        _as_int64(a["block_table"])],
-        "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
+    return _any_attention_changes(a) | {
+        "kv_dtype": ["int4_other"], "block_size": [32], "num_kv_heads": [1],
         "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
         "tail_page": [_int32(3), _int32(4, 2), torch.zeros(8, dtype=torch.int32)[::2]],
         "slot_of_seq": [a["slot_of_seq"].clone(), a["slot_of_seq"][:3],
                         _as_int64(a["slot_of_seq"])],
-        "sliding_window": [8], "soft_cap": [30.0],
-        "workspace": [make_workspace(4, NQ, D, device="cpu")], "num_splits": [2],
         "sink": [_tail(1)], "sink_of_seq": [_int32(4)],
     }  # fmt: skip
 
