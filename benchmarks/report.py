@@ -252,6 +252,65 @@ def int4_decode_loops_table(path: Path = RESULTS / "int4_decode_loops.json") -> 
     return "\n".join(lines)
 
 
+def _cell(text: str) -> str:
+    """Source text as a table cell: ``|`` would end the cell."""
+    return "`" + text.replace("|", "\\|") + "`" if text else "-"
+
+
+def decode_stalls_table(path: Path = RESULTS / "decode_stalls.json") -> str:
+    """Where the decode kernels' warps stall (benchmarks/decode_stalls.py, Proton's PC sampling):
+    each impl's share of samples per warp state, the 8 largest and the rest; then the source lines
+    with most of ``int4``'s samples (else the first impl's), each with its top three states."""
+    result = _load(path)
+    rows = [r for r in result["rows"] if r.get("stalls")]
+    share = {r["impl"]: {s["reason"]: s["fraction"] for s in r["stalls"]} for r in rows}
+    reasons = {reason for fractions in share.values() for reason in fractions}
+    shown = sorted(reasons, key=lambda x: (-sum(f.get(x, 0.0) for f in share.values()), x))[:8]
+    peak, p = result["peak_bw_gbs"], rows[0]
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    lines = [
+        f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, {_provenance(result)}, "
+        f"`{_short(result['command'])}`. Decode at {p['q_heads']}/{p['kv_heads']} heads, "
+        f"D={p['head_dim']}, batch {p['batch']}, context {p['ctx']}: share of the PC samples of "
+        f"the kernels matching `{result['kernel']}` over {result['launches']} launches per impl, "
+        "by the sampled warp's state (`selected`: it issued).",
+        "",
+        row("warp state", [f"`{r['impl']}`" for r in rows]),
+        "|---|" + "---|" * len(rows),
+        row("µs per launch", [_num(r.get("us"), ".1f") for r in rows]),
+        row(
+            "% of copy bandwidth", [f"{r['gbs'] / peak:.0%}" if "gbs" in r else "n/a" for r in rows]
+        ),
+        row("samples", [str(r["samples"]) for r in rows]),
+    ]
+    lines += [row(x, [pct(share[r["impl"]].get(x, 0.0)) for r in rows]) for x in shown]
+    rest = [max(0.0, 1 - sum(share[r["impl"]].get(x, 0.0) for x in shown)) for r in rows]
+    lines.append(row("other", [pct(x) for x in rest]))
+    top = next((r for r in rows if r["impl"] == "int4"), p)
+    lines += [
+        "",
+        f"`{top['impl']}`'s source lines with most samples (share of its samples; each line's top "
+        "three states, as shares of the line's):",
+        "",
+        "| line | source | share | top states |",
+        "|---|---|---|---|",
+    ]
+    for ln in top["lines"]:
+        states = ", ".join(
+            f"{s['reason']} {100 * s['samples'] / ln['samples']:.0f}%" for s in ln["stalls"]
+        )
+        lines.append(
+            f"| {ln['where']} | {_cell(ln['text'])} | {100 * ln['fraction']:.1f}% | {states} |"
+        )
+    return "\n".join(lines)
+
+
 def _long_decode(r: dict) -> bool:
     """The decode points the speed targets are about: long contexts, batched, full attention."""
     return r["ctx"] >= 8192 and r["batch"] >= 8 and not r.get("window")
@@ -1491,6 +1550,9 @@ TABLES = {
         RESULTS / "throughput_1k_direct.json"
     ),
 }
+# quoted in docs/results.md once a GPU run has written the file
+if (RESULTS / "decode_stalls.json").exists():
+    TABLES["decode_stalls"] = decode_stalls_table
 for _name in (
     "accuracy_gemma3",
     "accuracy_chunk16",

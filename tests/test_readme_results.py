@@ -42,6 +42,7 @@ WHERE = {
     "int4_decode": RESULTS,
     "int4_decode_head256": RESULTS,
     "int4_decode_loops": RESULTS,
+    "decode_stalls": RESULTS,
     "launch_overhead": RESULTS,
     "host_overhead": RESULTS,
     "throughput": RESULTS,
