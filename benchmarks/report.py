@@ -1550,9 +1550,9 @@ TABLES = {
         RESULTS / "throughput_1k_direct.json"
     ),
 }
-# quoted in docs/results.md once a GPU run has written the file
-if (RESULTS / "decode_stalls.json").exists():
-    TABLES["decode_stalls"] = decode_stalls_table
+# quoted in docs/results.md once a GPU run has written the file (one per decode shape profiled)
+for _path in sorted(RESULTS.glob("decode_stalls*.json")):
+    TABLES[_path.stem] = functools.partial(decode_stalls_table, _path)
 for _name in (
     "accuracy_gemma3",
     "accuracy_chunk16",

@@ -43,6 +43,7 @@ WHERE = {
     "int4_decode_head256": RESULTS,
     "int4_decode_loops": RESULTS,
     "decode_stalls": RESULTS,
+    "decode_stalls_4_1_256": RESULTS,
     "launch_overhead": RESULTS,
     "host_overhead": RESULTS,
     "throughput": RESULTS,
