@@ -153,9 +153,9 @@ def tune_int4(nq: int, nkv: int, d: int, bw: float) -> None:
             for frac, w, st, ns, us in line[:6]:
                 print(f"   int4 w={w} st={st} splits={ns:3d} {us:9.1f}us {frac * 100:5.1f}%bw",
                       flush=True)  # fmt: skip
+            _save(log, nq, nkv, d, bw, "int4")  # a sweep stopped by a time limit keeps its shapes
     finally:
         A4.choose_config_int4, P.choose_num_splits = orig_cfg, orig_splits
-    _save(log, nq, nkv, d, bw, "int4")
 
 
 def _save(log: list[dict], nq: int, nkv: int, d: int, bw: float, tag: str = "") -> None:
