@@ -292,7 +292,7 @@ def decode_stalls_table(path: Path = RESULTS / "decode_stalls.json") -> str:
     lines += [row(x, [pct(share[r["impl"]].get(x, 0.0)) for r in rows]) for x in shown]
     rest = [max(0.0, 1 - sum(share[r["impl"]].get(x, 0.0) for x in shown)) for r in rows]
     lines.append(row("other", [pct(x) for x in rest]))
-    top = next((r for r in rows if r["impl"] == "int4"), p)
+    top = next((r for r in rows if r["impl"].startswith("int4")), p)
     lines += [
         "",
         f"`{top['impl']}`'s source lines with most samples (share of its samples; each line's top "
@@ -305,9 +305,8 @@ def decode_stalls_table(path: Path = RESULTS / "decode_stalls.json") -> str:
         states = ", ".join(
             f"{s['reason']} {100 * s['samples'] / ln['samples']:.0f}%" for s in ln["stalls"]
         )
-        lines.append(
-            f"| {ln['where']} | {_cell(ln['text'])} | {100 * ln['fraction']:.1f}% | {states} |"
-        )
+        where = re.sub(r"^.*/site-packages/", "", ln["where"])  # Triton's own: triton/language/...
+        lines.append(f"| {where} | {_cell(ln['text'])} | {100 * ln['fraction']:.1f}% | {states} |")
     return "\n".join(lines)
 
 
