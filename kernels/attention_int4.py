@@ -210,10 +210,11 @@ def _masked_scale_zero(sc, z, key_ok, MASKED: tl.constexpr):
 @triton.jit
 def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
                BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, K_SZ: tl.constexpr,
-               V_SZ: tl.constexpr):  # fmt: skip
+               V_SZ: tl.constexpr, K_SCALES_AHEAD: tl.constexpr):  # fmt: skip
     """The per-page values that are no dot operand, as stored (fp16): K's zeros (low, high half
-    [D/2]) and V's (scale, zero) [B] of group 0 and group 1 (group 0's again when NGV == 1). The
-    decode loop loads them a step ahead of their use, into registers."""
+    [D/2]) and V's (scale, zero) [B] of group 0 and group 1 (group 0's again when NGV == 1), and
+    with K_SCALES_AHEAD K's scales (low, high half [D/2]) after them. The decode loop loads them
+    a step ahead of their use, into registers."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -228,7 +229,11 @@ def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
     if NGV == 2:
         sc1 = tl.load(vsz + 2 * BLOCK_SIZE + r)
         z1 = tl.load(vsz + 3 * BLOCK_SIZE + r)
-    return z_lo, z_hi, sc0, z0, sc1, z1
+    if K_SCALES_AHEAD:
+        ks = _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ)
+        return z_lo, z_hi, sc0, z0, sc1, z1, tl.load(ks + c), tl.load(ks + HALF + c)
+    else:
+        return z_lo, z_hi, sc0, z0, sc1, z1
 
 
 @triton.jit
@@ -310,15 +315,23 @@ def _page_pv(
 def _page_scores_t(
     cache_ptr, cache16_ptr, page, kvh, stride_block, qt_lo, qt_hi, q16t_lo, q16t_hi, side,
     HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, K_DATA: tl.constexpr, K_SZ: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    K_SCALES_AHEAD: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """Unscaled scores of the page's keys transposed, [B, BLOCK_M] (keys on the MMA's M side):
     qt_lo / qt_hi are the power-of-two-scaled query halves transposed, [D/2, BLOCK_M], fp32.
-    K's zeros are side[0:2] (_page_side, loaded a step earlier), not loaded here."""
+    K's zeros are side[0:2] (_page_side, loaded a step earlier), not loaded here; so are K's
+    scales, side[6:8], with K_SCALES_AHEAD (else loaded here)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
-    s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
+    if K_SCALES_AHEAD:
+        s_lo = side[6]
+        s_hi = side[7]
+        if DOT_F32:  # as _k_scales
+            s_lo = s_lo.to(tl.float32)
+            s_hi = s_hi.to(tl.float32)
+    else:
+        s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
     z_lo = side[0].to(tl.float32)
     z_hi = side[1].to(tl.float32)
     kb = tl.load(
@@ -393,7 +406,7 @@ def _decode_step(
     page_b, ahead, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, K_SZ: tl.constexpr, V_SZ: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    K_SCALES_AHEAD: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """One step of _decode_pages over the pages page_a, page_b (keys [start, start + 2B)): the
     new (m, l, acc, az) and the next step's (page_a, page_b, ahead). ahead is this step's
@@ -410,10 +423,10 @@ def _decode_step(
     ok_b = key_b < page_hi
     s_a = _page_scores_t(cache_ptr, cache16_ptr, page_a, kvh, stride_block, qt_lo, qt_hi,
                          q16t_lo, q16t_hi, side_a, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ,
-                         DOT_F32)  # fmt: skip
+                         K_SCALES_AHEAD, DOT_F32)  # fmt: skip
     s_b = _page_scores_t(cache_ptr, cache16_ptr, page_b, kvh, stride_block, qt_lo, qt_hi,
                          q16t_lo, q16t_hi, side_b, HEAD_SIZE, BLOCK_SIZE, K_DATA, K_SZ,
-                         DOT_F32)  # fmt: skip
+                         K_SCALES_AHEAD, DOT_F32)  # fmt: skip
     s_a = _visible_t(s_a * row_scale[None, :], key_a, ok_a, pos, window, soft_cap, USE_WINDOW,
                      USE_SOFTCAP, MASKED)  # fmt: skip
     s_b = _visible_t(s_b * row_scale[None, :], key_b, ok_b, pos, window, soft_cap, USE_WINDOW,
@@ -435,9 +448,9 @@ def _decode_step(
     # The next step's, after this step's math: its page ids have arrived by now, and these
     # loads are in flight with the next step's asynchronous copies (issued here too).
     ahead = (_page_side(cache16_ptr, next_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ),
+                        V_SZ, K_SCALES_AHEAD),
              _page_side(cache16_ptr, next_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ))  # fmt: skip
+                        V_SZ, K_SCALES_AHEAD))  # fmt: skip
     return m_new, l_t, acc_lo, acc_hi, az_lo, az_hi, next_a, next_b, ahead
 
 
@@ -462,13 +475,14 @@ def _decode_pages(
 
     The K zeros and V (scale, zero), which are no dot operand and too narrow for the
     pipeliner's asynchronous copies, are loaded into registers a step ahead of their use
-    (_page_side, at the end of the step before), and the loop is launched with two shared-memory
-    buffers (3 stages, choose_config_int4). Compiled for sm80 (Triton 3.6), a step's codes and K
-    scales are then copied a whole step before it waits on them (cp.async.wait_group 8: the
-    next step's copies stay in flight) and no global load is used in the step that issues it;
-    the page-id load before the copies of the step after next is still waited on at the end of
-    each step (loading the page ids two steps ahead instead made Triton drop the loop's
-    pipelining altogether). Loaded at their use with one buffer, as the loop was before
+    (_page_side, at the end of the step before), and so are the K scales at head size 256,
+    where the pipeliner does not copy them either (K_SCALES_AHEAD); the loop is launched with two
+    shared-memory buffers (3 stages, choose_config_int4). Compiled for sm80 (Triton 3.6), a
+    step's codes and (at head sizes 64 and 128) K scales are then copied a whole step before it
+    waits on them (cp.async.wait_group 8: the next step's copies stay in flight) and no global
+    load is used in the step that issues it; the page-id load before the copies of the step
+    after next is still waited on at the end of each step (loading the page ids two steps ahead
+    instead made Triton drop the loop's pipelining altogether). Loaded at their use with one buffer, as the loop was before
     2026-12-04, the copies were issued at the very end of the step before (after its last dot)
     and waited on (wait_group 0) first thing, the zeros and V scales loaded and waited on inside
     the step: about five dependent global-memory round trips a step, one after another; the
@@ -476,6 +490,13 @@ def _decode_pages(
     (the same arithmetic on the same values)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     STEP: tl.constexpr = 2 * BLOCK_SIZE
+    # The pipeliner copies a load asynchronously only where each thread holds >= 4 contiguous
+    # bytes of it: the K scales' [D/2] fp16 halves at D <= 128 (64 or 32 elements over the
+    # threads, 4 a thread), not at D = 256 (128 over 128 threads, 2 bytes a thread), where they
+    # stayed plain loads at their use: the H200's PC sampling (2026-12-05, 4 q / 1 kv heads,
+    # batch 32, 32K context) found 36% of the kernel's samples on their first use, waiting on
+    # them. There they are loaded a step ahead with the zeros instead.
+    K_SCALES_AHEAD: tl.constexpr = HEAD_SIZE > 128
     qt_lo = tl.trans(qn_lo)
     qt_hi = tl.trans(qn_hi)
     q16t_lo = tl.trans(q16_lo)
@@ -488,16 +509,16 @@ def _decode_pages(
     az_hi = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
     page_a, page_b = _step_pages(bt_row, key_lo, page_hi, BLOCK_SIZE)
     ahead = (_page_side(cache16_ptr, page_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ),
+                        V_SZ, K_SCALES_AHEAD),
              _page_side(cache16_ptr, page_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ))  # fmt: skip
+                        V_SZ, K_SCALES_AHEAD))  # fmt: skip
     if USE_WINDOW:
         for start in range(key_lo, page_hi, STEP):
             m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, ahead = _decode_step(
                 cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
                 soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
                 az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA,
-                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
+                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, K_SCALES_AHEAD, DOT_F32,
             )  # fmt: skip
     else:
         seen = tl.minimum(page_hi, first_pos + 1) - key_lo
@@ -507,7 +528,7 @@ def _decode_pages(
                 cache_ptr, cache16_ptr, bt_row, kvh, stride_block, start, page_hi, pos, window,
                 soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t, acc_lo, acc_hi,
                 az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE, NGV, K_DATA, V_DATA,
-                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, False, DOT_F32,
+                K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, False, K_SCALES_AHEAD, DOT_F32,
             )  # fmt: skip
         # the keys left, [mid, page_hi), are fewer than 2B + 16: at most two masked steps
         for i in tl.static_range(2):
@@ -516,7 +537,8 @@ def _decode_pages(
                     cache_ptr, cache16_ptr, bt_row, kvh, stride_block, mid + i * STEP, page_hi,
                     pos, window, soft_cap, qt_lo, qt_hi, q16t_lo, q16t_hi, row_scale, m_i, l_t,
                     acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, ahead, HEAD_SIZE, BLOCK_SIZE,
-                    NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True, DOT_F32,
+                    NGV, K_DATA, V_DATA, K_SZ, V_SZ, USE_WINDOW, USE_SOFTCAP, True,
+                    K_SCALES_AHEAD, DOT_F32,
                 )  # fmt: skip
     l_i = tl.sum(l_t, axis=0)
     return (m_i, l_i, tl.trans(acc_lo), tl.trans(acc_hi), tl.sum(az_lo, axis=0),
