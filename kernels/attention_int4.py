@@ -482,12 +482,12 @@ def _decode_pages(
     waits on them (cp.async.wait_group 8: the next step's copies stay in flight) and no global
     load is used in the step that issues it; the page-id load before the copies of the step
     after next is still waited on at the end of each step (loading the page ids two steps ahead
-    instead made Triton drop the loop's pipelining altogether). Loaded at their use with one buffer, as the loop was before
-    2026-12-04, the copies were issued at the very end of the step before (after its last dot)
-    and waited on (wait_group 0) first thing, the zeros and V scales loaded and waited on inside
-    the step: about five dependent global-memory round trips a step, one after another; the
-    H200 ran that loop 1.20-1.68x slower at every model shape, batch and context timed
-    (the same arithmetic on the same values)."""
+    instead made Triton drop the loop's pipelining altogether). Loaded at their use with one
+    buffer, as the loop was before 2026-12-04, the copies were issued at the very end of the
+    step before (after its last dot) and waited on (wait_group 0) first thing, the zeros and V
+    scales loaded and waited on inside the step: about five dependent global-memory round trips
+    a step, one after another; the H200 ran that loop 1.20-1.68x slower at every model shape,
+    batch and context timed (the same arithmetic on the same values)."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     STEP: tl.constexpr = 2 * BLOCK_SIZE
     # The pipeliner copies a load asynchronously only where each thread holds >= 4 contiguous
