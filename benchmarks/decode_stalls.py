@@ -6,10 +6,10 @@ profiler (Proton) in CUPTI PC-sampling mode.
 
 Per impl, the decode launch benchmarks/kernels.py times at that point (its ``Cache`` and
 ``attention_fn``; ``int4`` with ``TAIL_TOKENS`` keys per sequence in its BF16 tail) runs
-``--launches`` times inside a Proton session, eagerly: Proton starts and stops the sampling around
-each kernel launch. The first of them compiles and loads the kernel inside the session, because
+``--launches`` times while Proton samples, eagerly: Proton starts and stops the sampling around
+each kernel launch. The first of them compiles and loads the kernel while it samples, because
 Proton keeps a module's cubin, which maps a sampled PC to its source line, only when it is loaded
-while PC sampling is on. After the session the same launch is timed with ``graph_ms`` (µs, and
+while PC sampling is on. After the profile the same launch is timed with ``graph_ms`` (µs, and
 the bandwidth its bytes take, as kernels.py counts them).
 
 Proton writes a hatchet tree (``<out stem>_<impl>.hatchet`` next to the JSON, and into $OUT):
@@ -163,7 +163,7 @@ def decode_launch(impl: str, nq: int, nkv: int, d: int, batch: int, ctx: int):
 
 
 def profile(fn: Callable[[], None], launches: int, stem: Path) -> Path:
-    """Run ``fn`` ``launches`` times in a Proton PC-sampling session writing ``stem``.hatchet."""
+    """Run ``fn`` ``launches`` times under Proton's PC sampling, writing ``stem``.hatchet."""
     import triton.profiler as proton
 
     stem.parent.mkdir(parents=True, exist_ok=True)
