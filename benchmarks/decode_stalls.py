@@ -4,8 +4,8 @@ profiler (Proton) in CUPTI PC-sampling mode.
     python -m benchmarks.decode_stalls --shape 32,8,128 --batch 32 --ctx 32768 --impls int4 int8
         --out benchmarks/results/decode_stalls.json
 
-Per impl, the decode launch benchmarks/kernels.py times at that point (its ``Cache`` and
-``attention_fn``; ``int4`` with ``TAIL_TOKENS`` keys per sequence in its BF16 tail) runs
+Per impl, the decode launch benchmarks/kernels.py times at that point (its ``attention_launches``,
+on one cache; ``int4`` with ``TAIL_TOKENS`` keys per sequence in its BF16 tail) runs
 ``--launches`` times while Proton samples, eagerly: Proton starts and stops the sampling around
 each kernel launch. The first of them compiles and loads the kernel while it samples, because
 Proton keeps a module's cubin, which maps a sampled PC to its source line, only when it is loaded
@@ -38,18 +38,14 @@ import torch
 
 from benchmarks import common
 from benchmarks.kernels import (
-    DEV,
     IMPLS,
     L2_BYTES,
     TAIL_PAGES,
     TAIL_TOKENS,
-    Cache,
-    attention_fn,
-    block_size,
+    attention_launches,
     copy_bw_gbs,
     graph_ms,
     has_tail,
-    kv_bytes_per_token,
 )
 
 # Proton's name for a sampled PC's source line (formatFileLineFunction: file + ":" + line + "@" +
@@ -148,18 +144,10 @@ def summarize(tree: list | dict, kernel: str, top_lines: int = 15) -> dict:
 
 
 def decode_launch(impl: str, nq: int, nkv: int, d: int, batch: int, ctx: int):
-    """(launch, bytes it must move) of one decode step as kernels.bench_attention builds it, on
-    a single cache."""
-    seq_len = ctx + (TAIL_TOKENS if has_tail(impl) else 0)
-    blocks = -(-seq_len // block_size(impl))
-    cache = Cache(impl, batch * blocks + 1, nkv, d, batch)
-    bt = torch.randperm(batch * blocks, device=DEV).int().view(batch, blocks)
-    q = torch.randn(batch, nq, d, device=DEV, dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    qsl = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
-    seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
-    fn = attention_fn(impl, cache, q, out, qsl, seq_lens, bt, 1, seq_len)
-    return fn, batch * seq_len * kv_bytes_per_token(impl, nkv, d) + 2 * q.numel() * q.element_size()
+    """(launch, bytes it must move) of the decode step kernels.bench_attention times, on a single
+    cache."""
+    fns, must_kv, q_bytes = attention_launches(impl, nq, nkv, d, batch, ctx, 1, copies=1)
+    return fns[0], must_kv + q_bytes
 
 
 def profile(fn: Callable[[], None], launches: int, stem: Path) -> Path:

@@ -246,13 +246,20 @@ def tail_halves(bt: torch.Tensor, seq_lens: torch.Tensor, bs: int) -> torch.Tens
     return torch.where(even, torch.stack([newest, before], 1), torch.stack([before, newest], 1))
 
 
-def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> dict:
+def attention_launches(
+    impl, nq, nkv, d, batch, ctx, q_len, window=0, copies: int | None = None
+) -> tuple[list[Callable[[], None]], int, int]:
+    """(one launch per copy of the cache, the K/V bytes a launch must read, its query and output
+    bytes) of ``batch`` sequences of ``ctx`` keys (and an ``impl`` with a tail: TAIL_TOKENS more
+    in it) with ``q_len`` queries each. Without ``copies``, enough copies that together they
+    spill out of L2."""
     bs = block_size(impl)
     tail = TAIL_TOKENS if has_tail(impl) else 0
     seq_len = ctx + tail
     blocks_per_seq = -(-seq_len // bs)
     must_kv = batch * seq_len * kv_bytes_per_token(impl, nkv, d)
-    copies = max(1, min(8, -(-2 * L2_BYTES // must_kv)))
+    if copies is None:
+        copies = max(1, min(8, -(-2 * L2_BYTES // must_kv)))
     caches = [Cache(impl, batch * blocks_per_seq + 1, nkv, d, batch) for _ in range(copies)]
     bt = torch.randperm(batch * blocks_per_seq, device=DEV).int().view(batch, blocks_per_seq)
     q = torch.randn(batch * q_len, nq, d, device=DEV, dtype=torch.bfloat16)
@@ -260,6 +267,13 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> di
     qsl = torch.arange(0, batch * q_len + 1, q_len, device=DEV, dtype=torch.int32)
     sl = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
     fns = [attention_fn(impl, c, q, out, qsl, sl, bt, q_len, seq_len, window) for c in caches]
+    return fns, must_kv, 2 * q.numel() * q.element_size()
+
+
+def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> dict:
+    tail = TAIL_TOKENS if has_tail(impl) else 0
+    fns, must_kv, q_bytes = attention_launches(impl, nq, nkv, d, batch, ctx, q_len, window)
+    copies = len(fns)
 
     def run():
         for f in fns:
@@ -268,7 +282,7 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> di
     ms = graph_ms(run) / copies
     # a sliding window must read only its keys (one page more where it starts mid-page)
     read_kv = must_kv if not window else batch * min(ctx, window) * kv_bytes_per_token(impl, nkv, d)
-    moved = read_kv + 2 * q.numel() * q.element_size()
+    moved = read_kv + q_bytes
     row = dict(kernel=kernel, impl=impl, q_heads=nq, kv_heads=nkv, head_dim=d, batch=batch,
                ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
     if window:
