@@ -279,7 +279,8 @@ def decode_stalls_table(path: Path = RESULTS / "decode_stalls.json") -> str:
         f"`{_short(result['command'])}`. Decode at {p['q_heads']}/{p['kv_heads']} heads, "
         f"D={p['head_dim']}, batch {p['batch']}, context {p['ctx']}: share of the PC samples of "
         f"the kernels matching `{result['kernel']}` over {result['launches']} launches per impl, "
-        "by the sampled warp's state (`selected`: it issued).",
+        "by the sampled warp's state (`selected`: it issued)."
+        + (f" {result['note'][0].upper()}{result['note'][1:]}." if result.get("note") else ""),
         "",
         row("warp state", [f"`{r['impl']}`" for r in rows]),
         "|---|" + "---|" * len(rows),
@@ -307,6 +308,37 @@ def decode_stalls_table(path: Path = RESULTS / "decode_stalls.json") -> str:
         )
         where = re.sub(r"^.*/site-packages/", "", ln["where"])  # Triton's own: triton/language/...
         lines.append(f"| {where} | {_cell(ln['text'])} | {100 * ln['fraction']:.1f}% | {states} |")
+    return "\n".join(lines)
+
+
+def decode_ab_table(path: Path = RESULTS / "decode_ab_head256.json") -> str:
+    """Kernel variants timed against this commit's (``main``) in one run: per point, each
+    impl's time in every variant and the variant's time over ``main``'s (above 1: slower)."""
+    result = _load(path)
+    variants = [v for v in result["variants"] if v != "main"]
+    by = {(r["variant"], r["impl"], *_point(r)): r["ms"] * 1e3 for r in result["rows"]}
+    points = sorted({_point(r) for r in result["rows"]})
+    pairs = [(v, i) for v in variants for i in sorted({r["impl"] for r in result["rows"]
+                                                        if r["variant"] == v})]  # fmt: skip
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'].split(' ; ')[0])}` "
+        "and the calls in the file's `command`. " + result["note"],
+        "",
+        "Variants: " + "; ".join(f"`{k}`: {v}" for k, v in result["variants"].items()) + ".",
+        "",
+        "| heads | batch | ctx | "
+        + " | ".join(f"`{i}` µs: `main` / `{v}` | `{v}` over `main`" for v, i in pairs)
+        + " |",
+        "|---|---|---|" + "---|---|" * len(pairs),
+    ]
+    for pt in points:
+        q, kv, d, batch, ctx = pt[:5]
+        cells = []
+        for v, i in pairs:
+            ours, theirs = by.get(("main", i, *pt)), by.get((v, i, *pt))
+            cells.append(f"{_num(ours, '.1f')} / {_num(theirs, '.1f')}")
+            cells.append(f"{theirs / ours:.2f}x" if ours and theirs else "n/a")
+        lines.append(f"| {q}/{kv}/{d} | {batch} | {ctx} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -932,6 +964,46 @@ def serving_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
+def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
+    """Where each point's time to first token went, by the server's own metrics
+    (``server_metrics``, ``benchmarks/server_metrics.py``): the mean over the point's requests of
+    the engine core's queue, of its prefill (first scheduled to first token) and of the rest,
+    outside the engine core (the API server's tokenising, IPC and output processing)."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Means over each "
+        "point's requests, in ms, by the server's clock.",
+        "",
+        "| model | input | concurrency | dtype | TTFT | in the queue | prefill | outside the "
+        "engine core | queue + prefill vs `auto_fa2` | output tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
+
+    def engine_ms(row: dict | None) -> float | None:
+        m = (row or {}).get("server_metrics") or {}
+        if m.get("queue_ms_mean") is None or m.get("prefill_ms_mean") is None:
+            return None
+        return m["queue_ms_mean"] + m["prefill_ms_mean"]
+
+    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9))):
+        model, input_len, conc, dtype = key
+        r = rows[key]
+        m = r.get("server_metrics") or {}
+        ours, base = engine_ms(r), engine_ms(rows.get((model, input_len, conc, "auto_fa2")))
+        vs = "reference" if dtype == "auto_fa2" else (
+            f"{ours / base:.2f}x" if ours is not None and base else "n/a"
+        )  # fmt: skip
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
+            f"{_num(m.get('ttft_ms_mean_server'), '.0f')} | {_num(m.get('queue_ms_mean'), '.0f')} "
+            f"| {_num(m.get('prefill_ms_mean'), '.0f')} | "
+            f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {vs} | {r['output_tok_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def serving_profile_table(*paths: Path) -> str:
     """The profiled serving points (``serve_bench --profile-concurrency``): GPU kernel time by
     category over the whole point, how busy the GPU was, the attention op's host time, and the
@@ -1048,11 +1120,20 @@ def _serving_line(path: Path) -> str:
         ]
         return ", ".join(parts)
 
+    top = rows[model, input_len, concs[-1], "int8"].get("server_metrics") or {}
+    outside = ""
+    if top.get("ttft_frontend_ms_mean") is not None and top.get("ttft_ms_mean_server"):
+        share = top["ttft_frontend_ms_mean"] / top["ttft_ms_mean_server"]
+        outside = (
+            f"; at {concs[-1]}, {share:.0%} of its mean time to first token is spent outside the "
+            "engine core (the API server's tokenising, IPC and output processing: "
+            "[where](docs/results.md#serving))"
+        )
     return (
         f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "
         f"{input_len}-token prompts): `int8`'s median time per output token against "
         f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
-        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower)."
+        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower){outside}."
     )
 
 
@@ -1465,6 +1546,8 @@ TABLES = {
     "throughput_1k_paired": paired_runs_table,
     "serving": serving_table,
     "serving_starts": serving_starts_table,
+    "serving_ttft": serving_ttft_table,
+    "decode_ab_head256": decode_ab_table,
     "serving_profile": lambda: serving_profile_table(
         *sorted(RESULTS.glob("serving_*_profile.json"))
     ),
@@ -1528,6 +1611,10 @@ TABLES = {
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
     "serving_int8_rerun": serving_rerun_table,
+    "serving_2026_12_02": lambda: serving_table(RESULTS / "serving_2026-12-02_170c68e.json"),
+    "serving_starts_2026_12_02": lambda: serving_starts_table(
+        RESULTS / "serving_2026-12-02_170c68e.json"
+    ),
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "int4_decode_one_page_steps": lambda: int4_decode_table(RESULTS / "kernels_int4_3411932.json"),
     "int4_decode_two_page_steps": lambda: int4_decode_table(

@@ -1,0 +1,81 @@
+"""benchmarks/report.py's serving TTFT table, the headline's serving line and the kernel A/B table,
+on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import report
+
+COMMON = {"gpu": "NVIDIA H200", "date": "2026-12-05", "git_commit": "b" * 40}
+
+
+def serving_row(dtype: str, conc: int, ttft: float, metrics: dict | None) -> dict:
+    row = {"model": "smollm2", "dtype": dtype, "input_len": 7936, "output_len": 256,
+           "concurrency": conc, "num_prompts": 4 * conc, "ttft_ms_p50": ttft,
+           "ttft_ms_p99": 2 * ttft, "tpot_ms_p50": 2.0, "tpot_ms_p99": 3.0, "itl_ms_p50": 1.5,
+           "itl_ms_p99": 9.0, "output_tok_s": 1000.0, "kv_cache_tokens": 10}  # fmt: skip
+    if metrics is not None:
+        row["server_metrics"] = metrics
+    return row
+
+
+def metrics(queue: float, prefill: float, ttft: float) -> dict:
+    return {"queue_ms_mean": queue, "prefill_ms_mean": prefill, "ttft_ms_mean_server": ttft,
+            "ttft_frontend_ms_mean": ttft - queue - prefill}  # fmt: skip
+
+
+def write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({**COMMON, **doc}))
+    return path
+
+
+def test_serving_ttft_table_splits_ttft_and_compares_the_engine_core(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --models smollm2",
+        "rows": [serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0)),
+                 serving_row("auto_fa2", 32, 150.0, metrics(0.0, 24.0, 230.0)),
+                 serving_row("int4", 32, 300.0, None)],
+    })  # fmt: skip
+    table = [ln for ln in report.serving_ttft_table(path).splitlines() if ln.startswith("| Smol")]
+    # auto_fa2 first; queue + prefill over FlashAttention-2's: 72 / 24
+    assert table == [
+        "| SmolLM2-135M-Instruct | 7936 | 32 | `auto_fa2` | 230 | 0 | 24 | 206 | reference | 1000 |",
+        "| SmolLM2-135M-Instruct | 7936 | 32 | `int8` | 320 | 10 | 62 | 248 | 3.00x | 1000 |",
+        "| SmolLM2-135M-Instruct | 7936 | 32 | `int4` | n/a | n/a | n/a | n/a | n/a | 1000 |",
+    ]
+
+
+def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path: Path) -> None:
+    rows = [serving_row("auto_fa2", c, 100.0, metrics(0.0, 20.0, 100.0)) for c in (1, 8)]
+    rows += [serving_row("int8", 1, 50.0, None),
+             serving_row("int8", 8, 400.0, metrics(0.0, 20.0, 400.0))]  # fmt: skip
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
+    assert "at 8, 95% of its mean time to first token is spent outside the engine core" in line
+    # without the server's metrics at the highest concurrency, no such clause
+    rows[-1].pop("server_metrics")
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    assert "outside the engine core" not in line and line.endswith("above 1: slower).")
+
+
+def test_decode_ab_table_puts_each_variant_beside_main(tmp_path: Path) -> None:
+    def row(variant: str, impl: str, ctx: int, ms: float) -> dict:
+        return {"variant": variant, "kernel": "decode", "impl": impl, "q_heads": 4,
+                "kv_heads": 1, "head_dim": 256, "batch": 8, "ctx": ctx, "ms": ms}  # fmt: skip
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.kernels --impls int4 ; python -m benchmarks.kernels",
+        "note": "One host.",
+        "variants": {"main": "today's", "old": "yesterday's"},
+        "rows": [row("main", "int4", 8192, 0.020), row("old", "int4", 8192, 0.025),
+                 row("main", "int4", 32768, 0.040)],
+    })  # fmt: skip
+    text = report.decode_ab_table(path)
+    assert "Variants: `main`: today's; `old`: yesterday's." in text
+    table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| heads | batch | ctx | `int4` µs: `main` / `old` | `old` over `main` |"
+    assert table[1:] == ["| 4/1/256 | 8 | 8192 | 20.0 / 25.0 | 1.25x |",
+                         "| 4/1/256 | 8 | 32768 | 40.0 / n/a | n/a |"]  # fmt: skip
