@@ -923,6 +923,12 @@ def _serving_rows(result: dict) -> dict[tuple, dict]:
     return {(r["model"], r["input_len"], r["concurrency"], r["dtype"]): r for r in result["rows"]}
 
 
+def _serving_keys(rows: dict[tuple, dict]) -> list[tuple]:
+    """``_serving_rows``' keys by model, input and concurrency, FlashAttention-2 first."""
+    order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
+    return sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9)))
+
+
 def _ratio(ours: dict, base: dict | None, key: str) -> str:
     return f"{ours[key] / base[key]:.2f}x" if base and base.get(key) else "n/a"
 
@@ -943,8 +949,7 @@ def serving_table(path: Path = RESULTS / "serving.json") -> str:
         "| ITL p50 vs `auto_fa2` | KV tokens |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
-    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9))):
+    for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         r = rows[key]
         base = rows.get((model, input_len, conc, "auto_fa2"))
@@ -979,7 +984,6 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
         "engine core | queue + prefill vs `auto_fa2` | output tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {d: i for i, d in enumerate(("auto_fa2", "int8_per_token_head", "int8", "int4"))}
 
     def engine_ms(row: dict | None) -> float | None:
         m = (row or {}).get("server_metrics") or {}
@@ -987,7 +991,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
             return None
         return m["queue_ms_mean"] + m["prefill_ms_mean"]
 
-    for key in sorted(rows, key=lambda k: (k[0], k[1], k[2], order.get(k[3], 9))):
+    for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         r = rows[key]
         m = r.get("server_metrics") or {}
