@@ -210,11 +210,11 @@ def _masked_scale_zero(sc, z, key_ok, MASKED: tl.constexpr):
 @triton.jit
 def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
                BLOCK_SIZE: tl.constexpr, NGV: tl.constexpr, K_SZ: tl.constexpr,
-               V_SZ: tl.constexpr, K_SCALES_AHEAD: tl.constexpr):  # fmt: skip
+               V_SZ: tl.constexpr, K_SCALES_AHEAD: tl.constexpr, DOT_F32: tl.constexpr):  # fmt: skip
     """The per-page values that are no dot operand, as stored (fp16): K's zeros (low, high half
     [D/2]) and V's (scale, zero) [B] of group 0 and group 1 (group 0's again when NGV == 1), and
-    with K_SCALES_AHEAD K's scales (low, high half [D/2]) after them. The decode loop loads them
-    a step ahead of their use, into registers."""
+    with K_SCALES_AHEAD K's scales after them (as _k_scales gives them). The decode loop loads
+    them a step ahead of their use, into registers."""
     HALF: tl.constexpr = HEAD_SIZE // 2
     c = tl.arange(0, HALF)
     r = tl.arange(0, BLOCK_SIZE)
@@ -230,8 +230,8 @@ def _page_side(cache16_ptr, page, kvh, stride_block, HEAD_SIZE: tl.constexpr,
         sc1 = tl.load(vsz + 2 * BLOCK_SIZE + r)
         z1 = tl.load(vsz + 3 * BLOCK_SIZE + r)
     if K_SCALES_AHEAD:
-        ks = _k_sz(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ)
-        return z_lo, z_hi, sc0, z0, sc1, z1, tl.load(ks + c), tl.load(ks + HALF + c)
+        s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
+        return z_lo, z_hi, sc0, z0, sc1, z1, s_lo, s_hi
     else:
         return z_lo, z_hi, sc0, z0, sc1, z1
 
@@ -327,9 +327,6 @@ def _page_scores_t(
     if K_SCALES_AHEAD:
         s_lo = side[6]
         s_hi = side[7]
-        if DOT_F32:  # as _k_scales
-            s_lo = s_lo.to(tl.float32)
-            s_hi = s_hi.to(tl.float32)
     else:
         s_lo, s_hi = _k_scales(cache16_ptr, page, kvh, stride_block, HEAD_SIZE, K_SZ, DOT_F32)
     z_lo = side[0].to(tl.float32)
@@ -448,9 +445,9 @@ def _decode_step(
     # The next step's, after this step's math: its page ids have arrived by now, and these
     # loads are in flight with the next step's asynchronous copies (issued here too).
     ahead = (_page_side(cache16_ptr, next_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ, K_SCALES_AHEAD),
+                        V_SZ, K_SCALES_AHEAD, DOT_F32),
              _page_side(cache16_ptr, next_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ, K_SCALES_AHEAD))  # fmt: skip
+                        V_SZ, K_SCALES_AHEAD, DOT_F32))  # fmt: skip
     return m_new, l_t, acc_lo, acc_hi, az_lo, az_hi, next_a, next_b, ahead
 
 
@@ -509,9 +506,9 @@ def _decode_pages(
     az_hi = tl.zeros([BLOCK_SIZE, BLOCK_M], tl.float32)
     page_a, page_b = _step_pages(bt_row, key_lo, page_hi, BLOCK_SIZE)
     ahead = (_page_side(cache16_ptr, page_a, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ, K_SCALES_AHEAD),
+                        V_SZ, K_SCALES_AHEAD, DOT_F32),
              _page_side(cache16_ptr, page_b, kvh, stride_block, HEAD_SIZE, BLOCK_SIZE, NGV, K_SZ,
-                        V_SZ, K_SCALES_AHEAD))  # fmt: skip
+                        V_SZ, K_SCALES_AHEAD, DOT_F32))  # fmt: skip
     if USE_WINDOW:
         for start in range(key_lo, page_hi, STEP):
             m_i, l_t, acc_lo, acc_hi, az_lo, az_hi, page_a, page_b, ahead = _decode_step(
