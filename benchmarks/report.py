@@ -160,13 +160,14 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
-def int4_decode_table(path: Path = RESULTS / "kernels_int4.json") -> str:
-    """``int4``'s decode against FlashAttention-2 and ``int8`` timed in one run, its targets, and
-    the fraction of the copy bandwidth its own bytes (pages plus tail) take."""
+def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
+    """``int4``'s decode (``impl``: ``int4_tail2`` for the two-page tail) against
+    FlashAttention-2 and ``int8`` timed in one run, its targets, and the fraction of the copy
+    bandwidth its own bytes (pages plus tail) take."""
     result = _load(path)
     ms = {(r["impl"], *_point(r)): r for r in result["rows"] if r["kernel"] == "decode"}
     peak = result["peak_bw_gbs"]
-    points = sorted({key[1:] for key in ms if key[0] == "int4"}, key=lambda k: (*k[:5], k[5] or 0))
+    points = sorted({key[1:] for key in ms if key[0] == impl}, key=lambda k: (*k[:5], k[5] or 0))
 
     def over(a: str, b: str, key: tuple) -> float | None:
         ra, rb = ms.get((a, *key)), ms.get((b, *key))
@@ -182,15 +183,15 @@ def int4_decode_table(path: Path = RESULTS / "kernels_int4.json") -> str:
     ]  # fmt: skip
     lines = [
         f"{result['gpu']}, copy bandwidth {peak:.0f} GB/s, {_provenance(result)}, "
-        f"`{_short(result['command'])}`. Each ratio is the other kernel's time over `int4`'s "
-        "(>1: `int4` faster), both timed in this run; every sequence has 13 keys past its "
-        "context in the BF16 tail; %bw counts the bytes `int4` must read.",
+        f"`{_short(result['command'])}`. Each ratio is the other kernel's time over `{impl}`'s "
+        f"(>1: `{impl}` faster), both timed in this run; every sequence has 13 keys past its "
+        f"context in the BF16 tail; %bw counts the bytes `{impl}` must read.",
         "",
         "| target | wanted | points | met | min | median | max |",
         "|---|---|---|---|---|---|---|",
     ]
     for what, wanted, other, applies in targets:
-        vals = [v for k in points if applies(k) and (v := over(other, "int4", k)) is not None]
+        vals = [v for k in points if applies(k) and (v := over(other, impl, k)) is not None]
         if not vals:
             lines.append(
                 f"| {what} | {f'≥ {wanted}x' if wanted else '-'} | 0 | - | not measured | | |"
@@ -203,15 +204,15 @@ def int4_decode_table(path: Path = RESULTS / "kernels_int4.json") -> str:
         )
     lines += [
         "",
-        "| q/kv heads, dim | window | batch | ctx | `int4` µs | %bw | vs `bf16_fa2` | vs `int8` "
+        f"| q/kv heads, dim | window | batch | ctx | `{impl}` µs | %bw | vs `bf16_fa2` | vs `int8` "
         "| `int8` vs `bf16_fa2` |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key in points:
         nq, nkv, d, batch, ctx, window = key
-        mine = ms[("int4", *key)]
+        mine = ms[(impl, *key)]
         cells = [over(a, b, key) for a, b in
-                 (("bf16_fa2", "int4"), ("int8", "int4"), ("bf16_fa2", "int8"))]  # fmt: skip
+                 (("bf16_fa2", impl), ("int8", impl), ("bf16_fa2", "int8"))]  # fmt: skip
         lines.append(
             f"| {nq}/{nkv}, {d} | {window or '-'} | {batch} | {ctx} | {mine['ms'] * 1e3:.1f} | "
             f"{100 * mine['gbs'] / peak:.0f}% | "
@@ -662,8 +663,26 @@ KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
 # int4's default reads two tail pages (impl "int4_tail2") and a sink page
 KERNEL_TIMED_AS = {
     "int4": "reading one tail page and no sink page (`INT8KV_INT4_TAIL_PAGES=1 "
-    "INT8KV_INT4_SINK_PAGE=0`); the default's second tail page and sink page are not timed yet"
+    "INT8KV_INT4_SINK_PAGE=0`)"
 }
+# the kernel bench's label of a dtype's default where KERNEL_TIMED_AS says it timed another
+KERNEL_DEFAULT_IMPL = {"int4": "int4_tail2"}
+
+
+def _default_decode_note(path: Path, impl: str) -> str:
+    """How the dtype's default (``impl``, e.g. int4's two tail pages) decodes against
+    FlashAttention-2, from another run's file, or that it is not timed yet."""
+    result = _load(path) if path.exists() else None
+    points = _decode_over_fa2(result["rows"], impl) if result else []
+    if not points:
+        return "The default's second tail page and sink page are not timed yet."
+    return (
+        f"With the default's two tail pages (`{impl}`), in a run of its own, "
+        f"[`{path.name}`](benchmarks/results/{path.name}) "
+        f"({_extent({'rows': [r for r in result['rows'] if r['impl'] == impl]})}), "
+        f"{result['gpu']} ({_provenance(result)}): {_spread(points)} FlashAttention-2's speed, "
+        f"{len(points)} points; its sink page is not timed yet."
+    )
 
 
 def dtype_choice_table(
@@ -681,6 +700,7 @@ def dtype_choice_table(
     ),
     kernels_path: Path = RESULTS / "kernels.json",
     int4_kernels_path: Path = RESULTS / "kernels_int4.json",
+    int4_default_path: Path = RESULTS / "kernels_int4_h100.json",
 ) -> str:
     """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model, decode
     speed vs FA2 (``int4``'s from its own run, ``int4_kernels_path``, where kernels.json has
@@ -761,6 +781,10 @@ def dtype_choice_table(
                 f"{int4_kernels['gpu']} ({_provenance(int4_kernels)})"
                 + (f", {KERNEL_TIMED_AS[dtype]}." if dtype in KERNEL_TIMED_AS else ".")
             )
+            if dtype in KERNEL_DEFAULT_IMPL:
+                notes[-1] += " " + _default_decode_note(
+                    int4_default_path, KERNEL_DEFAULT_IMPL[dtype]
+                )
         else:
             speed = "not measured"
         cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]
@@ -1611,6 +1635,8 @@ TABLES = {
     "int4_decode": int4_decode_table,
     "host_overhead": host_overhead_table,
     "int4_decode_head256": lambda: int4_decode_table(RESULTS / "kernels_head256.json"),
+    "int4_decode_h100": lambda: int4_decode_table(RESULTS / "kernels_int4_h100.json", "int4_tail2"),
+    "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "int4_decode_loops": int4_decode_loops_table,
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),

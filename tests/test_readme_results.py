@@ -41,6 +41,8 @@ WHERE = {
     "tune_decode_int4_9_3_64": RESULTS,
     "int4_decode": RESULTS,
     "int4_decode_head256": RESULTS,
+    "int4_decode_h100": RESULTS,
+    "decode_ab_int8_head256": RESULTS,
     "int4_decode_loops": RESULTS,
     "decode_stalls": RESULTS,
     "decode_stalls_4_1_256": RESULTS,

@@ -1,5 +1,6 @@
-"""benchmarks/report.py's serving TTFT table, the headline's serving line and the kernel A/B table,
-on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
+"""benchmarks/report.py's serving TTFT table, the headline's serving line, the kernel A/B table,
+the int4 decode table and the note on int4's default decode, on small result files made here (the
+committed files are pinned by tests/test_readme_results.py)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,34 @@ def test_decode_ab_table_puts_each_variant_beside_main(tmp_path: Path) -> None:
     assert table[0] == "| heads | batch | ctx | `int4` µs: `main` / `old` | `old` over `main` |"
     assert table[1:] == ["| 4/1/256 | 8 | 8192 | 20.0 / 25.0 | 1.25x |",
                          "| 4/1/256 | 8 | 32768 | 40.0 / n/a | n/a |"]  # fmt: skip
+
+
+def decode_row(impl: str, ctx: int, ms: float) -> dict:
+    return {"kernel": "decode", "impl": impl, "q_heads": 32, "kv_heads": 8, "head_dim": 128,
+            "batch": 8, "ctx": ctx, "ms": ms, "gbs": 1000.0}  # fmt: skip
+
+
+def test_int4_decode_table_judges_the_impl_it_is_given(tmp_path: Path) -> None:
+    rows = [decode_row("bf16_fa2", 8192, 2.0), decode_row("int8", 8192, 1.0),
+            decode_row("int4", 8192, 0.5), decode_row("int4_tail2", 8192, 1.0)]  # fmt: skip
+    path = write(tmp_path, {"command": "x", "peak_bw_gbs": 3000.0, "rows": rows})
+    default = report.int4_decode_table(path)
+    tail2 = report.int4_decode_table(path, "int4_tail2")
+    assert "| 32/8, 128 | - | 8 | 8192 | 500.0 |" in default
+    assert "| 32/8, 128 | - | 8 | 8192 | 1000.0 |" in tail2
+    # the 2.2x target against FlashAttention-2: met by int4 (4x), missed by int4_tail2 (2x)
+    assert "| ≥ 2.2x | 1 | 1 | 4.00x |" in default
+    assert "| ≥ 2.2x | 1 | 0 | 2.00x |" in tail2
+    assert "`int4_tail2`'s (>1: `int4_tail2` faster)" in tail2
+
+
+def test_default_decode_note_says_when_the_default_is_not_timed(tmp_path: Path) -> None:
+    missing = report._default_decode_note(tmp_path / "none.json", "int4_tail2")
+    assert missing == "The default's second tail page and sink page are not timed yet."
+    rows = [decode_row("bf16_fa2", c, 2.0) for c in (1024, 8192)]
+    rows += [decode_row("int4_tail2", 1024, 1.0), decode_row("int4_tail2", 8192, 0.5),
+             decode_row("int4", 8192, 0.25)]  # fmt: skip
+    note = report._default_decode_note(write(tmp_path, {"command": "x", "rows": rows}),
+                                       "int4_tail2")  # fmt: skip
+    assert "3.00x (2.00-4.00x) FlashAttention-2's speed, 2 points" in note
+    assert "NVIDIA H200 (2026-12-05, commit `bbbbbbb`)" in note
