@@ -12,7 +12,9 @@ Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel wi
 int8_per_token_head cache), and ours: ``int8``, ``int8_static``, ``int4``; for prefill also
 ``int8_fa2`` / ``int8_static_fa2``, the context gather + FlashAttention-2 the shim runs there; on
 request (``--impls int4_tail2``, not in the default list) ``int4`` with a tail of two pages, each
-sequence's page before the newest read from the tail too (its ``gbs`` counts int4's bytes). vLLM is
+sequence's page before the newest read from the tail too, and ``int4_sink_tail2``, ``int4`` as it
+ships: also a sink page, each sequence's first 64 keys read in BF16 instead of from int4 page 0
+(the ``gbs`` of both counts int4's bytes). vLLM is
 imported only for its three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
 
 Timing: each op is captured in a CUDA graph (as vLLM runs decode) and the replay is timed with
@@ -69,8 +71,10 @@ IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
 VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
 # int4 with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2): every sequence's newest page and the
-# one before it read from the tail pool (only with --impls int4_tail2)
-TAIL_PAGES = {"int4_tail2": 2}
+# one before it read from the tail pool (only with --impls int4_tail2); int4_sink_tail2, int4's
+# default, also reads each sequence's first page from its sink page (INT8KV_INT4_SINK_PAGE=1)
+TAIL_PAGES = {"int4_tail2": 2, "int4_sink_tail2": 2}
+SINK_IMPLS = {"int4_sink_tail2"}
 
 
 def kv_dtype(impl: str) -> str:
@@ -152,6 +156,12 @@ class Cache:
             shape, held = tail_pool_shapes(slots, nkv, d, self.pages, lay.block_size)
             self.tail = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
             self.tail_page = torch.full(held, -1, dtype=torch.int32, device=DEV)
+            # the sink pool: one sink page per sequence, K and V of its first page
+            self.sink = self.sink_of_seq = None
+            if impl in SINK_IMPLS:
+                sink_shape = (slots, 2, nkv, lay.block_size, d)
+                self.sink = torch.randn(sink_shape, device=DEV, dtype=torch.bfloat16)
+                self.sink_of_seq = torch.arange(slots, dtype=torch.int32, device=DEV)
         else:
             lay = K.PageLayout(kv_dtype(impl), BLOCK, nkv, d)
             self.raw = torch.randint(-127, 128, (num_blocks, lay.page_bytes), dtype=torch.int8,
@@ -226,6 +236,8 @@ def attention_fn(
         tail = dict(tail=cache.tail, slot_of_seq=slots, tail_page=cache.tail_page)
         if cache.pages == 2:  # each slot holds its sequence's newest page and the one before
             cache.tail_page[: seq_lens.shape[0]].copy_(tail_halves(bt, seq_lens, block_size(impl)))
+        if cache.sink is not None:
+            tail |= dict(sink=cache.sink, sink_of_seq=cache.sink_of_seq)
     return lambda: K.paged_attention(
         q, cache.raw, out, kv_dtype=kv_dtype(impl), block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,

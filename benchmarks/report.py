@@ -665,24 +665,31 @@ KERNEL_TIMED_AS = {
     "int4": "reading one tail page and no sink page (`INT8KV_INT4_TAIL_PAGES=1 "
     "INT8KV_INT4_SINK_PAGE=0`)"
 }
-# the kernel bench's label of a dtype's default where KERNEL_TIMED_AS says it timed another
-KERNEL_DEFAULT_IMPL = {"int4": "int4_tail2"}
-
-
-def _default_decode_note(path: Path, impl: str) -> str:
-    """How the dtype's default (``impl``, e.g. int4's two tail pages) decodes against
-    FlashAttention-2, from another run's file, or that it is not timed yet."""
-    result = _load(path) if path.exists() else None
-    points = _decode_over_fa2(result["rows"], impl) if result else []
-    if not points:
-        return "The default's second tail page and sink page are not timed yet."
-    return (
-        f"With the default's two tail pages (`{impl}`), in a run of its own, "
-        f"[`{path.name}`](benchmarks/results/{path.name}) "
-        f"({_extent({'rows': [r for r in result['rows'] if r['impl'] == impl]})}), "
-        f"{result['gpu']} ({_provenance(result)}): {_spread(points)} FlashAttention-2's speed, "
-        f"{len(points)} points; its sink page is not timed yet."
+# the kernel bench's labels of a dtype's default where KERNEL_TIMED_AS says it timed another,
+# closest first, with what each reads
+KERNEL_DEFAULT_IMPL = {
+    "int4": (
+        ("int4_sink_tail2", "as it ships, its sink page and two tail pages", ""),
+        ("int4_tail2", "with the default's two tail pages", "; its sink page is not timed yet"),
     )
+}
+
+
+def _default_decode_note(path: Path, impls: tuple[tuple[str, str, str], ...]) -> str:
+    """How the dtype's default decodes against FlashAttention-2, from another run's file: the
+    first of ``impls`` (label, what it reads, what it leaves out) that the file times, or that
+    the default is not timed yet."""
+    result = _load(path) if path.exists() else None
+    for impl, reads, left_out in impls:
+        if points := (_decode_over_fa2(result["rows"], impl) if result else []):
+            rows = [r for r in result["rows"] if r["impl"] == impl]
+            return (
+                f"{reads[0].upper()}{reads[1:]} (`{impl}`), in a run of its own, "
+                f"[`{path.name}`](benchmarks/results/{path.name}) ({_extent({'rows': rows})}), "
+                f"{result['gpu']} ({_provenance(result)}): {_spread(points)} "
+                f"FlashAttention-2's speed, {len(points)} point{'s' * (len(points) != 1)}{left_out}."
+            )
+    return "The default's second tail page and sink page are not timed yet."
 
 
 def dtype_choice_table(

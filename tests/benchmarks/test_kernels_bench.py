@@ -275,3 +275,29 @@ def test_int4_tail2_rows_read_and_keep_two_pages(bench):
         # every sequence past its first page keeps the page before its newest too
         held = (wc.tail_page[:8] >= 0).sum(dim=1).tolist()
         assert held == [1, 1, 2, 2, 1, 1, 2, 2], wc.tail_page
+
+
+def test_int4_sink_tail2_rows_read_each_sequences_first_page_from_its_sink(bench):
+    """``--impls int4_sink_tail2``, int4 as it ships: two tail pages as ``int4_tail2``, and each
+    sequence's first 64 keys read from its own sink page in BF16, int4 page 0 left unread."""
+    nq, nkv, d, batch, ctx = 4, 2, 64, 2, 192
+    seq_len = ctx + bench.TAIL_TOKENS  # four pages: 0 from the sink, 1 int4, 2 and 3 in the tail
+    assert bench.kv_dtype("int4_sink_tail2") == "int4" and "int4_sink_tail2" in bench.SINK_IMPLS
+    cache = bench.Cache("int4_sink_tail2", batch * 4 + 1, nkv, d, batch)
+    assert cache.sink.shape == (batch, 2, nkv, 64, d) and cache.sink_of_seq.tolist() == [0, 1]
+    bt = torch.randperm(batch * 4).int().view(batch, 4)
+    q = torch.randn(batch, nq, d, dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    sl = torch.full((batch,), seq_len, dtype=torch.int32)
+    attend = bench.attention_fn("int4_sink_tail2", cache, q, out, qsl, sl, bt, 1, seq_len)
+    attend()
+    assert out.isfinite().all()
+    before = out.clone()
+    first = bt[:, 0].long()
+    cache.raw[first] = torch.randint(-128, 128, cache.raw[first].shape, dtype=torch.int8)
+    attend()
+    assert torch.equal(out, before)  # int4 page 0 is not read
+    cache.sink[:, :, :, :8] = float("nan")
+    attend()
+    assert out.isnan().all()  # the sink page is

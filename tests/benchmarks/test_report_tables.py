@@ -101,13 +101,19 @@ def test_int4_decode_table_judges_the_impl_it_is_given(tmp_path: Path) -> None:
     assert "`int4_tail2`'s (>1: `int4_tail2` faster)" in tail2
 
 
-def test_default_decode_note_says_when_the_default_is_not_timed(tmp_path: Path) -> None:
-    missing = report._default_decode_note(tmp_path / "none.json", "int4_tail2")
+def test_default_decode_note_quotes_the_closest_timing_of_the_default(tmp_path: Path) -> None:
+    impls = report.KERNEL_DEFAULT_IMPL["int4"]
+    missing = report._default_decode_note(tmp_path / "none.json", impls)
     assert missing == "The default's second tail page and sink page are not timed yet."
     rows = [decode_row("bf16_fa2", c, 2.0) for c in (1024, 8192)]
     rows += [decode_row("int4_tail2", 1024, 1.0), decode_row("int4_tail2", 8192, 0.5),
              decode_row("int4", 8192, 0.25)]  # fmt: skip
-    note = report._default_decode_note(write(tmp_path, {"command": "x", "rows": rows}),
-                                       "int4_tail2")  # fmt: skip
-    assert "3.00x (2.00-4.00x) FlashAttention-2's speed, 2 points" in note
+    note = report._default_decode_note(write(tmp_path, {"command": "x", "rows": rows}), impls)
+    assert note.startswith("With the default's two tail pages (`int4_tail2`)")
+    assert "3.00x (2.00-4.00x) FlashAttention-2's speed, 2 points; its sink page is not" in note
     assert "NVIDIA H200 (2026-12-05, commit `bbbbbbb`)" in note
+    # a run that times int4 as it ships is quoted instead
+    rows.append(decode_row("int4_sink_tail2", 8192, 1.0))
+    note = report._default_decode_note(write(tmp_path, {"command": "x", "rows": rows}), impls)
+    assert note.startswith("As it ships, its sink page and two tail pages (`int4_sink_tail2`)")
+    assert note.endswith("2.00x (2.00-2.00x) FlashAttention-2's speed, 1 point.")
