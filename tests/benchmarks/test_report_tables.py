@@ -60,6 +60,12 @@ def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path:
     rows[-1].pop("server_metrics")
     line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
     assert "outside the engine core" not in line and line.endswith("above 1: slower).")
+    # a run that adds another model keeps the headline on SmolLM2
+    rows += [{**serving_row("auto_fa2", 1, 10.0, None), "model": "gemma3"},
+             {**serving_row("int8", 1, 10.0, None), "model": "gemma3"}]  # fmt: skip
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    assert "SmolLM2-135M-Instruct, 7936-token prompts" in line
+    assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
 
 
 def test_decode_ab_table_puts_each_variant_beside_main(tmp_path: Path) -> None:
