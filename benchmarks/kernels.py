@@ -14,7 +14,8 @@ int8_per_token_head cache), and ours: ``int8``, ``int8_static``, ``int4``; for p
 request (``--impls int4_tail2``, not in the default list) ``int4`` with a tail of two pages, each
 sequence's page before the newest read from the tail too, and ``int4_sink_tail2``, ``int4`` as it
 ships: also a sink page, each sequence's first 64 keys read in BF16 instead of from int4 page 0
-(the ``gbs`` of both counts int4's bytes). vLLM is
+(the ``gbs`` of both counts int4's bytes; its write rows time ``int4_tail2``'s write, the sink
+page being written once a sequence, when its first page fills). vLLM is
 imported only for its three impls; an impl that cannot be imported is skipped (listed under "skipped" in the JSON).
 
 Timing: each op is captured in a CUDA graph (as vLLM runs decode) and the replay is timed with
