@@ -660,7 +660,7 @@ CHOICES = (
 KERNEL_IMPL = {"int8_per_token_head": "upstream_int8_pth"}
 # What the kernel bench's rows of a dtype timed where that is not the dtype's default, said
 # beside its cell: benchmarks/kernels.py's "int4" reads one tail page and no sink page, where
-# int4's default reads two tail pages (impl "int4_tail2") and a sink page
+# int4's default reads two tail pages and a sink page (impl "int4_sink_tail2")
 KERNEL_TIMED_AS = {
     "int4": "reading one tail page and no sink page (`INT8KV_INT4_TAIL_PAGES=1 "
     "INT8KV_INT4_SINK_PAGE=0`)"
@@ -787,11 +787,12 @@ def dtype_choice_table(
                 f"(benchmarks/results/{int4_kernels_path.name}) ({_extent(int4_kernels)}), "
                 f"{int4_kernels['gpu']} ({_provenance(int4_kernels)})"
                 + (f", {KERNEL_TIMED_AS[dtype]}." if dtype in KERNEL_TIMED_AS else ".")
-            )
-            if dtype in KERNEL_DEFAULT_IMPL:
-                notes[-1] += " " + _default_decode_note(
-                    int4_default_path, KERNEL_DEFAULT_IMPL[dtype]
+                + (
+                    " " + _default_decode_note(int4_default_path, KERNEL_DEFAULT_IMPL[dtype])
+                    if dtype in KERNEL_DEFAULT_IMPL
+                    else ""
                 )
+            )
         else:
             speed = "not measured"
         cells = [" / ".join(c) if len(set(c)) > 1 else c[0] for c in (capacity, dppl, greedy)]
