@@ -187,33 +187,77 @@ def _v_to_dot(v, V_E4M3: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _load_pages(bt_row, key, key_hi, BLOCK_SIZE: tl.constexpr):
-    """Page of each key of a tile (block-table gather); 0 for keys past the end."""
-    return tl.load(bt_row + key // BLOCK_SIZE, mask=key < key_hi, other=0).to(tl.int64)
+def _load_pages(bt_row, key, key_hi, BLOCK_SIZE: tl.constexpr, PAIRS: tl.constexpr = False):
+    """Page of each key of a tile (block-table gather); 0 for keys past the end.
+
+    ``PAIRS`` (``key`` a 1-D tile from an even key, ``BLOCK_SIZE`` even): 0 only for keys past
+    the end of the last page, so that the two keys of each pair (2i, 2i + 1) get one page, as the
+    compiler is told (``_load_scales``' pair loads)."""
+    if PAIRS:
+        ok = key - key % BLOCK_SIZE < key_hi
+    else:
+        ok = key < key_hi
+    page = tl.load(bt_row + key // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    if PAIRS:
+        page = tl.max_constancy(page, 2)
+    return page
 
 
 @triton.jit
 def _load_scales(
     cache16_ptr, page, key, key_hi, kvh, stride_block,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, DYNAMIC: tl.constexpr,
-    NG: tl.constexpr,
+    NG: tl.constexpr, PAIRS: tl.constexpr = False,
 ):  # fmt: skip
     """fp16 K and V scales of ``key`` (a tile of key positions on pages ``page``), as tuples of
-    one tile per scale group; ones if static."""
+    one tile per scale group; ones if static.
+
+    ``PAIRS`` (``page`` from ``_load_pages(..., PAIRS=True)``): the scales of each pair of keys
+    (2i, 2i + 1) as one 4-byte load, unmasked. The two share a page, so their scales are adjacent
+    (and 4-byte aligned where ``stride_block`` is a multiple of 4, which Triton's specialization
+    on 16 tells the compiler; otherwise the loads stay 2 bytes wide). Keys past ``key_hi`` read
+    their slot in the last page or in block 0, in bounds, and come back as whatever is there:
+    the caller zeroes their V scales (``_v_scales_ok``); their K scales only reach scores that
+    the causal mask replaces. The two-deep prefetch holds two tiles of 2 * NG scale vectors in
+    registers, at NG = 4 most of the difference between the head-256 loop's 183 registers
+    without it and 255 with it (sm90); two scales a register instead of one."""
     if DYNAMIC:
         ok = key < key_hi
-        idx = page * (stride_block // 2) + kvh * NG * BLOCK_SIZE + key % BLOCK_SIZE
+        slot = key % BLOCK_SIZE
+        if PAIRS:
+            slot = tl.max_contiguous(tl.multiple_of(slot, 2), 2)
+        idx = page * (stride_block // 2) + kvh * NG * BLOCK_SIZE + slot
         k_sc = ()
         v_sc = ()
         for g in tl.static_range(NG):
-            k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
-            v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok, other=0.0)
+            if PAIRS:
+                k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx)
+                v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx)
+            else:
+                k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok,
+                              other=0.0)  # fmt: skip
+                v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok,
+                              other=0.0)  # fmt: skip
             k_sc = k_sc + (k_g,)
             v_sc = v_sc + (v_g,)
     else:
         k_sc = (tl.full(key.shape, 1.0, tl.float16),)
         v_sc = k_sc
     return k_sc, v_sc
+
+
+@triton.jit
+def _v_scales_ok(v_sc, key_ok, PAIRS: tl.constexpr):
+    """V scales of keys past the end zeroed where ``_load_scales`` read them unmasked: their p is
+    0, but a stale slot can hold an fp16 NaN or infinity, and 0 * NaN is not 0. Done where the
+    scales are used, not where loaded, so the prefetch never waits on a load it just issued."""
+    if PAIRS:
+        out = ()
+        for g in tl.static_range(len(v_sc)):
+            out = out + (tl.where(key_ok, v_sc[g], 0.0),)
+    else:
+        out = v_sc
+    return out
 
 
 @triton.jit
@@ -320,15 +364,15 @@ def _load_scales_by_page(
 def _prefetch_scales(
     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block, TILE_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
-    DYNAMIC: tl.constexpr, NG: tl.constexpr,
+    DYNAMIC: tl.constexpr, NG: tl.constexpr, PAIRS: tl.constexpr = False,
 ):  # fmt: skip
     """One step of the two-deep scale prefetch for the tile after ``key`` (pages ``sc_page``,
     gathered one step earlier): its K and V scales, and the pages of the tile after that."""
     k_sc, v_sc = _load_scales(
         cache16_ptr, sc_page, key + TILE_N, key_hi, kvh, stride_block,
-        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
+        BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG, PAIRS,
     )  # fmt: skip
-    return k_sc, v_sc, _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE)
+    return k_sc, v_sc, _load_pages(bt_row, key + 2 * TILE_N, key_hi, BLOCK_SIZE, PAIRS)
 
 
 @triton.jit
@@ -559,12 +603,16 @@ def _attn_fwd(
         # (an A/B of both versions on an H200, batch 128 at 8K: 793 -> 663 us, int8_static 606 us;
         # the script and its JSON are in commit c1c5ebb's benchmark logs).
         PREFETCH: tl.constexpr = DECODE and DYNAMIC
+        # Scales a pair of keys per load where there are several scale groups (head size 256);
+        # key_lo is a multiple of TILE_N (visible_keys), so every tile starts at an even key.
+        PAIRS: tl.constexpr = PREFETCH and NG > 1 and BLOCK_SIZE % 2 == 0
         if PREFETCH:
             # Step -1 of the prefetch: pages of the first tile, then as in the loop.
             k_sc, v_sc, sc_page = _prefetch_scales(
-                cache16_ptr, bt_row, _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE),
+                cache16_ptr, bt_row,
+                _load_pages(bt_row, key_lo + offs_n, key_hi, BLOCK_SIZE, PAIRS),
                 key_lo + offs_n - TILE_N, key_hi, kvh, stride_block,
-                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
+                TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG, PAIRS,
             )  # fmt: skip
 
         for start in range(key_lo, key_hi, TILE_N):
@@ -576,7 +624,7 @@ def _attn_fwd(
             if PREFETCH:
                 k_sc_next, v_sc_next, sc_page = _prefetch_scales(
                     cache16_ptr, bt_row, sc_page, key, key_hi, kvh, stride_block,
-                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG,
+                    TILE_N, BLOCK_SIZE, K_SCALE, V_SCALE, DYNAMIC, NG, PAIRS,
                 )  # fmt: skip
             elif DYNAMIC and TILE_N % BLOCK_SIZE == 0:
                 k_sc, v_sc = _load_scales_by_page(
@@ -614,6 +662,8 @@ def _attn_fwd(
             # one dot per V scale group into its slice of the output, P's columns scaled by
             # that group's V scales
             p_dot = _p_to_dot(p, NG, DOT_F32)
+            if PREFETCH:
+                v_sc = _v_scales_ok(v_sc, key_ok, PAIRS)
             new_accs = ()
             for g in tl.static_range(NG):
                 v = _load_v_tile(

@@ -17,7 +17,7 @@ from kvbatch import (
     write_random_kv,
 )
 
-from int8kv_kernels import choose_num_splits, make_workspace
+from int8kv_kernels import PageLayout, choose_num_splits, make_workspace
 from int8kv_kernels.reference import attention_ref, quantize_int8
 
 # (name, q_lens, seq_lens, nq, nkv, head_size, block_size, extra kwargs)
@@ -77,6 +77,33 @@ def test_many_blocks_shuffled_table_and_splits(num_splits, d, device):
     args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
     out = run_attention(b, cache, **args, num_splits=num_splits)
     assert_close_bf16(out, reference(b, cache, **args))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_head256_decode_ignores_stale_scales_past_the_end(num_splits, device):
+    """At head size 256 the decode loop reads each two neighbouring keys' scales in one unmasked
+    load: slots past a sequence's end are read (in its last page, and in block 0 for pages past
+    it) and must not reach the output even where they hold an fp16 NaN or infinity. Odd lengths
+    put the end inside a pair of keys; no sequence uses block 0, so it is all stale."""
+    nq, nkv, d, bs = 4, 2, 256, 16
+    seq_lens = [71, 33, 150]
+    b = make_batch([1, 1, 1], seq_lens, nq, d, bs, device)
+    cache, _, _ = make_cache("int8", bs, nkv, d, b.num_blocks, device)
+    used = {int(b.block_table[i, p]) for i, n in enumerate(seq_lens) for p in range(-(-n // bs))}
+    spare = min(set(range(b.num_blocks)) - used - {0})
+    b.block_table[b.block_table == 0] = spare  # garbage columns may hold 0 too: harmless
+    args = dict(kv_dtype="int8", block_size=bs, nkv=nkv)
+    ref = reference(b, cache, **args)
+    lay = PageLayout("int8", bs, nkv, d)
+    scales = cache[:, lay.k_scale :].view(torch.float16).view(b.num_blocks, 2, -1, bs)
+    live = torch.zeros(b.num_blocks, bs, dtype=torch.bool)
+    for i, n in enumerate(seq_lens):
+        for key in range(n):
+            live[int(b.block_table[i, key // bs]), key % bs] = True
+    stale = ~live.to(device)
+    scales[:, 0].masked_fill_(stale[:, None, :], float("nan"))  # K
+    scales[:, 1].masked_fill_(stale[:, None, :], float("inf"))  # V
+    assert_close_bf16(run_attention(b, cache, **args, num_splits=num_splits), ref)
 
 
 def test_workspace_padding_tokens_and_empty_sequences(device):
