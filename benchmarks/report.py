@@ -707,7 +707,7 @@ def dtype_choice_table(
     ),
     kernels_path: Path = RESULTS / "kernels.json",
     int4_kernels_path: Path = RESULTS / "kernels_int4.json",
-    int4_default_path: Path = RESULTS / "kernels_int4_h100.json",
+    int4_default_path: Path = RESULTS / "kernels_h100.json",
 ) -> str:
     """Per dtype: capacity, ΔPPL and greedy agreement through the cache on each real model, decode
     speed vs FA2 (``int4``'s from its own run, ``int4_kernels_path``, where kernels.json has
@@ -826,7 +826,11 @@ def headline(
         RESULTS / "accuracy_gemma3_chunk16.json",
         RESULTS / "accuracy_gemma3.json",
     ),
-    serving_path: Path = RESULTS / "serving.json",
+    # each serving file and its section of docs/results.md
+    serving: tuple[tuple[Path, str], ...] = (
+        (RESULTS / "serving.json", "serving"),
+        (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
+    ),
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
     acc = _load(accuracy_path)
@@ -866,7 +870,7 @@ def headline(
         "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
         f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
         f"(`{bf16_prefill['label']}`, same run{chunks}).",
-        *([_serving_line(serving_path)] if serving_path.exists() else []),
+        *(_serving_line(path, anchor) for path, anchor in serving if path.exists()),
         f"- **Decode attention:** {statistics.median(vs_fa2):.2f}x FlashAttention-2 on BF16 "
         f"(median of {len(vs_fa2)} points at ≥ 8K context and batch ≥ 8, "
         f"{min(vs_fa2):.2f}-{max(vs_fa2):.2f}x) and {vs_upstream:.2f}x upstream's INT8 kernel "
@@ -1142,10 +1146,10 @@ def serving_rerun_table(
     return "\n".join(lines + ["", serving_starts_table(path)])
 
 
-def _serving_line(path: Path) -> str:
+def _serving_line(path: Path, anchor: str = "serving") -> str:
     """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
     each concurrency both served, on the first model of ``SERVING_MODEL_NAMES`` measured and its
-    shortest input."""
+    shortest input; ``anchor``: its section of docs/results.md."""
     result = _load(path)
     rows = _serving_rows(result)
     order = list(SERVING_MODEL_NAMES)
@@ -1167,19 +1171,20 @@ def _serving_line(path: Path) -> str:
         return ", ".join(parts)
 
     top = rows[model, input_len, concs[-1], "int8"].get("server_metrics") or {}
-    outside = ""
+    where = f"[where](docs/results.md#{anchor})"
     if top.get("ttft_frontend_ms_mean") is not None and top.get("ttft_ms_mean_server"):
         share = top["ttft_frontend_ms_mean"] / top["ttft_ms_mean_server"]
-        outside = (
-            f"; at {concs[-1]}, {share:.0%} of its mean time to first token is spent outside the "
-            "engine core (the API server's tokenising, IPC and output processing: "
-            "[where](docs/results.md#serving))"
+        tail = (
+            f"); at {concs[-1]}, {share:.0%} of its mean time to first token is spent outside "
+            f"the engine core (the API server's tokenising, IPC and output processing: {where})"
         )
+    else:
+        tail = f"; {where})"
     return (
         f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "
         f"{input_len}-token prompts): `int8`'s median time per output token against "
         f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
-        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower){outside}."
+        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower{tail}."
     )
 
 
@@ -1653,9 +1658,17 @@ TABLES = {
     "int4_decode": int4_decode_table,
     "host_overhead": host_overhead_table,
     "int4_decode_head256": lambda: int4_decode_table(RESULTS / "kernels_head256.json"),
-    "int4_decode_h100": lambda: int4_decode_table(RESULTS / "kernels_int4_h100.json", "int4_tail2"),
+    "int4_decode_h100": lambda: int4_decode_table(RESULTS / "kernels_h100.json", "int4_sink_tail2"),
+    "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
+    "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
+    "serving_gemma3": lambda: serving_table(RESULTS / "serving_gemma3.json"),
+    "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
+    "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
     "int4_decode_loops": int4_decode_loops_table,
+    "int4_decode_h100_76e0410": lambda: int4_decode_table(
+        RESULTS / "kernels_int4_h100.json", "int4_tail2"
+    ),
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
     "serving_int8_rerun": serving_rerun_table,

@@ -59,7 +59,11 @@ def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path:
     # without the server's metrics at the highest concurrency, no such clause
     rows[-1].pop("server_metrics")
     line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
-    assert "outside the engine core" not in line and line.endswith("above 1: slower).")
+    assert "outside the engine core" not in line
+    assert line.endswith("above 1: slower; [where](docs/results.md#serving)).")
+    # each file's line links its own section
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), "serving-x")
+    assert line.endswith("above 1: slower; [where](docs/results.md#serving-x)).")
     # a run that adds another model keeps the headline on SmolLM2
     rows += [{**serving_row("auto_fa2", 1, 10.0, None), "model": "gemma3"},
              {**serving_row("int8", 1, 10.0, None), "model": "gemma3"}]  # fmt: skip
