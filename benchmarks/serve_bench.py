@@ -58,7 +58,8 @@ not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serv
 (beside ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
 ``--keep-traces``.
 
-``--time-budget-s``: no new point (or server) starts after it, and no child runs past it.
+``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
+of the budget would not cover (the longest start of the run so far), and no child runs past it.
 ``--dry-run`` prints every command without running anything.
 
 GPU host, from the repository root: ``python -m benchmarks.serve_bench --models smollm2
@@ -731,6 +732,13 @@ class Budget:
             self.hit = True
         return self.hit
 
+    def fits(self, seconds: float) -> bool:
+        """Whether ``seconds`` of work still ends within the budget; if not, the budget counts
+        as hit (a server killed while it starts would have measured nothing)."""
+        if self.left() <= seconds:
+            self.hit = True
+        return not self.hit
+
 
 @dataclass
 class Run:
@@ -745,6 +753,10 @@ class Run:
     failures: int = 0
     profiles: list[dict[str, Any]] = field(default_factory=list)  # rows of profile_path()
     previous_profiles: dict[str, Any] | None = None  # --append: the profile file as it was
+
+    def longest_start_s(self) -> float:
+        """The longest time to healthy of this run's servers so far (0 before the first)."""
+        return max((s.get("engine_start_s", 0.0) for s in self.servers), default=0.0)
 
     def save(self) -> None:
         # a run that measured nothing leaves an existing file alone, --append or not
@@ -1319,6 +1331,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             for dtype in args.dtypes:
                 if budget.exhausted():
+                    break
+                if not budget.fits(run.longest_start_s()):
+                    print(
+                        f"serve_bench: {spec.name}_{dtype}: not started, {budget.left():.0f} s "
+                        f"of the time budget left and a start so far took up to "
+                        f"{run.longest_start_s():.0f} s",
+                        flush=True,
+                    )
                     break
                 run_server(run, spec, dtype, lens, budget, vocab)
     finally:

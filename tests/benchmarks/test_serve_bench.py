@@ -915,6 +915,19 @@ def test_time_budget_stops_new_points_and_keeps_rows(
     _assert_all_gone(recs)
 
 
+def test_no_server_starts_that_the_budget_cannot_see_healthy() -> None:
+    """A server killed by the budget while it starts measures nothing: none starts unless the
+    budget's rest covers the longest start so far."""
+    budget = sb.Budget(100.0, start=time.monotonic() - 70.0)  # about 30 s left
+    assert budget.fits(20.0) and not budget.hit
+    assert not budget.fits(40.0) and budget.hit and budget.exhausted()
+    assert sb.Budget(0.0).fits(1e9)  # no budget
+    run = sb.Run(args=None, gpu="x", command="x", previous=None)  # type: ignore[arg-type]
+    assert run.longest_start_s() == 0.0
+    run.servers += [{"engine_start_s": 136.1}, {"error": "not healthy"}, {"engine_start_s": 78.0}]
+    assert run.longest_start_s() == 136.1
+
+
 def test_append_merges_and_refuses_another_gpu(fake: dict) -> None:
     base = ("--input-lens", "1K", "--concurrency", "1", "--warmup-prompts", "0")
     assert sb.main(_argv(fake, "--dtypes", "int8", *base)) == 0
