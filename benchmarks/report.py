@@ -161,7 +161,8 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
 
 
 def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
-    """``int4``'s decode (``impl``: ``int4_tail2`` for the two-page tail) against
+    """``int4``'s decode (``impl``: the kernel bench's label of the variant judged, such as
+    ``int4_sink_tail2`` for int4 as it ships) against
     FlashAttention-2 and ``int8`` timed in one run, its targets, and the fraction of the copy
     bandwidth its own bytes (pages plus tail) take."""
     result = _load(path)

@@ -222,7 +222,6 @@ def _load_scales(
     registers, at NG = 4 most of the difference between the head-256 loop's 183 registers
     without it and 255 with it (sm90); two scales a register instead of one."""
     if DYNAMIC:
-        ok = key < key_hi
         slot = key % BLOCK_SIZE
         if PAIRS:
             slot = tl.max_contiguous(tl.multiple_of(slot, 2), 2)
@@ -234,6 +233,7 @@ def _load_scales(
                 k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx)
                 v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx)
             else:
+                ok = key < key_hi
                 k_g = tl.load(cache16_ptr + K_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok,
                               other=0.0)  # fmt: skip
                 v_g = tl.load(cache16_ptr + V_SCALE // 2 + g * BLOCK_SIZE + idx, mask=ok,
