@@ -1666,9 +1666,17 @@ TABLES = {
     "serving_gemma3": lambda: serving_table(RESULTS / "serving_gemma3.json"),
     "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
     "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
+    "kernel_speed_head256_h100": lambda: kernel_speed_table(RESULTS / "kernels_head256_h100.json"),
+    "kernel_speed_targets_head256_h100": lambda: kernel_speed_targets_table(
+        RESULTS / "kernels_head256_h100.json"
+    ),
     "int4_decode_loops": int4_decode_loops_table,
     "int4_decode_h100_76e0410": lambda: int4_decode_table(
         RESULTS / "kernels_int4_h100.json", "int4_tail2"
+    ),
+    "serving_gemma3_2b8b82b": lambda: serving_table(RESULTS / "serving_gemma3_2b8b82b.json"),
+    "serving_ttft_gemma3_2b8b82b": lambda: serving_ttft_table(
+        RESULTS / "serving_gemma3_2b8b82b.json"
     ),
     "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
     "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
