@@ -58,6 +58,13 @@ not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serv
 (beside ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
 ``--keep-traces``.
 
+``--step-timing``: each server's engine also times its steps' host work by phase at full host
+speed (``benchmarks/step_timing.py``: the scheduler, the model runner's input preparation,
+metadata builds, forward and sampling, the wait for the sampled tokens), and each row gains
+``step_timing``, the difference across its point: calls, µs a call and ms per engine step of each
+phase. ``--sync-debug`` (implies it) also counts, by Python line, every synchronizing CUDA call
+the engine makes after its first steps (``torch.cuda.set_sync_debug_mode``).
+
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
 of the budget would not cover (the longest start of the run so far), and no child runs past it.
 ``--dry-run`` prints every command without running anything.
@@ -90,7 +97,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from benchmarks import common, profile_summary, server_metrics, soak
+from benchmarks import common, profile_summary, server_metrics, soak, step_timing
 
 DEFAULT_OUT = common.RESULTS_DIR / "serving.json"
 DEFAULT_WORKDIR = Path("/tmp/int8kv-serve-bench")
@@ -815,6 +822,8 @@ def make_server(
         extra += profiler_args(profile_dir(args, spec, dtype))
         # vLLM's step ranges in the trace (V1 model runner); no cost when not profiling
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
+    if timing_on(args):
+        env |= step_timing_env(args, env, step_timing_dir(args, spec, dtype))
     return Server(
         args.vllm,
         str(spec.path),
@@ -828,6 +837,35 @@ def make_server(
         startup_timeout_s=startup_timeout_s,
         seed=args.seed,
     )
+
+
+STEP_TIMING_SITE = common.BENCH_DIR / "step_timing_site"
+STEP_TIMING_SETTLE_S = 3 * step_timing.DUMP_EVERY_S  # the engine's sums reach their file
+
+
+def timing_on(args: argparse.Namespace) -> bool:
+    return bool(args.step_timing or args.sync_debug)
+
+
+def step_timing_dir(args: argparse.Namespace, spec: ModelSpec, dtype: str) -> Path:
+    return Path(args.logdir) / "steps" / f"{spec.name}_{dtype}"
+
+
+def step_timing_env(
+    args: argparse.Namespace, env: Mapping[str, str], directory: Path
+) -> dict[str, str]:
+    """What a server needs for ``--step-timing``: our ``sitecustomize`` and the repository ahead
+    of its PYTHONPATH, and where its engine writes its sums (emptied: a file of an earlier
+    server there would count as this one's)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    path = [str(STEP_TIMING_SITE), str(common.REPO), env.get("PYTHONPATH", "")]
+    out = {
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+        step_timing.STEP_TIMING_DIR: str(directory),
+    }
+    if args.sync_debug:
+        out[step_timing.SYNC_DEBUG] = "1"
+    return out
 
 
 def point_name(spec: ModelSpec, dtype: str, input_len: int, concurrency: int) -> str:
@@ -1134,9 +1172,17 @@ def run_point(
     result_path.unlink(missing_ok=True)
     seed = point_seed(args.seed, input_len, concurrency)
     log_before = len(server.tail(10**9))
+    timing_dir = step_timing_dir(args, spec, dtype) if timing_on(args) else None
+    if timing_dir is not None:
+        time.sleep(STEP_TIMING_SETTLE_S)
+        steps_before = step_timing.read_snapshots(timing_dir)
     (rc, secs, tail), figures, metrics_error = between_scrapes(
         server.base_url, name, num_prompts, lambda: run_bench(args, argv, name, budget)
     )
+    steps = None
+    if timing_dir is not None:
+        time.sleep(STEP_TIMING_SETTLE_S)
+        steps = step_timing.difference(steps_before, step_timing.read_snapshots(timing_dir))
     compiles = jit_compiles_from_log(server.tail(10**9)[log_before:])
     point: dict[str, Any] = {
         "input_len": input_len,
@@ -1183,6 +1229,9 @@ def run_point(
             f"{figures.get('prefill_ms_mean')} ms, TTFT {figures.get('ttft_ms_mean_server')} ms,"
             f" {figures.get('preemptions')} preemptions)"
         )
+    if steps is not None:
+        row["step_timing"] = steps
+        msg += f" (host per engine step: {step_timing_line(steps)})"
     run.rows = common.merge_rows(run.rows, [row], ROW_KEY)
     print(
         f"{msg}: TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, "
@@ -1190,6 +1239,20 @@ def run_point(
         flush=True,
     )
     return point
+
+
+def step_timing_line(steps: Mapping[str, Any]) -> str:
+    """The phases' ms per engine step, and the synchronizing calls counted, in one line."""
+    parts = [
+        f"{phase} {p['ms_per_step']} ms"
+        for phase, p in steps["phases"].items()
+        if p.get("ms_per_step") is not None
+    ]
+    line = f"{steps['engine_steps']} steps, " + ", ".join(parts)
+    if steps.get("sync_debug"):
+        syncs = steps.get("syncs", {})
+        line += f"; {sum(syncs.values())} synchronizing CUDA calls at {len(syncs)} lines"
+    return line
 
 
 # --------------------------------------------------------------------------------------------
@@ -1228,6 +1291,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "under the server's torch profiler, summarised (benchmarks/profile_summary.py); 0: none",
     )
     p.add_argument("--profile-prompts", type=int, default=0, help="default: as a timed point")
+    p.add_argument(
+        "--step-timing",
+        action="store_true",
+        help="time the engine's per-step host work by phase (benchmarks/step_timing.py) and add "
+        "each point's to its row",
+    )
+    p.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="--step-timing, and count the engine's synchronizing CUDA calls by Python line",
+    )
     p.add_argument("--keep-traces", action="store_true", help="keep the raw profiler traces")
     p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` flags")

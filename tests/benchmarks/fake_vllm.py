@@ -16,6 +16,10 @@ and ``--random-output-len`` tokens to ``--base-url`` and ``FAKE_BENCH_S`` second
 ``--profile``, between a POST of ``/start_profile`` and one of ``/stop_profile``).
 
 Every call appends ``{"argv", "pid", "shim"}`` to the JSON-lines file ``$FAKE_VLLM_RECORD``.
+
+Under ``serve_bench.py --step-timing`` (``SERVE_BENCH_STEP_TIMING_DIR`` set, its
+``sitecustomize`` loaded), ``serve`` also defines a ``vllm.v1.engine.core.EngineCore`` whose
+``step`` it calls once per output token of each completion, as an engine steps.
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class Handler(BaseHTTPRequestHandler):
         }
         # before the answer: vLLM records a request's metrics as its last output goes out
         observe(usage["prompt_tokens"], n)
+        for _ in range(n if ENGINE is not None else 0):
+            ENGINE.step()
         self.send_response(200)
         if not body.get("stream"):
             self.send_header("Content-Type", "application/json")
@@ -162,6 +168,30 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
 
 
+ENGINE = None
+
+
+def engine_for_step_timing() -> object | None:
+    """An object shaped like vLLM's engine core, announced to wrapt's import hooks (the step
+    timer's) as the module it stands in for, when the step timer is asked for."""
+    if not os.environ.get("SERVE_BENCH_STEP_TIMING_DIR"):
+        return None
+    import types
+
+    import wrapt
+
+    module = types.ModuleType("vllm.v1.engine.core")
+
+    class EngineCore:
+        def step(self) -> None:
+            time.sleep(0.0005)
+
+    module.EngineCore = EngineCore  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    wrapt.importer.notify_module_loaded(module)
+    return EngineCore()
+
+
 def serve(argv: list[str]) -> None:
     print("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_model_runner.py:5256] Model loading took "
           "0.27 GiB memory and 1.500000 seconds", flush=True)  # fmt: skip
@@ -170,8 +200,9 @@ def serve(argv: list[str]) -> None:
           f"{KV_TOKENS} tokens", flush=True)  # fmt: skip
     print("(EngineCore pid=1) INFO 01-01 00:00:02 [core.py:345] init engine (profile, create kv "
           "cache, warmup model) took 12.34 s", flush=True)  # fmt: skip
-    global TRACE_DIR, MODEL_NAME
+    global TRACE_DIR, MODEL_NAME, ENGINE
     MODEL_NAME = argv[1]
+    ENGINE = engine_for_step_timing()
     if flag(argv, "--profiler-config"):
         TRACE_DIR = json.loads(flag(argv, "--profiler-config"))["torch_profiler_dir"]
     host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8000"))

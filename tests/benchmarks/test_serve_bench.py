@@ -1083,6 +1083,27 @@ def test_profiled_point_is_summarised_and_not_a_row(fake: dict) -> None:
     _assert_all_gone(recs)
 
 
+def test_step_timing_adds_each_points_engine_steps_to_its_row(fake: dict) -> None:
+    """The fake server steps its engine once per output token (``fake_vllm.ENGINE``): each row's
+    ``step_timing`` counts its own point's steps, not the warm-up's or the point before."""
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "int8", "--input-lens", "1K", "--concurrency", "1,4", "--step-timing"),
+        )
+    )
+    assert rc == 0
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert [(r["concurrency"], r["num_prompts"]) for r in rows] == [(1, 2), (4, 4)]
+    for r in rows:
+        steps = r["step_timing"]
+        assert steps["engine_steps"] == 16 * r["num_prompts"]  # 16 output tokens a prompt
+        assert steps["phases"]["engine_step"]["us_per_call"] >= 500  # each step sleeps 0.5 ms
+        assert steps["sync_debug"] is False
+    server = next(r for r in _records(fake) if r["argv"][0] == "serve")
+    assert server["pid"] > 0
+
+
 def test_shim_lines() -> None:
     log = "INFO a\n(EngineCore) INFO [x.py:1] int8kv-shim: first step with prefills: 1 on FA2\nb\n"
     assert sb.shim_lines(log) == ["(EngineCore) INFO [x.py:1] int8kv-shim: first step with "

@@ -1,0 +1,242 @@
+"""Where a ``vllm serve`` engine's steps spend their host time, at full host speed.
+
+The torch profiler slows the host about twofold, and a gap that lives on the host (or in the
+host's waits for the GPU) can vanish under it. This times the engine's per-step methods with
+``time.perf_counter`` instead: wrapt post-import hooks wrap, in whichever process imports them
+(the engine core holds the scheduler and, at TP=1, the model runner), the methods of
+:data:`SITES` and sum each one's calls and wall time. A daemon thread writes the running sums to
+``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
+``serve_bench.py --step-timing`` takes the difference across each timed point.
+
+With ``SERVE_BENCH_SYNC_DEBUG=1`` it also turns on ``torch.cuda.set_sync_debug_mode("warn")`` after
+the first :data:`WARMUP_STEPS` engine steps and counts every synchronizing CUDA call by the Python
+line that made it (the first call's stack kept): a host read of a device value on the step's path
+stops asynchronous scheduling from overlapping the host's work with the GPU's.
+
+Loaded by ``benchmarks/step_timing_site/sitecustomize.py`` in every Python process of such a
+server; does nothing without ``SERVE_BENCH_STEP_TIMING_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+STEP_TIMING_DIR = "SERVE_BENCH_STEP_TIMING_DIR"
+SYNC_DEBUG = "SERVE_BENCH_SYNC_DEBUG"
+
+ENGINE_STEP = "engine_step"
+# (module, class, method, phase): the V1 engine core's step (with or without the batch queue of
+# asynchronous scheduling), the scheduler, and both model runners' per-step methods
+SITES: tuple[tuple[str, str, str, str], ...] = (
+    ("vllm.v1.engine.core", "EngineCore", "step", ENGINE_STEP),
+    ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue", ENGINE_STEP),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "schedule"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output", "update_from_output"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", "execute_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens", "sample_tokens"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states", "update_states"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs", "prepare_inputs"),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        "_build_attention_metadata",
+        "build_attention_metadata",
+    ),
+    ("vllm.v1.worker.gpu_model_runner", "AsyncGPUModelRunnerOutput", "get_output", "get_output"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "execute_model", "execute_model"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens", "sample_tokens"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "prepare_inputs", "prepare_inputs"),
+    (
+        "vllm.v1.worker.gpu.model_runner",
+        "GPUModelRunner",
+        "prepare_attn",
+        "build_attention_metadata",
+    ),
+)
+WARMUP_STEPS = 64  # engine steps before sync debugging starts (start-up's own syncs are deliberate)
+DUMP_EVERY_S = 0.5
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
+
+
+class StepTimer:
+    """Calls and seconds per phase, and synchronizing CUDA calls by the line that made them."""
+
+    def __init__(self, sync_debug: bool = False, warmup_steps: int = WARMUP_STEPS) -> None:
+        self.calls: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.syncs: dict[str, int] = {}
+        self.sync_stacks: dict[str, list[str]] = {}
+        self.sync_debug = sync_debug
+        self.warmup_steps = warmup_steps
+        self._sync_debug_on = False
+        self._lock = threading.Lock()
+
+    def timed(self, phase: str) -> Callable[..., Any]:
+        """A wrapt wrapper that adds each call's wall time to ``phase``."""
+
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+            start = time.perf_counter()
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - start)
+
+        return wrapper
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.calls[phase] = self.calls.get(phase, 0) + 1
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+            steps = self.calls.get(ENGINE_STEP, 0)
+        if self.sync_debug and not self._sync_debug_on and steps >= self.warmup_steps:
+            self._turn_on_sync_debug()
+
+    def _turn_on_sync_debug(self) -> None:
+        self._sync_debug_on = True
+        import torch
+
+        warnings.filterwarnings("always", message=f".*{SYNC_MESSAGE}")
+        shown = warnings.showwarning
+
+        def count_syncs(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+            if SYNC_MESSAGE not in str(message):
+                return shown(message, category, filename, lineno, file, line)
+            where = f"{filename}:{lineno}"
+            # the stack only once a line: formatting it costs more than many a step's work
+            stack = None if where in self.sync_stacks else traceback.format_stack(limit=12)[:-1]
+            self.sync(where, stack)
+            return None
+
+        warnings.showwarning = count_syncs
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def sync(self, where: str, stack: list[str] | None) -> None:
+        with self._lock:
+            self.syncs[where] = self.syncs.get(where, 0) + 1
+            if stack is not None:
+                self.sync_stacks.setdefault(where, [s.strip() for s in stack])
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "time": time.time(),
+                "pid": os.getpid(),
+                "calls": dict(self.calls),
+                "seconds": dict(self.seconds),
+                "sync_debug": self._sync_debug_on,
+                "syncs": dict(self.syncs),
+                "sync_stacks": {k: list(v) for k, v in self.sync_stacks.items()},
+            }
+
+
+def write_snapshot(timer: StepTimer, directory: Path) -> Path | None:
+    """The running sums into ``steps_<pid>.json`` (atomically); nothing before a first call."""
+    snap = timer.snapshot()
+    if not snap["calls"]:
+        return None
+    path = directory / f"steps_{snap['pid']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(snap))
+    tmp.replace(path)
+    return path
+
+
+def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_S) -> None:
+    """Wrap every site of :data:`SITES` when (or if already) its module is imported, and start
+    the thread that writes the sums."""
+    import wrapt
+
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def hook(module_name: str) -> Callable[[Any], None]:
+        def apply(module: Any) -> None:
+            for mod, cls_name, method, phase in SITES:
+                cls = getattr(module, cls_name, None) if mod == module_name else None
+                if cls is not None and method in vars(cls):
+                    wrapt.wrap_function_wrapper(cls, method, timer.timed(phase))
+
+        return apply
+
+    for name in dict.fromkeys(mod for mod, *_ in SITES):
+        wrapt.register_post_import_hook(hook(name), name)
+
+    def dump_forever() -> None:
+        while True:
+            time.sleep(dump_every_s)
+            try:
+                write_snapshot(timer, directory)
+            except OSError:
+                pass
+
+    threading.Thread(target=dump_forever, name="step-timing", daemon=True).start()
+
+
+def install_from_env(environ: Mapping[str, str] | None = None) -> StepTimer | None:
+    env = os.environ if environ is None else environ
+    directory = env.get(STEP_TIMING_DIR)
+    if not directory:
+        return None
+    timer = StepTimer(sync_debug=env.get(SYNC_DEBUG, "") == "1")
+    install(timer, Path(directory))
+    return timer
+
+
+def read_snapshots(directory: Path) -> list[dict[str, Any]]:
+    """Every process's latest sums (those that ran a step)."""
+    out = []
+    for path in sorted(directory.glob("steps_*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def difference(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per phase over an interval (``after`` less ``before``, summed over processes): calls, mean
+    µs a call and ms per engine step; and the synchronizing calls made in it, by line."""
+    calls: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    syncs: dict[str, int] = {}
+    stacks: dict[str, list[str]] = {}
+    sync_debug = False
+    old = {s["pid"]: s for s in before}
+    for snap in after:
+        prev = old.get(snap["pid"], {})
+        sync_debug |= bool(snap.get("sync_debug"))
+        for phase, n in snap["calls"].items():
+            d = n - prev.get("calls", {}).get(phase, 0)
+            if d:
+                calls[phase] = calls.get(phase, 0) + d
+                seconds[phase] = (
+                    seconds.get(phase, 0.0)
+                    + snap["seconds"][phase]
+                    - prev.get("seconds", {}).get(phase, 0.0)
+                )
+        for where, n in snap.get("syncs", {}).items():
+            d = n - prev.get("syncs", {}).get(where, 0)
+            if d:
+                syncs[where] = syncs.get(where, 0) + d
+                stacks[where] = snap["sync_stacks"].get(where, [])
+    steps = calls.get(ENGINE_STEP, 0)
+    phases = {
+        phase: {
+            "calls": n,
+            "us_per_call": round(seconds[phase] / n * 1e6, 1),
+            "ms_per_step": round(seconds[phase] / steps * 1e3, 3) if steps else None,
+        }
+        for phase, n in sorted(calls.items())
+    }
+    out: dict[str, Any] = {"engine_steps": steps, "phases": phases, "sync_debug": sync_debug}
+    if sync_debug:
+        out["syncs"] = dict(sorted(syncs.items(), key=lambda kv: -kv[1]))
+        out["sync_stacks"] = stacks
+    return out

@@ -1,0 +1,177 @@
+"""benchmarks/step_timing.py: the timers, their files, the per-point difference, the sync counting,
+the ``sitecustomize`` that loads them, and that every site names a method of vLLM 0.24.0."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+import sys as _sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+from benchmarks import common, step_timing
+from benchmarks.serve_bench import STEP_TIMING_SITE, step_timing_env, step_timing_line
+
+
+def test_every_site_is_a_method_of_vllm_0_24() -> None:
+    """Read from vLLM's source (importing the model runners needs a GPU): a renamed method would
+    leave its phase silently untimed."""
+    for module, cls_name, method, _ in step_timing.SITES:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin, module
+        tree = ast.parse(Path(spec.origin).read_text())
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        assert cls_name in classes, f"{module}.{cls_name}"
+        methods = {n.name for n in classes[cls_name].body if isinstance(n, ast.FunctionDef)}
+        assert method in methods, f"{module}.{cls_name}.{method}"
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A module shaped like vLLM's engine core and runner, timed in place of the real sites."""
+    name = "fake_engine_for_step_timing"
+    mod = types.ModuleType(name)
+
+    class Engine:
+        def step(self) -> str:
+            time.sleep(0.002)
+            return "stepped"
+
+    class Runner:
+        def execute_model(self, x: int) -> int:
+            return x + 1
+
+    mod.Engine, mod.Runner = Engine, Runner  # type: ignore[attr-defined]
+    monkeypatch.setitem(_sys.modules, name, mod)
+    monkeypatch.setattr(
+        step_timing,
+        "SITES",
+        (
+            (name, "Engine", "step", step_timing.ENGINE_STEP),
+            (name, "Runner", "execute_model", "execute_model"),
+            (name, "Missing", "nothing", "never"),
+        ),
+    )
+    return mod
+
+
+def test_install_times_each_site_and_writes_the_sums(fake_engine, tmp_path: Path) -> None:
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=0.05)
+    engine, runner = fake_engine.Engine(), fake_engine.Runner()
+    before = step_timing.read_snapshots(tmp_path)
+    assert before == []  # nothing is written before a first call
+    for i in range(3):
+        assert engine.step() == "stepped"
+        assert runner.execute_model(i) == i + 1
+    deadline = time.time() + 5
+    while time.time() < deadline and not step_timing.read_snapshots(tmp_path):
+        time.sleep(0.02)
+    time.sleep(0.2)
+    after = step_timing.read_snapshots(tmp_path)
+    assert [s["pid"] for s in after] == [os.getpid()]
+    diff = step_timing.difference(before, after)
+    assert diff["engine_steps"] == 3
+    assert diff["phases"]["execute_model"]["calls"] == 3
+    step = diff["phases"][step_timing.ENGINE_STEP]
+    assert step["us_per_call"] >= 2000  # each step slept 2 ms
+    assert step["ms_per_step"] == pytest.approx(step["us_per_call"] / 1000, rel=1e-3)
+    assert "never" not in diff["phases"] and not diff["sync_debug"]
+
+
+def snap(pid: int, calls: dict, seconds: dict, syncs: dict | None = None) -> dict:
+    return {
+        "pid": pid,
+        "calls": calls,
+        "seconds": seconds,
+        "sync_debug": syncs is not None,
+        "syncs": syncs or {},
+        "sync_stacks": {k: [f"stack of {k}"] for k in syncs or {}},
+    }
+
+
+def test_difference_is_the_interval_summed_over_processes() -> None:
+    before = [snap(1, {"engine_step": 10, "schedule": 10}, {"engine_step": 0.03, "schedule": 0.01})]
+    after = [
+        snap(1, {"engine_step": 30, "schedule": 30}, {"engine_step": 0.09, "schedule": 0.02}),
+        # a process that started in the interval counts from zero
+        snap(2, {"execute_model": 20}, {"execute_model": 0.04}),
+    ]
+    diff = step_timing.difference(before, after)
+    assert diff["engine_steps"] == 20
+    assert diff["phases"]["engine_step"] == {"calls": 20, "us_per_call": 3000.0, "ms_per_step": 3.0}
+    assert diff["phases"]["schedule"]["ms_per_step"] == pytest.approx(0.5)
+    assert diff["phases"]["execute_model"]["ms_per_step"] == pytest.approx(2.0)
+
+
+def test_difference_counts_only_the_syncs_of_the_interval() -> None:
+    before = [snap(1, {"engine_step": 1}, {"engine_step": 0.001}, {"a.py:1": 4})]
+    after = [snap(1, {"engine_step": 3}, {"engine_step": 0.003}, {"a.py:1": 4, "b.py:2": 5})]
+    diff = step_timing.difference(before, after)
+    assert diff["sync_debug"] and diff["syncs"] == {"b.py:2": 5}
+    assert diff["sync_stacks"] == {"b.py:2": ["stack of b.py:2"]}
+    line = step_timing_line(diff)
+    assert line.startswith("2 steps, engine_step 1.0 ms") and "5 synchronizing" in line
+
+
+def test_sync_debug_starts_after_the_warm_up_and_counts_by_line(monkeypatch) -> None:
+    import torch
+
+    modes: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    timer = step_timing.StepTimer(sync_debug=True, warmup_steps=2)
+    with warnings.catch_warnings():
+        timer.add(step_timing.ENGINE_STEP, 0.001)
+        assert modes == []  # start-up and the first steps sync on purpose
+        timer.add(step_timing.ENGINE_STEP, 0.001)
+        assert modes == ["warn"]
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        with pytest.warns(DeprecationWarning):  # other warnings still reach their handlers
+            warnings.warn("unrelated", DeprecationWarning, stacklevel=1)
+    (where, n), *_ = timer.snapshot()["syncs"].items()
+    assert n == 3 and where.startswith(__file__)
+    assert any("test_sync_debug_starts" in line for line in timer.sync_stacks[where])
+
+
+def test_step_timing_env_leads_the_path_and_empties_the_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "steps" / "m_int8"
+    folder.mkdir(parents=True)
+    (folder / "steps_1.json").write_text("{}")
+    args = types.SimpleNamespace(sync_debug=True)
+    env = step_timing_env(args, {"PYTHONPATH": "/bundle/site"}, folder)
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        str(STEP_TIMING_SITE),
+        str(common.REPO),
+        "/bundle/site",
+    ]
+    assert env[step_timing.STEP_TIMING_DIR] == str(folder)
+    assert env[step_timing.SYNC_DEBUG] == "1"
+    assert not folder.exists()
+    args.sync_debug = False
+    assert step_timing.SYNC_DEBUG not in step_timing_env(args, {}, folder)
+
+
+def test_sitecustomize_installs_and_runs_the_one_it_shadows(tmp_path: Path) -> None:
+    shadowed = tmp_path / "other_site"
+    shadowed.mkdir()
+    (shadowed / "sitecustomize.py").write_text("print('shadowed sitecustomize ran')\n")
+    steps = tmp_path / "steps"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(STEP_TIMING_SITE), str(common.REPO), str(shadowed)])
+    env[step_timing.STEP_TIMING_DIR] = str(steps)
+    code = "import wrapt, sys; print('hooks', len(wrapt.importer._post_import_hooks) > 0)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "shadowed sitecustomize ran" in proc.stdout
+    assert "hooks True" in proc.stdout and "not installed" not in proc.stderr
+    assert steps.is_dir()
