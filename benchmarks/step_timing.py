@@ -156,23 +156,32 @@ def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_
 
     directory.mkdir(parents=True, exist_ok=True)
 
-    def hook(module_name: str) -> Callable[[Any], None]:
+    by_module: dict[str, list[tuple[str, str, str]]] = {}
+    for module_name, *site in SITES:
+        by_module.setdefault(module_name, []).append(tuple(site))
+
+    def hook(sites: list[tuple[str, str, str]]) -> Callable[[Any], None]:
         def apply(module: Any) -> None:
-            for mod, cls_name, method, phase in SITES:
-                cls = getattr(module, cls_name, None) if mod == module_name else None
+            for cls_name, method, phase in sites:
+                cls = getattr(module, cls_name, None)
                 if cls is not None and method in vars(cls):
                     wrapt.wrap_function_wrapper(cls, method, timer.timed(phase))
 
         return apply
 
-    for name in dict.fromkeys(mod for mod, *_ in SITES):
-        wrapt.register_post_import_hook(hook(name), name)
+    for module_name, sites in by_module.items():
+        wrapt.register_post_import_hook(hook(sites), module_name)
 
     def dump_forever() -> None:
+        written = None
         while True:
             time.sleep(dump_every_s)
+            calls = dict(timer.calls)
+            if calls == written:  # an idle engine: the file already holds these sums
+                continue
             try:
                 write_snapshot(timer, directory)
+                written = calls
             except OSError:
                 pass
 

@@ -148,8 +148,9 @@ class Handler(BaseHTTPRequestHandler):
         }
         # before the answer: vLLM records a request's metrics as its last output goes out
         observe(usage["prompt_tokens"], n)
-        for _ in range(n if ENGINE is not None else 0):
-            ENGINE.step()
+        if ENGINE is not None:
+            for _ in range(n):
+                ENGINE.step()
         self.send_response(200)
         if not body.get("stream"):
             self.send_header("Content-Type", "application/json")

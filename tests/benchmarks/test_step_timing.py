@@ -8,7 +8,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import sys as _sys
 import time
 import types
 import warnings
@@ -49,7 +48,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             return x + 1
 
     mod.Engine, mod.Runner = Engine, Runner  # type: ignore[attr-defined]
-    monkeypatch.setitem(_sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(
         step_timing,
         "SITES",
