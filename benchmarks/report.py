@@ -831,6 +831,7 @@ def headline(
     serving: tuple[tuple[Path, str], ...] = (
         (RESULTS / "serving.json", "serving"),
         (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
+        (RESULTS / "serving_llama3_8b_shape.json", "serving-llama-3-8bs-attention-shape"),
     ),
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
@@ -959,6 +960,10 @@ SERVING_MODEL_NAMES = {
     "gemma3": "gemma-3-270m",
     "llama3-8b-shape": "Llama-3-8B's shape, random weights",
 }
+
+
+# vLLM's own INT8 cache, the upstream row of every comparison
+UPSTREAM = "int8_per_token_head"
 
 
 def _serving_rows(result: dict) -> dict[tuple, dict]:
@@ -1147,6 +1152,60 @@ def serving_rerun_table(
     return "\n".join(lines + ["", serving_starts_table(path)])
 
 
+# serve_bench --step-timing's phases (benchmarks/step_timing.py), in the order a step runs them
+STEP_PHASES = (
+    ("engine_step", "engine step"),
+    ("schedule", "schedule"),
+    ("execute_model", "execute_model"),
+    ("update_states", "of it: update_states"),
+    ("prepare_inputs", "of it: prepare_inputs"),
+    ("build_attention_metadata", "of it: attention metadata"),
+    ("sample_tokens", "sample_tokens"),
+    ("update_from_output", "update_from_output"),
+)
+
+
+def serving_steps_table(path: Path = RESULTS / "serving_gemma3_steps.json") -> str:
+    """The engine core's host time per engine step by phase (``serve_bench --step-timing``),
+    each point's mean over its steps, beside the point's median TPOT; with ``--sync-debug`` the
+    synchronizing CUDA calls the engine made after its warm-up steps."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    head = " | ".join(label for _, label in STEP_PHASES)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Host ms per "
+        "engine step, means over each point's steps (vLLM's V1 model runner: `execute_model` "
+        "runs the three phases after it).",
+        "",
+        f"| model | input | concurrency | dtype | TPOT p50 ms | engine steps | {head} "
+        "| engine step vs `auto_fa2` | synchronizing CUDA calls |",
+        "|---|---|---|---|---|---|" + "---|" * len(STEP_PHASES) + "---|---|",
+    ]
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        timing = rows[key].get("step_timing") or {}
+        phases = timing.get("phases") or {}
+        base = (rows.get((model, input_len, conc, "auto_fa2")) or {}).get("step_timing") or {}
+        step, base_step = (
+            (t.get("phases") or {}).get("engine_step", {}).get("ms_per_step") for t in (timing, base)
+        )  # fmt: skip
+        vs = "reference" if dtype == "auto_fa2" else (
+            f"{step / base_step:.2f}x" if step and base_step else "n/a"
+        )  # fmt: skip
+        syncs = (
+            str(sum(timing["syncs"].values())) if timing.get("sync_debug") else "not counted"
+        )  # fmt: skip
+        cells = " | ".join(
+            _num(phases.get(name, {}).get("ms_per_step"), ".3f") for name, _ in STEP_PHASES
+        )
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
+            f"{rows[key]['tpot_ms_p50']:.2f} | {_num(timing.get('engine_steps'), 'd')} | {cells} "
+            f"| {vs} | {syncs} |"
+        )
+    return "\n".join(lines)
+
+
 def _serving_line(path: Path, anchor: str = "serving") -> str:
     """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
     each concurrency both served, on the first model of ``SERVING_MODEL_NAMES`` measured and its
@@ -1181,11 +1240,22 @@ def _serving_line(path: Path, anchor: str = "serving") -> str:
         )
     else:
         tail = f"; {where})"
+    upstream = [
+        f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, UPSTREAM], 'output_tok_s')}"
+        f" at {c}"
+        for c in concs
+        if (model, input_len, c, UPSTREAM) in rows
+    ]
+    against_upstream = (
+        f" Its output tokens/s against upstream `{UPSTREAM}`'s: {', '.join(upstream)}."
+        if upstream
+        else ""
+    )
     return (
         f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "
         f"{input_len}-token prompts): `int8`'s median time per output token against "
         f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
-        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower{tail}."
+        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower{tail}.{against_upstream}"
     )
 
 
@@ -1666,6 +1736,14 @@ TABLES = {
     "serving_gemma3": lambda: serving_table(RESULTS / "serving_gemma3.json"),
     "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
     "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
+    "serving_steps_gemma3": serving_steps_table,
+    "serving_llama3_8b_shape": lambda: serving_table(RESULTS / "serving_llama3_8b_shape.json"),
+    "serving_ttft_llama3_8b_shape": lambda: serving_ttft_table(
+        RESULTS / "serving_llama3_8b_shape.json"
+    ),
+    "serving_starts_llama3_8b_shape": lambda: serving_starts_table(
+        RESULTS / "serving_llama3_8b_shape.json"
+    ),
     "kernel_speed_head256_h100": lambda: kernel_speed_table(RESULTS / "kernels_head256_h100.json"),
     "kernel_speed_targets_head256_h100": lambda: kernel_speed_targets_table(
         RESULTS / "kernels_head256_h100.json"
@@ -1673,6 +1751,13 @@ TABLES = {
     "int4_decode_loops": int4_decode_loops_table,
     "int4_decode_h100_76e0410": lambda: int4_decode_table(
         RESULTS / "kernels_int4_h100.json", "int4_tail2"
+    ),
+    "serving_gemma3_90d00a7": lambda: serving_table(RESULTS / "serving_gemma3_90d00a7.json"),
+    "serving_ttft_gemma3_90d00a7": lambda: serving_ttft_table(
+        RESULTS / "serving_gemma3_90d00a7.json"
+    ),
+    "serving_starts_gemma3_90d00a7": lambda: serving_starts_table(
+        RESULTS / "serving_gemma3_90d00a7.json"
     ),
     "serving_gemma3_2b8b82b": lambda: serving_table(RESULTS / "serving_gemma3_2b8b82b.json"),
     "serving_ttft_gemma3_2b8b82b": lambda: serving_ttft_table(

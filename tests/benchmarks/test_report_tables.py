@@ -72,6 +72,46 @@ def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path:
     assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
 
 
+def test_headline_serving_line_adds_output_rate_against_upstream_where_served(
+    tmp_path: Path,
+) -> None:
+    rows = [serving_row(d, 32, 100.0, None) for d in ("auto_fa2", "int8")]
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    assert "upstream" not in line
+    rows.append({**serving_row("int8_per_token_head", 32, 100.0, None), "output_tok_s": 400.0})
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    assert line.endswith(
+        "[where](docs/results.md#serving)). Its output tokens/s against upstream "
+        "`int8_per_token_head`'s: 2.50x at 32."
+    )
+
+
+def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: Path) -> None:
+    def timed(dtype: str, step_ms: float, syncs: dict | None) -> dict:
+        phases = {"engine_step": {"calls": 10, "us_per_call": 1000 * step_ms,
+                                  "ms_per_step": step_ms},
+                  "schedule": {"calls": 10, "us_per_call": 100.0, "ms_per_step": 0.1}}  # fmt: skip
+        timing = {"engine_steps": 10, "phases": phases, "sync_debug": syncs is not None,
+                  "syncs": syncs or {}}  # fmt: skip
+        return {**serving_row(dtype, 1, 50.0, None), "step_timing": timing}
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --step-timing",
+        "rows": [timed("int8", 2.5, {"a.py:3": 4, "b.py:9": 1}), timed("auto_fa2", 2.0, {}),
+                 serving_row("int4", 1, 50.0, None)],
+    })  # fmt: skip
+    table = [ln for ln in report.serving_steps_table(path).splitlines() if ln.startswith("| Smol")]
+    # FlashAttention-2 first; phases a row has not timed read n/a; syncs summed over lines
+    assert table == [
+        "| SmolLM2-135M-Instruct | 7936 | 1 | `auto_fa2` | 2.00 | 10 | 2.000 | 0.100 | n/a | n/a "
+        "| n/a | n/a | n/a | n/a | reference | 0 |",
+        "| SmolLM2-135M-Instruct | 7936 | 1 | `int8` | 2.00 | 10 | 2.500 | 0.100 | n/a | n/a "
+        "| n/a | n/a | n/a | n/a | 1.25x | 5 |",
+        "| SmolLM2-135M-Instruct | 7936 | 1 | `int4` | 2.00 | n/a | n/a | n/a | n/a | n/a | n/a "
+        "| n/a | n/a | n/a | n/a | not counted |",
+    ]
+
+
 def test_decode_ab_table_puts_each_variant_beside_main(tmp_path: Path) -> None:
     def row(variant: str, impl: str, ctx: int, ms: float) -> dict:
         return {"variant": variant, "kernel": "decode", "impl": impl, "q_heads": 4,
