@@ -1158,6 +1158,7 @@ STEP_PHASES = (
     ("schedule", "schedule"),
     ("execute_model", "execute_model"),
     ("update_states", "of it: update_states"),
+    ("reorder_batch", "of that: the decodes-first reorder"),
     ("prepare_inputs", "of it: prepare_inputs"),
     ("build_attention_metadata", "of it: attention metadata"),
     ("sample_tokens", "sample_tokens"),
@@ -1175,12 +1176,20 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3_steps.json") -> s
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Host ms per "
         "engine step, means over each point's steps (vLLM's V1 model runner: `execute_model` "
-        "runs the three phases after it).",
+        "runs the three phases after it, `update_states` the reorder); then `execute_model`'s "
+        "mean over the decode steps and over the steps that carry a prompt chunk. n/a: not "
+        "timed by that run.",
         "",
         f"| model | input | concurrency | dtype | TPOT p50 ms | engine steps | {head} "
-        "| engine step vs `auto_fa2` | synchronizing CUDA calls |",
-        "|---|---|---|---|---|---|" + "---|" * len(STEP_PHASES) + "---|---|",
+        "| `execute_model` of a decode step: ms (steps) | of a step with a prompt chunk: ms "
+        "(steps) | engine step vs `auto_fa2` | synchronizing CUDA calls |",
+        "|---|---|---|---|---|---|" + "---|" * len(STEP_PHASES) + "---|---|---|---|",
     ]
+
+    def per_call(phases: dict, name: str) -> str:
+        phase = phases.get(name)
+        return f"{phase['us_per_call'] / 1000:.3f} ({phase['calls']})" if phase else "n/a"
+
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         timing = rows[key].get("step_timing") or {}
@@ -1201,7 +1210,8 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3_steps.json") -> s
         lines.append(
             f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
             f"{rows[key]['tpot_ms_p50']:.2f} | {_num(timing.get('engine_steps'), 'd')} | {cells} "
-            f"| {vs} | {syncs} |"
+            f"| {per_call(phases, 'execute_model.decode')} "
+            f"| {per_call(phases, 'execute_model.prompt')} | {vs} | {syncs} |"
         )
     return "\n".join(lines)
 

@@ -62,7 +62,8 @@ not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serv
 speed (``benchmarks/step_timing.py``: the scheduler, the model runner's input preparation,
 metadata builds, forward and sampling, the wait for the sampled tokens), and each row gains
 ``step_timing``, the difference across its point: calls, µs a call and ms per engine step of each
-phase. ``--sync-debug`` (implies it) also counts, by Python line, every synchronizing CUDA call
+phase, the model runner's ``execute_model`` also apart for decode steps and for steps that carry a
+prompt chunk (``execute_model.decode``, ``execute_model.prompt``). ``--sync-debug`` (implies it) also counts, by Python line, every synchronizing CUDA call
 the engine makes after its first steps (``torch.cuda.set_sync_debug_mode``).
 
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest

@@ -4,7 +4,8 @@ The torch profiler slows the host about twofold, and a gap that lives on the hos
 host's waits for the GPU) can vanish under it. This times the engine's per-step methods with
 ``time.perf_counter`` instead: wrapt post-import hooks wrap, in whichever process imports them
 (the engine core holds the scheduler and, at TP=1, the model runner), the methods of
-:data:`SITES` and sum each one's calls and wall time. A daemon thread writes the running sums to
+:data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
+also by the kind of step, :func:`step_kind`). A daemon thread writes the running sums to
 ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
 ``serve_bench.py --step-timing`` takes the difference across each timed point.
 
@@ -43,6 +44,7 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", "execute_model"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens", "sample_tokens"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states", "update_states"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_may_reorder_batch", "reorder_batch"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs", "prepare_inputs"),
     (
         "vllm.v1.worker.gpu_model_runner",
@@ -61,6 +63,11 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
         "build_attention_metadata",
     ),
 )
+# Phases also summed by the kind of step they ran, as ``<phase>.<kind>`` (see :func:`step_kind`):
+# a step that carries a prompt chunk runs eagerly, outside CUDA graphs, and its host work is not
+# a decode step's.
+BY_STEP_KIND = frozenset({"execute_model"})
+DECODE_STEP, PROMPT_STEP = "decode", "prompt"
 WARMUP_STEPS = 64  # engine steps before sync debugging starts (start-up's own syncs are deliberate)
 DUMP_EVERY_S = 0.5
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
@@ -80,14 +87,23 @@ class StepTimer:
         self._lock = threading.Lock()
 
     def timed(self, phase: str) -> Callable[..., Any]:
-        """A wrapt wrapper that adds each call's wall time to ``phase``."""
+        """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
+        :data:`BY_STEP_KIND`, to ``<phase>.<kind>`` too)."""
+        by_kind = phase in BY_STEP_KIND
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+            kind = None
+            if by_kind:
+                kind = step_kind(kwargs["scheduler_output"] if "scheduler_output" in kwargs
+                                 else args[0] if args else None)  # fmt: skip
             start = time.perf_counter()
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                self.add(phase, time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                self.add(phase, seconds)
+                if kind is not None:
+                    self.add(f"{phase}.{kind}", seconds)
 
         return wrapper
 
@@ -135,6 +151,18 @@ class StepTimer:
                 "syncs": dict(self.syncs),
                 "sync_stacks": {k: list(v) for k, v in self.sync_stacks.items()},
             }
+
+
+def step_kind(scheduler_output: Any) -> str | None:
+    """:data:`DECODE_STEP` when every request a step schedules brings one token,
+    :data:`PROMPT_STEP` when one brings more (a prompt chunk; also a speculative-decode
+    verification, which these benchmarks do not run); None for an empty step or an argument
+    that is not vLLM's ``SchedulerOutput``."""
+    tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None)
+    per_request = getattr(scheduler_output, "num_scheduled_tokens", None)
+    if not isinstance(tokens, int) or not isinstance(per_request, Mapping) or tokens <= 0:
+        return None
+    return DECODE_STEP if tokens <= len(per_request) else PROMPT_STEP
 
 
 def write_snapshot(timer: StepTimer, directory: Path) -> Path | None:

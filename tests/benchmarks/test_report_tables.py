@@ -90,7 +90,10 @@ def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: P
     def timed(dtype: str, step_ms: float, syncs: dict | None) -> dict:
         phases = {"engine_step": {"calls": 10, "us_per_call": 1000 * step_ms,
                                   "ms_per_step": step_ms},
-                  "schedule": {"calls": 10, "us_per_call": 100.0, "ms_per_step": 0.1}}  # fmt: skip
+                  "schedule": {"calls": 10, "us_per_call": 100.0, "ms_per_step": 0.1},
+                  "execute_model.decode": {"calls": 8, "us_per_call": 900.0, "ms_per_step": 0.72},
+                  "execute_model.prompt": {"calls": 2, "us_per_call": 5250.0,
+                                           "ms_per_step": 1.05}}  # fmt: skip
         timing = {"engine_steps": 10, "phases": phases, "sync_debug": syncs is not None,
                   "syncs": syncs or {}}  # fmt: skip
         return {**serving_row(dtype, 1, 50.0, None), "step_timing": timing}
@@ -101,14 +104,16 @@ def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: P
                  serving_row("int4", 1, 50.0, None)],
     })  # fmt: skip
     table = [ln for ln in report.serving_steps_table(path).splitlines() if ln.startswith("| Smol")]
-    # FlashAttention-2 first; phases a row has not timed read n/a; syncs summed over lines
+    # FlashAttention-2 first; phases a row has not timed read n/a; execute_model by step kind as
+    # ms a call (calls); syncs summed over lines
+    untimed = "| n/a " * 7
     assert table == [
-        "| SmolLM2-135M-Instruct | 7936 | 1 | `auto_fa2` | 2.00 | 10 | 2.000 | 0.100 | n/a | n/a "
-        "| n/a | n/a | n/a | n/a | reference | 0 |",
-        "| SmolLM2-135M-Instruct | 7936 | 1 | `int8` | 2.00 | 10 | 2.500 | 0.100 | n/a | n/a "
-        "| n/a | n/a | n/a | n/a | 1.25x | 5 |",
-        "| SmolLM2-135M-Instruct | 7936 | 1 | `int4` | 2.00 | n/a | n/a | n/a | n/a | n/a | n/a "
-        "| n/a | n/a | n/a | n/a | not counted |",
+        "| SmolLM2-135M-Instruct | 7936 | 1 | `auto_fa2` | 2.00 | 10 | 2.000 | 0.100 "
+        f"{untimed}| 0.900 (8) | 5.250 (2) | reference | 0 |",
+        "| SmolLM2-135M-Instruct | 7936 | 1 | `int8` | 2.00 | 10 | 2.500 | 0.100 "
+        f"{untimed}| 0.900 (8) | 5.250 (2) | 1.25x | 5 |",
+        f"| SmolLM2-135M-Instruct | 7936 | 1 | `int4` | 2.00 | n/a {untimed}| n/a | n/a | n/a "
+        "| n/a | n/a | not counted |",
     ]
 
 

@@ -44,8 +44,14 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             return "stepped"
 
     class Runner:
-        def execute_model(self, x: int) -> int:
-            return x + 1
+        def execute_model(self, scheduler_output: object) -> object:
+            # an int comes back plus one, anything else as it came
+            if isinstance(scheduler_output, int):
+                return scheduler_output + 1
+            return scheduler_output
+
+        def sample_tokens(self, scheduler_output: object) -> str:
+            return "sampled"
 
     mod.Engine, mod.Runner = Engine, Runner  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, name, mod)
@@ -55,6 +61,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         (
             (name, "Engine", "step", step_timing.ENGINE_STEP),
             (name, "Runner", "execute_model", "execute_model"),
+            (name, "Runner", "sample_tokens", "sample_tokens"),
             (name, "Missing", "nothing", "never"),
         ),
     )
@@ -83,6 +90,39 @@ def test_install_times_each_site_and_writes_the_sums(fake_engine, tmp_path: Path
     assert step["us_per_call"] >= 2000  # each step slept 2 ms
     assert step["ms_per_step"] == pytest.approx(step["us_per_call"] / 1000, rel=1e-3)
     assert "never" not in diff["phases"] and not diff["sync_debug"]
+
+
+def scheduled(*tokens: int) -> types.SimpleNamespace:
+    """A stand-in for vLLM's SchedulerOutput: each request's scheduled tokens."""
+    per_request = {f"r{i}": n for i, n in enumerate(tokens)}
+    return types.SimpleNamespace(
+        num_scheduled_tokens=per_request, total_num_scheduled_tokens=sum(tokens)
+    )
+
+
+def test_step_kind_tells_decode_steps_from_steps_with_a_prompt_chunk() -> None:
+    assert step_timing.step_kind(scheduled(1, 1, 1)) == step_timing.DECODE_STEP
+    assert step_timing.step_kind(scheduled(1, 31, 1)) == step_timing.PROMPT_STEP
+    assert step_timing.step_kind(scheduled(8192)) == step_timing.PROMPT_STEP
+    # an empty step, or anything that is not a scheduler output, has no kind
+    assert step_timing.step_kind(scheduled()) is None
+    assert step_timing.step_kind(3) is None
+    assert step_timing.step_kind(None) is None
+
+
+def test_execute_model_is_also_timed_by_step_kind(fake_engine, tmp_path: Path) -> None:
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=60)
+    runner = fake_engine.Runner()
+    for out in (scheduled(1, 1), scheduled(1, 1), scheduled(1, 7)):
+        assert runner.execute_model(out) is out
+    runner.execute_model(scheduler_output=scheduled(5))  # passed by keyword
+    runner.execute_model(4)  # not a scheduler output: the phase only
+    assert runner.sample_tokens(scheduled(1, 7)) == "sampled"  # not a phase split by kind
+    calls = timer.snapshot()["calls"]
+    assert calls["execute_model"] == 5
+    assert calls["execute_model.decode"] == 2 and calls["execute_model.prompt"] == 2
+    assert calls["sample_tokens"] == 1 and not any(k.startswith("sample_tokens.") for k in calls)
 
 
 def snap(pid: int, calls: dict, seconds: dict, syncs: dict | None = None) -> dict:
