@@ -92,6 +92,12 @@ def block_size(impl: str) -> int:
     return entry.page_tokens if entry is not None and entry.page_tokens else BLOCK
 
 
+# Prefill rows: one sequence of PREFILL_CTX keys whose last PREFILL_Q_LEN (or --prefill-q-lens)
+# are the new tokens. A few new tokens over a long context is the last piece of a chunked prompt
+# (an 8192-token prompt beside 31 decodes under an 8192-token step budget leaves 31), which
+# flash_prefill.MIN_CONTINUATION_TOKENS sends to our kernels instead of int8_fa2.
+PREFILL_CTX, PREFILL_Q_LEN = 8192, 2048
+
 # int4 decode rows time sequences of ctx + TAIL_TOKENS keys, so every sequence has a partial
 # last page in the tail pool, as in serving (a context that is a multiple of 64 would read none)
 TAIL_TOKENS = 13
@@ -300,6 +306,8 @@ def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len, window=0) -> di
                ctx=ctx, ms=ms, gbs=moved / ms / 1e6)  # fmt: skip
     if window:
         row["window"] = window
+    if kernel == "prefill":
+        row["q_len"] = q_len
     if tail:
         row["tail_tokens"] = tail  # keys per sequence past ctx, read from the tail pool
     return row
@@ -477,11 +485,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true", help="no prefill and write rows")
     only.add_argument("--write-only", action="store_true", help="cache-write rows only")
+    only.add_argument("--prefill-only", action="store_true", help="prefill rows only")
+    ap.add_argument(
+        "--prefill-q-lens",
+        type=int,
+        nargs="*",
+        default=[PREFILL_Q_LEN],
+        help=f"new tokens of the prefill rows over a {PREFILL_CTX}-key sequence (e.g. 31 63 256: "
+        "chunked-prefill continuations around flash_prefill.MIN_CONTINUATION_TOKENS)",
+    )
     ap.add_argument(
         "--from-log",
         metavar="LOG",
         help="runs nothing: the rows a run printed (its stdout, e.g. one killed before it wrote "
-        "--out), into --out; with --decode-only / --write-only only those rows",
+        "--out), into --out; with --decode-only / --write-only / --prefill-only only those rows",
     )
     ap.add_argument("--log-command", help="with --from-log: the command that printed LOG")
     return ap.parse_args(argv)
@@ -490,7 +507,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def row_key(row: dict) -> tuple:
     """What a row measures; a later row with the same key replaces it (--append)."""
     shape = (row["q_heads"], row["kv_heads"], row["head_dim"], row["batch"], row["ctx"])
-    return (row["kernel"], row["impl"], *shape, row.get("slots"), row.get("window"))
+    # prefill rows from before --prefill-q-lens carry no q_len: they timed PREFILL_Q_LEN
+    q_len = row.get("q_len", PREFILL_Q_LEN) if row["kernel"] == "prefill" else None
+    return (row["kernel"], row["impl"], *shape, row.get("slots"), row.get("window"), q_len)
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -546,6 +565,8 @@ def kernel_kinds(args: argparse.Namespace) -> set[str]:
         return {"decode"}
     if args.write_only:
         return {"write"}
+    if args.prefill_only:
+        return {"prefill"}
     return {"decode", "prefill", "write"}
 
 
@@ -609,8 +630,9 @@ def main() -> None:
                                 args.window)  # fmt: skip
         if "prefill" in kinds:
             prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
-            for impl in prefill_impls:  # prefill: 2K new tokens on an 8K context, batch 1
-                attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, 8192, 2048)
+            for q_len in args.prefill_q_lens:
+                for impl in prefill_impls:
+                    attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, PREFILL_CTX, q_len)
         if "write" in kinds:
             for impl in args.impls:
                 attempt(impl, bench_write, nq, nkv, d)

@@ -167,9 +167,47 @@ def test_each_timed_row_is_saved_at_once_so_a_killed_run_keeps_it(bench, tmp_pat
     assert seen == [0, 1, 2] and len(json.loads(out.read_text())["rows"]) == 2
 
 
+def test_prefill_rows_are_told_apart_by_their_new_tokens(bench):
+    # a row from before q_len was recorded timed PREFILL_Q_LEN new tokens: a new row of that
+    # length replaces it, a row of another length sits beside it
+    old = [_krow("prefill", "int8", 1, 8192, 1.0), _krow("decode", "int8", 1, 8192, 0.1)]
+    same = {**_krow("prefill", "int8", 1, 8192, 0.9), "q_len": bench.PREFILL_Q_LEN}
+    short = {**_krow("prefill", "int8", 1, 8192, 0.2), "q_len": 31}
+    merged = bench.merge_rows(old, [same, short])
+    assert sorted((r["kernel"], r.get("q_len"), r["ms"]) for r in merged) == [
+        ("decode", None, 0.1),
+        ("prefill", 31, 0.2),
+        ("prefill", bench.PREFILL_Q_LEN, 0.9),
+    ]
+
+
+def test_prefill_q_lens_time_each_length_for_every_prefill_impl(bench, tmp_path, monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(bench, "plot", lambda result, path: None)
+    monkeypatch.setattr(bench, "copy_bw_gbs", lambda: 4000.0)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    timed = []
+
+    def bench_attention(impl, kernel, nq, nkv, d, batch, ctx, q_len):
+        timed.append((impl, kernel, batch, ctx, q_len))
+        return {**_krow(kernel, impl, batch, ctx, 1.0), "q_len": q_len}
+
+    monkeypatch.setattr(bench, "bench_attention", bench_attention)
+    out = tmp_path / "k.json"
+    argv = ["kernels.py", "--quick", "--impls", "bf16_fa2", "int8", "--prefill-only",
+            "--prefill-q-lens", "31", "63", "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    # int8 brings its gather + FlashAttention-2 path along; one sequence of PREFILL_CTX keys
+    assert timed == [(impl, "prefill", 1, bench.PREFILL_CTX, q) for q in (31, 63)
+                     for impl in ("bf16_fa2", "int8", "int8_fa2")]  # fmt: skip
+    assert len(json.loads(out.read_text())["rows"]) == 6
+
+
 @pytest.mark.parametrize(("flag", "kinds"), [
     ([], {"decode", "prefill", "write"}), (["--decode-only"], {"decode"}),
-    (["--write-only"], {"write"})])  # fmt: skip
+    (["--write-only"], {"write"}), (["--prefill-only"], {"prefill"})])  # fmt: skip
 def test_only_flags_choose_which_kernels_are_timed(bench, tmp_path, monkeypatch, flag, kinds):
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(bench, "plot", lambda result, path: None)
