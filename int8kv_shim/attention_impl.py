@@ -6,6 +6,8 @@ when vLLM resolves our backend class, never at shim import.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -140,6 +142,10 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
     # vLLM's model runner puts the requests with one query token first in every batch, so build()
     # can give them a launch of their own (as vLLM's FlashInfer and MLA backends do).
     reorder_batch_threshold: int | None = 1
+    # vLLM's V1 model runner then builds once for all KV-cache groups of one spec (Gemma 3's five
+    # groups of sliding-window layers) and gives each the build with its own block table
+    # (update_block_table): one build a step per spec, not per group, on every step's host path.
+    supports_update_block_table: bool = True
 
     def __init__(
         self,
@@ -264,6 +270,28 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             sink_of_seq=sink_of_seq,
             sink_store_of_seq=sink_store_of_seq,
         )
+
+    def update_block_table(
+        self,
+        metadata: Int8KVAttentionMetadata,
+        blk_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> Int8KVAttentionMetadata:
+        """``metadata`` (built for another KV-cache group of the same spec, same batch) with this
+        group's block table and slot mapping: what ``build`` would give, without its host work.
+        Everything else depends on the batch and the spec only (the window, the split count),
+        and the workspace is scratch that each layer call uses and leaves."""
+        new = copy.copy(metadata)
+        new.block_table, new.slot_mapping = blk_table, slot_mapping
+        if metadata.decode_rows is not None and metadata.prefill_rows is not None:
+            nd, n = metadata.num_decodes, metadata.num_reqs
+            new.decode_rows = dataclasses.replace(metadata.decode_rows, block_table=blk_table[:nd])
+            new.prefill_rows = dataclasses.replace(
+                metadata.prefill_rows, block_table=blk_table[nd:n]
+            )
+        if metadata.split is not None:
+            new.split = metadata.split.with_block_table(blk_table)
+        return new
 
     def _prefill_route(
         self,

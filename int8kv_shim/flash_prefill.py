@@ -36,6 +36,7 @@ sequence, which is correct for any batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class Subset:
     # token_index's tensor; for contiguous rows made on first use (from token_range), as slicing
     # needs none
     _token_index: torch.Tensor | None = field(default=None, repr=False)
+    # Which rows of the batch's per-sequence tensors are this subset's: first_seq onwards when
+    # they are consecutive (_seq_index None), else those of _seq_index (int64, on the device)
+    first_seq: int = 0
+    _seq_index: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def token_index(self) -> torch.Tensor:
@@ -123,6 +128,15 @@ class Subset:
         if self.token_range is None:
             output.index_copy_(0, self.token_index, out)
 
+    def with_block_table(self, block_table: torch.Tensor) -> Subset:
+        """The same subset over another block table of the batch (another KV-cache group's
+        pages of the same sequences, rows in the same order)."""
+        if self._seq_index is None:
+            rows = block_table[self.first_seq : self.first_seq + self.seq_lens.shape[0]]
+        else:
+            rows = block_table.index_select(0, self._seq_index)
+        return dataclasses.replace(self, block_table=rows)
+
 
 @dataclass
 class PrefillSplit:
@@ -138,6 +152,13 @@ class PrefillSplit:
     def our_kernels(self) -> tuple[Subset, ...]:
         """The subsets our kernels attend, one launch each."""
         return tuple(s for s in (self.decodes, self.rest) if s is not None)
+
+    def with_block_table(self, block_table: torch.Tensor) -> PrefillSplit:
+        """The same split over another block table of the batch (:meth:`Subset.with_block_table`)."""
+        return PrefillSplit(
+            *(s if s is None else s.with_block_table(block_table)
+              for s in (self.flash, self.rest, self.decodes))
+        )  # fmt: skip
 
 
 def computed_tokens_cpu(
@@ -285,6 +306,8 @@ def make_subset(
         slot_of_seq=rows(slot_of_seq),
         sink_of_seq=rows(sink_of_seq),
         _token_index=token_index,
+        first_seq=seqs[0],
+        _seq_index=seq_index,
     )
 
 
