@@ -1232,11 +1232,13 @@ def _serving_line(path: Path, anchor: str = "serving") -> str:
         if (m, n, d) == (model, input_len, "int8") and (m, n, c, "auto_fa2") in rows
     )  # fmt: skip
 
-    def ratios(key: str) -> str:
+    def ratios(key: str, base: str = "auto_fa2") -> str:
+        """``int8``'s ``key`` over ``base``'s at each concurrency both served ("" if none)."""
         parts = [
-            f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, 'auto_fa2'], key)}"
+            f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, base], key)}"
             f" at {c}"
             for c in concs
+            if (model, input_len, c, base) in rows
         ]
         return ", ".join(parts)
 
@@ -1250,16 +1252,9 @@ def _serving_line(path: Path, anchor: str = "serving") -> str:
         )
     else:
         tail = f"; {where})"
-    upstream = [
-        f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, UPSTREAM], 'output_tok_s')}"
-        f" at {c}"
-        for c in concs
-        if (model, input_len, c, UPSTREAM) in rows
-    ]
+    upstream = ratios("output_tok_s", UPSTREAM)
     against_upstream = (
-        f" Its output tokens/s against upstream `{UPSTREAM}`'s: {', '.join(upstream)}."
-        if upstream
-        else ""
+        f" Its output tokens/s against upstream `{UPSTREAM}`'s: {upstream}." if upstream else ""
     )
     return (
         f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "

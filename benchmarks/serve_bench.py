@@ -63,8 +63,9 @@ speed (``benchmarks/step_timing.py``: the scheduler, the model runner's input pr
 metadata builds, forward and sampling, the wait for the sampled tokens), and each row gains
 ``step_timing``, the difference across its point: calls, µs a call and ms per engine step of each
 phase, the model runner's ``execute_model`` also apart for decode steps and for steps that carry a
-prompt chunk (``execute_model.decode``, ``execute_model.prompt``). ``--sync-debug`` (implies it) also counts, by Python line, every synchronizing CUDA call
-the engine makes after its first steps (``torch.cuda.set_sync_debug_mode``).
+prompt chunk (``execute_model.decode``, ``execute_model.prompt``). ``--sync-debug`` (implies it)
+also counts, by Python line, every synchronizing CUDA call the engine makes after its first steps
+(``torch.cuda.set_sync_debug_mode``).
 
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
 of the budget would not cover (the longest start of the run so far), and no child runs past it.

@@ -131,11 +131,18 @@ class Subset:
     def with_block_table(self, block_table: torch.Tensor) -> Subset:
         """The same subset over another block table of the batch (another KV-cache group's
         pages of the same sequences, rows in the same order)."""
-        if self._seq_index is None:
-            rows = block_table[self.first_seq : self.first_seq + self.seq_lens.shape[0]]
-        else:
-            rows = block_table.index_select(0, self._seq_index)
+        rows = _seq_rows(block_table, self.first_seq, self.seq_lens.shape[0], self._seq_index)
         return dataclasses.replace(self, block_table=rows)
+
+
+def _seq_rows(
+    x: torch.Tensor, first_seq: int, count: int, seq_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Some sequences' rows of a batch's per-sequence tensor: a view of ``count`` rows from
+    ``first_seq`` when they are consecutive (``seq_index`` None), else a gather."""
+    if seq_index is None:
+        return x[first_seq : first_seq + count]
+    return x.index_select(0, seq_index)
 
 
 @dataclass
@@ -287,11 +294,7 @@ def make_subset(
         seq_index = torch.from_numpy(index).to(device, non_blocking=True)
 
     def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-        if x is None:
-            return None
-        if seq_index is None:
-            return x[seqs[0] : seqs[0] + len(seqs)]
-        return x.index_select(0, seq_index)
+        return None if x is None else _seq_rows(x, seqs[0], len(seqs), seq_index)
 
     return Subset(
         query_start_loc=query_start_loc,
