@@ -13,7 +13,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from vllm.v1.attention.backend import CommonAttentionMetadata
+from builder_inputs import common_metadata, fake_vllm_config
 
 from int8kv_kernels.reference import attention_ref, dequantize_cache
 from int8kv_shim import attention_impl, flash_prefill
@@ -61,20 +61,8 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
         new_k.append(k[-q_lens[s] :])
         new_v.append(v[-q_lens[s] :])
 
-    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    num_tokens = int(qsl[-1])
-    common = CommonAttentionMetadata(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_reqs=len(seq_lens),
-        num_actual_tokens=num_tokens,
-        max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens),
-        block_table_tensor=block_table,
-        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64),
-        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
-    )
+    common = common_metadata(q_lens, seq_lens, block_table)
+    qsl, num_tokens = common.query_start_loc, common.num_actual_tokens
     if mode.startswith("v2"):
         # vLLM's model runner V2 (the default for Llama-family models) passes no computed-token
         # counts, only CPU sequence lengths (computed + scheduled)
@@ -83,13 +71,7 @@ def main(kv_dtype: str = "int8", mode: str = "") -> None:
             _num_computed_tokens_cpu=None,
             seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
         )
-    model_config = SimpleNamespace(
-        get_num_kv_heads=lambda parallel: nkv,
-        get_num_attention_heads=lambda parallel: nq,
-        get_head_size=lambda: d,
-        max_model_len=256,
-    )
-    vllm_config = SimpleNamespace(model_config=model_config, parallel_config=None)
+    vllm_config = fake_vllm_config(nq, nkv, d, max_model_len=256)
     spec = SimpleNamespace(block_size=bs, int8kv_dtype=kv_dtype)
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
     # "v2_spec": the same under speculative decoding, where V2's lengths are upper bounds: only

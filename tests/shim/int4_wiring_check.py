@@ -19,9 +19,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from builder_inputs import common_metadata, fake_vllm_config
 from vllm.config import set_current_vllm_config
 from vllm.forward_context import ForwardContext, override_forward_context
-from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from int8kv_shim import attention_impl, sink_pages, tail_slots
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
@@ -68,15 +68,7 @@ def main() -> None:
         0,
     ]
     q_lens, seq_lens = [1, 9, 5], [70, 9, 100]
-    qsl = torch.tensor([0, 1, 10, 15], dtype=torch.int32)
-    common = CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=3, num_actual_tokens=15,
-        max_query_len=9, max_seq_len=100,
-        block_table_tensor=torch.arange(6, dtype=torch.int32).view(3, 2),
-        slot_mapping=torch.zeros(15, dtype=torch.int64),
-        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
-    )  # fmt: skip
+    common = common_metadata(q_lens, seq_lens, torch.arange(6, dtype=torch.int32).view(3, 2))
     for mode in ("ours", "flash"):
         calls.clear()
         builder.flash_prefill = mode == "flash"
@@ -149,29 +141,10 @@ def main() -> None:
 
 
 def _config() -> SimpleNamespace:
-    return SimpleNamespace(
+    return fake_vllm_config(
+        NQ, NKV, D, max_model_len=512,
         scheduler_config=SimpleNamespace(max_num_seqs=SLOTS),
-        model_config=SimpleNamespace(
-            dtype=torch.bfloat16,
-            get_num_kv_heads=lambda parallel: NKV,
-            get_num_attention_heads=lambda parallel: NQ,
-            get_head_size=lambda: D,
-            max_model_len=512,
-        ),
         device_config=SimpleNamespace(device="cpu"),
-        parallel_config=None,
-    )
-
-
-def _common(q_lens: list[int], seq_lens: list[int], block_table: torch.Tensor) -> Any:
-    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    n = int(qsl[-1])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(q_lens),
-        num_actual_tokens=n, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
-        block_table_tensor=block_table, slot_mapping=torch.zeros(n, dtype=torch.int64),
-        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
     )  # fmt: skip
 
 
@@ -210,7 +183,7 @@ def kernels() -> None:
         sinks.assign(["s0", "s2", "s3"])
     old = [0, 2, 3]
     hist = [seq_lens[s] - q_lens[s] for s in old]
-    md = builder.build(0, _common(hist, hist, block_table[old].contiguous()))
+    md = builder.build(0, common_metadata(hist, hist, block_table[old].contiguous()))
     hk = torch.cat([k[s][:n] for s, n in zip(old, hist, strict=True)])
     hv = torch.cat([v[s][:n] for s, n in zip(old, hist, strict=True)])
     scratch = torch.zeros(hk.shape[0], NQ, D, dtype=torch.bfloat16)
@@ -225,7 +198,7 @@ def kernels() -> None:
         # s2 reads the sink its first step wrote; s3 writes and reads its own, page 0 completing
         assert sinks.sink_of_seq.tolist()[:4] == [-1, -1, 0, 1], sinks.sink_of_seq.tolist()
         assert sinks.sink_store_of_seq.tolist()[:4] == [-1, -1, -1, 1]
-    common = _common(q_lens, seq_lens, block_table)
+    common = common_metadata(q_lens, seq_lens, block_table)
     md = builder.build(0, common)
     new_k = torch.cat([k[s][-q_lens[s] :] for s in range(4)])
     new_v = torch.cat([v[s][-q_lens[s] :] for s in range(4)])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
+from builder_inputs import common_metadata, fake_vllm_config  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 
 from int8kv_shim.attention_impl import Int8KVAttentionMetadataBuilder  # noqa: E402
@@ -20,36 +21,21 @@ NQ, NKV, D, BS = 8, 2, 64, 16
 
 
 def _builder(window: int | None = None) -> Int8KVAttentionMetadataBuilder:
-    model_config = SimpleNamespace(
-        get_num_kv_heads=lambda parallel: NKV,
-        get_num_attention_heads=lambda parallel: NQ,
-        get_head_size=lambda: D,
-        max_model_len=256,
-    )
-    vllm_config = SimpleNamespace(model_config=model_config, parallel_config=None)
     spec = SimpleNamespace(block_size=BS, int8kv_dtype="int8", sliding_window=window)
-    builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], vllm_config, torch.device("cpu"))
+    config = fake_vllm_config(NQ, NKV, D, max_model_len=256)
+    builder = Int8KVAttentionMetadataBuilder(spec, ["layer"], config, torch.device("cpu"))
     builder.flash_prefill = True  # FlashAttention-2's route, as on a GPU
     builder.min_continuation_tokens = 2  # tiny shapes: let short continuations in
     return builder
 
 
 def _batch(q_lens: list[int], seq_lens: list[int], seed: int) -> CommonAttentionMetadata:
+    """The batch with random pages and slots (another seed: another KV-cache group's)."""
     g = torch.Generator().manual_seed(seed)
     blocks = max(-(-s // BS) for s in seq_lens)
-    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    return CommonAttentionMetadata(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_reqs=len(seq_lens),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens),
-        block_table_tensor=torch.randint(1, 500, (len(seq_lens), blocks), generator=g).int(),
-        slot_mapping=torch.randint(0, 8000, (int(qsl[-1]),), generator=g),
-        _num_computed_tokens_cpu=torch.tensor(seq_lens) - torch.tensor(q_lens),
-    )
+    block_table = torch.randint(1, 500, (len(seq_lens), blocks), generator=g).int()
+    slot_mapping = torch.randint(0, 8000, (sum(q_lens),), generator=g)
+    return common_metadata(q_lens, seq_lens, block_table, slot_mapping)
 
 
 def _same(a: Any, b: Any, where: str = "metadata") -> None:
