@@ -71,14 +71,18 @@ IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
 VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
+# Prefill only: our kernel with every key of a query block in one program (num_splits=1), as every
+# prefill launch ran before short continuations split their keys across programs (2026-12-05).
+UNSPLIT = {"int8_unsplit": "int8", "int4_sink_tail2_unsplit": "int4_sink_tail2"}
 # int4 with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2): every sequence's newest page and the
 # one before it read from the tail pool (only with --impls int4_tail2); int4_sink_tail2, int4's
 # default, also reads each sequence's first page from its sink page (INT8KV_INT4_SINK_PAGE=1)
-TAIL_PAGES = {"int4_tail2": 2, "int4_sink_tail2": 2}
-SINK_IMPLS = {"int4_sink_tail2"}
+TAIL_PAGES = {"int4_tail2": 2, "int4_sink_tail2": 2, "int4_sink_tail2_unsplit": 2}
+SINK_IMPLS = {"int4_sink_tail2", "int4_sink_tail2_unsplit"}
 
 
 def kv_dtype(impl: str) -> str:
+    impl = UNSPLIT.get(impl, impl)
     return "int4" if impl in TAIL_PAGES else VIA_FA2.get(impl, impl)
 
 
@@ -249,7 +253,7 @@ def attention_fn(
         q, cache.raw, out, kv_dtype=kv_dtype(impl), block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,
         max_seq_len=max_s, softmax_scale=scale, k_scale=cache.sk, v_scale=cache.sv, workspace=ws,
-        sliding_window=window or None, **tail,
+        sliding_window=window or None, num_splits=1 if impl in UNSPLIT else None, **tail,
     )  # fmt: skip
 
 
@@ -629,7 +633,9 @@ def main() -> None:
                         attempt(impl, bench_attention, "decode", nq, nkv, d, batch, ctx, 1,
                                 args.window)  # fmt: skip
         if "prefill" in kinds:
-            prefill_impls = args.impls + [i for i, base in VIA_FA2.items() if base in args.impls]
+            prefill_impls = args.impls + [
+                i for i, base in (VIA_FA2 | UNSPLIT).items() if base in args.impls
+            ]
             for q_len in args.prefill_q_lens:
                 for impl in prefill_impls:
                     attempt(impl, bench_attention, "prefill", nq, nkv, d, 1, PREFILL_CTX, q_len)

@@ -160,6 +160,54 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
+def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> str:
+    """Prefill rows of a few new tokens over one long sequence (the end of a chunked prompt),
+    per model shape: our kernels with their keys split (as they launch) and unsplit (as every
+    prefill launched before), ``int8``'s context gather + FlashAttention-2, against
+    FlashAttention-2 on BF16."""
+    result = _load(path)
+    rows = {
+        (r["q_heads"], r["kv_heads"], r["head_dim"], r["q_len"], r["impl"]): r
+        for r in result["rows"]
+        if r["kernel"] == "prefill"
+    }
+    ctxs = sorted({r["ctx"] for r in result["rows"] if r["kernel"] == "prefill"})
+    impls = ("bf16_fa2", "int8", "int8_unsplit", "int8_fa2", "int4_sink_tail2",
+             "int4_sink_tail2_unsplit")  # fmt: skip
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. One sequence "
+        f"of {', '.join(map(str, ctxs))} keys whose last `new` are the new tokens; µs per "
+        "launch (per pair for the gather + FlashAttention-2 path). Unsplit: our kernel with "
+        "every key of a query block in one program; split: the keys spread over programs while "
+        "those would leave SMs idle (`int4` is its default, the sink page and two tail pages).",
+        "",
+        "| q/kv heads, dim | new | `bf16_fa2` µs | `int8` µs | `int8` unsplit µs | split speedup "
+        "| `int8` vs `bf16_fa2` | gather + FA2 µs | `int4` µs | `int4` unsplit µs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def us(key: tuple, impl: str) -> str:
+        row = rows.get((*key, impl))
+        return f"{row['ms'] * 1e3:.1f}" if row else "n/a"
+
+    def over(key: tuple, num: str, den: str) -> str:
+        a, b = rows.get((*key, num)), rows.get((*key, den))
+        return f"{a['ms'] / b['ms']:.2f}x" if a and b else "n/a"
+
+    for key in sorted({k[:4] for k in rows}, key=lambda k: (-k[2], -k[0], k[3])):
+        nq, nkv, d, q_len = key
+        lines.append(
+            f"| {nq}/{nkv}, {d} | {q_len} | "
+            + " | ".join((
+                us(key, impls[0]), us(key, impls[1]), us(key, impls[2]),
+                over(key, "int8_unsplit", "int8"), over(key, "bf16_fa2", "int8"),
+                us(key, impls[3]), us(key, impls[4]), us(key, impls[5]),
+            ))
+            + " |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
 def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
     """``int4``'s decode (``impl``: the kernel bench's label of the variant judged, such as
     ``int4_sink_tail2`` for int4 as it ships) against

@@ -54,9 +54,9 @@ logger = get_logger()
 # The attention launches, as (query length, split counts): one decode token with every
 # power-of-two split count (the split merge is compiled per count), two tokens (the decode
 # configuration's multi-token case, or the prefill one for a large GQA group) split and not, and
-# a prefill chunk.
+# a prefill chunk split and not (a few new tokens over a long context split their keys).
 _SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))
-_ATTENTION_LAUNCHES = ((1, _SPLIT_COUNTS), (2, (1, 2)), (64, (1,)))
+_ATTENTION_LAUNCHES = ((1, _SPLIT_COUNTS), (2, (1, 2)), (64, (1, 2)))
 _PREFILL_LEN = _ATTENTION_LAUNCHES[-1][0]
 # Context before the new tokens of the prefill and gather launches: a partial page read back.
 _CONTEXT = 24

@@ -7,8 +7,9 @@ One Triton kernel, two launch shapes chosen on the host from Python ints only:
   of one program (padded to 16 rows, the smallest tl.dot), so each K/V tile is loaded once per
   group; long contexts are split across programs (flash-decoding) so a single 32K sequence still
   fills the GPU. Partial (acc, max, sum) go to a workspace and a small kernel merges them.
-* **prefill / mixed**: grid (query blocks, kv-heads) with 64-128 rows of (query token, head) per
-  program and no split.
+* **prefill / mixed**: grid (query blocks, kv-heads, splits) with 64-128 rows of (query token,
+  head) per program; split only where those programs would leave SMs idle (a few new tokens over
+  a long context: the end of a chunked prompt).
 
 Dequantization never multiplies K/V elements. QK runs on int8 tensor cores: the query is split
 into two int8 halves per row (``_split_q_i8``, a 16-bit grid) and dotted with the cached K bytes

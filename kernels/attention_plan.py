@@ -270,7 +270,7 @@ def choose_num_splits(
     max_splits: int = MAX_SPLITS,
     sliding_window: int | None = None,
 ) -> int:
-    """Power-of-two KV splits per (sequence, kv-head) for the decode path.
+    """Power-of-two KV splits per (sequence or query block, kv-head) program.
 
     Splits until there is a program per SM; then on towards two per SM only while every split
     keeps MIN_TOKENS_PER_EXTRA_SPLIT keys, since a short split's fixed cost (Q load, pipeline
@@ -331,21 +331,26 @@ def plan_launch(
     sliding_window: int | None = None,
 ) -> LaunchPlan:
     """Launch shape of an attention kernel with config ``cfg`` (chosen by the format's module)
-    from Python ints only: query blocks, KV splits, and the workspace the splits use."""
+    from Python ints only: query blocks, KV splits, and the workspace the splits use.
+
+    Both configurations split long contexts while the grid would leave SMs idle. A decode program
+    is one (sequence, kv-head). A prefill program is one (query block, kv-head), and a few new
+    tokens over a long context make very few of them: the last 31 tokens of an 8K prompt chunked
+    beside 31 decodes are one query block, so one program per kv-head would walk all 8K keys.
+    """
     num_tokens, num_q_heads, head_size = query.shape
     block_q = cfg.block_m // group
-    splits = 1
-    if cfg.split:
-        max_splits = MAX_SPLITS
-        if workspace is not None:
-            max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
-        if num_splits is None:
-            sms = device_sms(query.device)
-            splits = choose_num_splits(
-                num_seqs, num_kv_heads, max_seq_len, sms, max_splits, sliding_window
-            )
-        else:
-            splits = min(num_splits, max_splits)
+    max_splits = MAX_SPLITS
+    if workspace is not None:
+        max_splits = workspace.max_splits_for(num_tokens, num_q_heads, head_size)
+    if num_splits is not None:
+        splits = min(num_splits, max_splits)
+    else:
+        # the query blocks of a prefill batch: at least one per sequence, and no fewer than its
+        # tokens fill (the grid's num_tokens // block_q + num_seqs is an upper bound)
+        rows = num_seqs if cfg.split else max(num_seqs, -(-num_tokens // block_q))
+        sms = device_sms(query.device)
+        splits = choose_num_splits(rows, num_kv_heads, max_seq_len, sms, max_splits, sliding_window)
     if splits > 1 and workspace is None:
         workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
     return LaunchPlan(cfg, block_q, num_tokens // block_q + num_seqs, splits, workspace)

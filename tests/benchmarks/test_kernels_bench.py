@@ -199,10 +199,20 @@ def test_prefill_q_lens_time_each_length_for_every_prefill_impl(bench, tmp_path,
             "--prefill-q-lens", "31", "63", "--out", str(out)]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
-    # int8 brings its gather + FlashAttention-2 path along; one sequence of PREFILL_CTX keys
+    # int8 brings its gather + FlashAttention-2 path and its unsplit launch along; one sequence
+    # of PREFILL_CTX keys
     assert timed == [(impl, "prefill", 1, bench.PREFILL_CTX, q) for q in (31, 63)
-                     for impl in ("bf16_fa2", "int8", "int8_fa2")]  # fmt: skip
-    assert len(json.loads(out.read_text())["rows"]) == 6
+                     for impl in ("bf16_fa2", "int8", "int8_fa2", "int8_unsplit")]  # fmt: skip
+    assert len(json.loads(out.read_text())["rows"]) == 8
+
+
+def test_unsplit_impls_launch_their_format_with_one_split(bench):
+    for impl, base in bench.UNSPLIT.items():
+        assert bench.kv_dtype(impl) == bench.kv_dtype(base)
+        assert bench.block_size(impl) == bench.block_size(base)
+        assert bench.has_tail(impl) == bench.has_tail(base)
+        assert bench.TAIL_PAGES.get(impl) == bench.TAIL_PAGES.get(base)
+        assert (impl in bench.SINK_IMPLS) == (base in bench.SINK_IMPLS)
 
 
 @pytest.mark.parametrize(("flag", "kinds"), [

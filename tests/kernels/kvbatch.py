@@ -200,8 +200,11 @@ def run_attention(
 
 
 def reference(
-    b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, v_format="int8", **kw
-) -> torch.Tensor:
+    b: Batch, cache, *, kv_dtype, block_size, nkv, k_scale=None, v_scale=None, v_format="int8",
+    num_splits=None, **kw
+) -> torch.Tensor:  # fmt: skip
+    """The dequantized cache's exact attention (``num_splits``, the kernel's launch choice, has no
+    say in it)."""
     head_size = b.query.shape[-1]
     k, v = dequantize_cache(
         cache, kv_dtype=kv_dtype, block_size=block_size, num_kv_heads=nkv, head_size=head_size,

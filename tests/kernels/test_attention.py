@@ -41,6 +41,11 @@ CASES = [
     ("sliding_window_d128_gqa", [1, 9, 1], [90, 60, 17], 8, 2, 128, 16, {"sliding_window": 24}),
     ("soft_cap_window_d256", [1, 6], [80, 40], 4, 2, 256, 16,
      {"soft_cap": 3.0, "sliding_window": 30}),
+    # the prefill configuration with its keys split: short continuations over a long context
+    # (beside a decode, and at head size 256 under a window with an odd split count)
+    ("continuation_split", [20, 1], [400, 300], 6, 2, 64, 16, {"num_splits": 4}),
+    ("continuation_split_window_d256", [12, 30], [500, 260], 4, 1, 256, 16,
+     {"num_splits": 3, "sliding_window": 100}),
 ]  # fmt: skip
 
 
@@ -257,6 +262,9 @@ GPU_CASES = [
     ("decode_b2_32k", [1, 1], [32768, 20000], 28, 4, 128, 16, {}),
     *KV_GPU_CASES[1:],
     ("prefill_d256", [700], [1500], 8, 8, 256, 16, {}),
+    # the end of an 8K prompt chunked beside decodes: the prefill configuration, its keys split
+    ("continuation_8k", [31, 1, 1], [8192, 8000, 300], 9, 3, 64, 16, {}),
+    ("continuation_8k_d256_window", [31, 1], [8192, 4000], 4, 1, 256, 16, {"sliding_window": 512}),
 ]
 
 
@@ -308,3 +316,22 @@ def test_sliding_window_decode_is_split_for_its_window_not_the_sequence() -> Non
     assert windowed.splits == choose_num_splits(1, 1, 32768, _device_sms(q.device),
                                                 sliding_window=512)  # fmt: skip
     assert windowed.splits < full.splits
+
+
+def test_short_continuation_over_a_long_context_splits_its_keys() -> None:
+    """The prefill configuration splits like decode's when its (query block, kv-head) programs
+    are too few for the SMs: 31 new tokens over 8K keys are one query block (SmolLM2's 9/3
+    heads, Gemma 3's 4/1), so one program per kv-head would walk every key."""
+    from int8kv_kernels.attention import _plan_launch
+
+    for nq, nkv, d in ((9, 3, 64), (4, 1, 256)):
+        q = torch.zeros(31, nq, d)
+        plan = _plan_launch(q, 1, nq // nkv, 31, 8192, nkv, None, None)
+        assert not plan.cfg.split  # the prefill configuration
+        assert plan.splits > 1, plan
+        assert plan.workspace is not None
+        # a whole 8K prompt fills the grid with query blocks: unsplit
+        big = _plan_launch(torch.zeros(8192, nq, d), 1, nq // nkv, 8192, 8192, nkv, None, None)
+        assert big.splits == 1
+        # the caller's count wins, as for decode
+        assert _plan_launch(q, 1, nq // nkv, 31, 8192, nkv, None, 1).splits == 1

@@ -152,6 +152,11 @@ CASES = [
     ("prefill_multiple_of_64_tail_holds_last", [128, 20], [128, 20], 4, 4, 64, {"held": (0,)}),
     ("mixed_completes_page_d256_window", [1, 9, 40], [128, 192, 640], 4, 2, 256,
      {"held": (0, 1, 2), "sliding_window": 100}),
+    # the prefill configuration with its keys split (a short continuation over a long context):
+    # split boundaries between the sink, the pages and a two-page tail
+    ("continuation_split", [40, 1], [450, 200], 8, 2, 64, {"num_splits": 4}),
+    ("continuation_split_window_d256", [20], [520], 4, 1, 256,
+     {"sliding_window": 200, "num_splits": 3}),
 ]  # fmt: skip
 
 

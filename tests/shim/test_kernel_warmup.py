@@ -99,9 +99,9 @@ def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
     ]  # fmt: skip
 
 
-# two writes; one decode token at every split count; two tokens split and not; a prefill chunk;
-# int8's context gather (int4 has none), int4's sink page store (on by default)
-_LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 1
+# two writes; one decode token at every split count; two tokens split and not; a prefill chunk
+# split and not; int8's context gather (int4 has none), int4's sink page store (on by default)
+_LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 2
 
 
 @pytest.mark.parametrize(
