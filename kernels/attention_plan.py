@@ -348,9 +348,11 @@ def plan_launch(
     else:
         # the query blocks of a prefill batch: at least one per sequence, and no fewer than its
         # tokens fill (the grid's num_tokens // block_q + num_seqs is an upper bound)
-        rows = num_seqs if cfg.split else max(num_seqs, -(-num_tokens // block_q))
+        blocks = num_seqs if cfg.split else max(num_seqs, -(-num_tokens // block_q))
         sms = device_sms(query.device)
-        splits = choose_num_splits(rows, num_kv_heads, max_seq_len, sms, max_splits, sliding_window)
+        splits = choose_num_splits(
+            blocks, num_kv_heads, max_seq_len, sms, max_splits, sliding_window
+        )
     if splits > 1 and workspace is None:
         workspace = make_workspace(num_tokens, num_q_heads, head_size, splits, query.device)
     return LaunchPlan(cfg, block_q, num_tokens // block_q + num_seqs, splits, workspace)
