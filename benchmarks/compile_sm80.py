@@ -206,29 +206,34 @@ def main() -> int:
         ("int8_static+e4m3", 32, 8, 128, 16, 2048, True, False),
         ("int8_static+e4m3", 8, 8, 256, 16, 512, False, True),
         ("int8_static+e4m3", 9, 3, 64, 16, 1, True, True, 4),
+        # the prefill configuration with its keys split (short continuations over long contexts)
+        ("int8", 9, 3, 64, 16, 32, True, True, 1, True),
+        ("int8", 4, 1, 256, 16, 32, True, True, 1, True),
+        ("int8", 32, 8, 128, 16, 32, False, False, 1, True),
     ]
-    for name, nq, nkv, d, bs, mq, window, softcap, *chunks in cases:
+    for name, nq, nkv, d, bs, mq, window, softcap, *more in cases:
+        chunks, prefill_split = (*more, 1, False)[:2]
         kv_dtype, _, v_fmt = name.partition("+")
         lay = PageLayout(kv_dtype, bs, nkv, d)
         group = nq // nkv
         cfg = _choose_config(group, d, mq, v_e4m3=v_fmt == "e4m3")
-        if chunks:  # the split-K-inside-the-program decode loop, off by default
-            cfg = dataclasses.replace(cfg, chunks=chunks[0])
+        if chunks > 1:  # the split-K-inside-the-program decode loop, off by default
+            cfg = dataclasses.replace(cfg, chunks=chunks)
         k = compile_one(
             _attn_fwd, ATTN_PTRS,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
                  TILE_N=cfg.tile_n, CHUNKS=cfg.chunks, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                 SPLIT=cfg.split, DECODE=cfg.split, DOT_F32=False, V_E4M3=v_fmt == "e4m3",
-                 **lay.kernel_constexprs()),
+                 SPLIT=cfg.split or prefill_split, DECODE=cfg.split, DOT_F32=False,
+                 V_E4M3=v_fmt == "e4m3", **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             # the in-program split-K loop is a tuning option, off by default: not held to sm86
-            max_shared=None if chunks else MAX_SHARED_BYTES,
+            max_shared=None if chunks > 1 else MAX_SHARED_BYTES,
         )  # fmt: skip
         n += 1
         check_pipelined(k, dynamic=lay.has_scales, decode=cfg.split, chunks=cfg.chunks)
         if cfg.chunks == 1:
             check_v_operand(k)
-        print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, flush=True)
+        print("ok attention", name, nq, nkv, d, bs, mq, window, softcap, prefill_split, flush=True)
         if cfg.split:
             compile_one(
                 merge_splits,
@@ -285,6 +290,9 @@ def compile_int4() -> int:
         ("bf16", 4, 1, 256, 2, True, False, True, True),
         ("bf16", 32, 8, 128, 2048, False, False, False, True),
         ("bf16", 4, 1, 256, 512, True, True, False, True),
+        # the prefill configuration with its keys split (short continuations over long contexts)
+        ("bf16", 9, 3, 64, 512, True, True, True, True),
+        ("bf16", 4, 1, 256, 512, True, True, True, True),
     ]
     n += compile_int4_attention(cases, tail_pages=1)
     return n + compile_int4_decode_sm90()
@@ -305,7 +313,7 @@ def compile_int4_attention(cases: list[tuple], tail_pages: int) -> int:
         k = compile_one(
             _attn_int4_fwd, ptrs,
             dict(NUM_Q_HEADS=nq, GROUP=group, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // group,
-                 USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=cfg.split and split,
+                 USE_WINDOW=window, USE_SOFTCAP=softcap, SPLIT=split,
                  HAS_SINK=sink, DOT_F32=False, TAIL_PAGES=tail_pages, **lay.kernel_constexprs()),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
@@ -317,7 +325,7 @@ def compile_int4_attention(cases: list[tuple], tail_pages: int) -> int:
         pages = "" if tail_pages == 1 else f" tail pages {tail_pages}"
         print(f"ok attention int4{pages}", dt, nq, nkv, d, mq, window, softcap, split, sink,
               k.metadata.shared, flush=True)  # fmt: skip
-        if tail_pages == 1 and cfg.split and split:
+        if tail_pages == 1 and split:
             compile_one(
                 merge_splits,
                 {"out_ptr": f"*{dt}", "ws_acc_ptr": "*fp32", "ws_m_ptr": "*fp32",
