@@ -99,7 +99,7 @@ def block_size(impl: str) -> int:
 # Prefill rows: one sequence of PREFILL_CTX keys whose last PREFILL_Q_LEN (or --prefill-q-lens)
 # are the new tokens. A few new tokens over a long context is the last piece of a chunked prompt
 # (an 8192-token prompt beside 31 decodes under an 8192-token step budget leaves 31), which
-# flash_prefill.MIN_CONTINUATION_TOKENS sends to our kernels instead of int8_fa2.
+# flash_prefill.MIN_CONTINUATION_TOKENS keeps on our kernels instead of int8_fa2.
 PREFILL_CTX, PREFILL_Q_LEN = 8192, 2048
 
 # int4 decode rows time sequences of ctx + TAIL_TOKENS keys, so every sequence has a partial

@@ -1699,6 +1699,7 @@ TABLES = {
         RESULTS / "kernels_smol_b1024.json"
     ),
     "decode_issue_budget": issue_budget_table,
+    "continuations": continuation_table,
     "tune_decode": tune_decode_table,
     "tune_decode_9_3_64": lambda: tune_decode_table(RESULTS / "tune_decode_9_3_64.json"),
     "tune_decode_4_1_256": lambda: tune_decode_table(
@@ -1790,6 +1791,9 @@ TABLES = {
     "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
     "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
     "serving_steps_gemma3": serving_steps_table,
+    "serving_gemma3_auto_fa2_32k": lambda: serving_table(
+        RESULTS / "serving_gemma3_auto_fa2_32k.json"
+    ),
     "serving_llama3_8b_shape": lambda: serving_table(RESULTS / "serving_llama3_8b_shape.json"),
     "serving_ttft_llama3_8b_shape": lambda: serving_ttft_table(
         RESULTS / "serving_llama3_8b_shape.json"

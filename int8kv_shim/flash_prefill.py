@@ -62,12 +62,14 @@ FlashAttention = Callable[..., None]
 CONTEXT_BUFFER_BYTES = 256 << 20
 
 # A continuation with fewer new tokens stays on our kernels. The gather writes the whole context in
-# BF16 and FlashAttention reads it again (about 5 bytes of traffic per element where our kernel
-# reads 1), which only pays when enough queries share it; short ones (speculative-decode
-# verification, tiny last chunks) are memory-bound and our kernel is the faster there. A guess at
-# the crossover, not yet measured on a GPU (`python -m benchmarks.kernels --prefill-only
-# --prefill-q-lens 16 31 63 128 256` times both paths against FlashAttention-2 on BF16).
-MIN_CONTINUATION_TOKENS = 64
+# BF16 and FlashAttention reads it again; our kernel reads the int8 pages once and, with few query
+# blocks, splits their keys across programs (attention_plan.plan_launch). Over an 8192-token
+# sequence on an H100 (benchmarks/results/kernels_continuations.json), 16 to 256 new tokens took
+# our kernel 20-62 us against 142 us for the gather + FlashAttention-2 at SmolLM2's 9/3 heads of
+# 64, and 31-61 us against 232 us at Gemma 3's 4/1 heads of 256; at 2048 new tokens the gather +
+# FlashAttention-2 is the faster (kernels.json: 219 against 441 us at 9/3 heads on an H200). Between
+# 256 and 2048 is not measured: continuations of up to 256 new tokens stay on ours.
+MIN_CONTINUATION_TOKENS = 257
 
 
 def context_bytes_per_token(num_kv_heads: int, head_size: int) -> int:

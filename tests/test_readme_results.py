@@ -32,6 +32,8 @@ WHERE = {
     "kernel_speed_targets": RESULTS,
     "kernel_speed_smollm2_1024_seqs": RESULTS,
     "decode_issue_budget": RESULTS,
+    "continuations": RESULTS,
+    "serving_gemma3_auto_fa2_32k": RESULTS,
     "tune_decode": RESULTS,
     "tune_decode_9_3_64": RESULTS,
     "tune_decode_4_1_256": RESULTS,
