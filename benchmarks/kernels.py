@@ -72,7 +72,7 @@ IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
 VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
 # Prefill only: our kernel with every key of a query block in one program (num_splits=1), as every
-# prefill launch ran before short continuations split their keys across programs (2026-12-05).
+# prefill launch ran before short continuations split their keys across programs (b686a4c).
 UNSPLIT = {"int8_unsplit": "int8", "int4_sink_tail2_unsplit": "int4_sink_tail2"}
 # int4 with a tail of two pages (INT8KV_INT4_TAIL_PAGES=2): every sequence's newest page and the
 # one before it read from the tail pool (only with --impls int4_tail2); int4_sink_tail2, int4's
