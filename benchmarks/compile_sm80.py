@@ -212,7 +212,9 @@ def main() -> int:
         ("int8", 32, 8, 128, 16, 32, False, False, 1, True),
     ]
     for name, nq, nkv, d, bs, mq, window, softcap, *more in cases:
-        chunks, prefill_split = (*more, 1, False)[:2]
+        # (chunks) or (chunks, prefill_split) after the common fields
+        chunks = more[0] if more else 1
+        prefill_split = len(more) > 1 and more[1]
         kv_dtype, _, v_fmt = name.partition("+")
         lay = PageLayout(kv_dtype, bs, nkv, d)
         group = nq // nkv

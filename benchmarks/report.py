@@ -172,8 +172,6 @@ def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> s
         if r["kernel"] == "prefill"
     }
     ctxs = sorted({r["ctx"] for r in result["rows"] if r["kernel"] == "prefill"})
-    impls = ("bf16_fa2", "int8", "int8_unsplit", "int8_fa2", "int4_sink_tail2",
-             "int4_sink_tail2_unsplit")  # fmt: skip
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. One sequence "
         f"of {', '.join(map(str, ctxs))} keys whose last `new` are the new tokens; µs per "
@@ -199,9 +197,9 @@ def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> s
         lines.append(
             f"| {nq}/{nkv}, {d} | {q_len} | "
             + " | ".join((
-                us(key, impls[0]), us(key, impls[1]), us(key, impls[2]),
+                us(key, "bf16_fa2"), us(key, "int8"), us(key, "int8_unsplit"),
                 over(key, "int8_unsplit", "int8"), over(key, "bf16_fa2", "int8"),
-                us(key, impls[3]), us(key, impls[4]), us(key, impls[5]),
+                us(key, "int8_fa2"), us(key, "int4_sink_tail2"), us(key, "int4_sink_tail2_unsplit"),
             ))
             + " |"
         )  # fmt: skip
