@@ -1792,6 +1792,10 @@ TABLES = {
     "serving_gemma3_auto_fa2_32k": lambda: serving_table(
         RESULTS / "serving_gemma3_auto_fa2_32k.json"
     ),
+    "serving_gemma3_h200": lambda: serving_table(RESULTS / "serving_gemma3_h200_f7ff415.json"),
+    "serving_steps_gemma3_h200": lambda: serving_steps_table(
+        RESULTS / "serving_gemma3_h200_f7ff415.json"
+    ),
     "serving_llama3_8b_shape": lambda: serving_table(RESULTS / "serving_llama3_8b_shape.json"),
     "serving_ttft_llama3_8b_shape": lambda: serving_ttft_table(
         RESULTS / "serving_llama3_8b_shape.json"

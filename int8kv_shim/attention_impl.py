@@ -44,7 +44,7 @@ from int8kv_kernels.catalogue import (
 )
 from int8kv_kernels.launch import set_direct_launches
 from int8kv_kernels.page_layout import next_power_of_2
-from int8kv_shim import flash_prefill, sink_pages, tail_slots
+from int8kv_shim import flash_prefill, patch, sink_pages, tail_slots
 from int8kv_shim._logging import get_logger
 from int8kv_shim.catalogue_loader import needs_tail_pool, page_tokens
 from int8kv_shim.environment_variables import (
@@ -155,6 +155,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # vLLM's V1 runner reorders for us every step; on decode-only steps it need not look.
+        patch.attach_reorder_hook()
         self.block_size = kv_cache_spec.block_size
         model_config = vllm_config.model_config
         self.num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)

@@ -737,6 +737,40 @@ def patch_prefix_hit_recomputes_tail(coordinator: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# P15  vllm.v1.worker.gpu_model_runner: the decodes-first reorder skipped on decode-only steps
+#
+# Not in ACTIVE_SITES: the builder of our backend applies it (attach_reorder_hook), so the runner of
+# a BF16 or upstream-dtype engine stays untouched.
+
+
+def patch_v1_runner_decode_only_reorder(runner: ModuleType) -> None:
+    """V1 ``GPUModelRunner._may_reorder_batch``: returns at once when every request is a decode
+    (:func:`int8kv_shim.batch_reorder.is_decode_only`), where vLLM's reorder would move nothing."""
+    from int8kv_shim.batch_reorder import is_decode_only  # bound once: the wrapper runs every step
+
+    if is_applied("v1_runner_decode_only_reorder"):
+        return
+
+    def skip_when_decode_only(
+        wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+    ) -> Any:
+        runner_, scheduler_output = _runner_call(instance, args, kwargs)
+        if is_decode_only(runner_.input_batch, scheduler_output, runner_.reorder_batch_threshold):
+            return None
+        return wrapped(*args, **kwargs)
+
+    _wrap_method(
+        runner.GPUModelRunner, "_may_reorder_batch", skip_when_decode_only,
+        "v1_runner_decode_only_reorder",
+    )  # fmt: skip
+
+
+def attach_reorder_hook() -> None:
+    """Apply P15 (now if V1's runner is imported, else when it is). Idempotent."""
+    wrapt.register_post_import_hook(patch_v1_runner_decode_only_reorder, _V1_RUNNER)
+
+
+# --------------------------------------------------------------------------------------------------
 # Guards: the inert mode, for any vLLM but the supported one
 
 

@@ -34,6 +34,8 @@ WHERE = {
     "decode_issue_budget": RESULTS,
     "continuations": RESULTS,
     "serving_gemma3_auto_fa2_32k": RESULTS,
+    "serving_gemma3_h200": RESULTS,
+    "serving_steps_gemma3_h200": RESULTS,
     "tune_decode": RESULTS,
     "tune_decode_9_3_64": RESULTS,
     "tune_decode_4_1_256": RESULTS,
