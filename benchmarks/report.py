@@ -875,7 +875,7 @@ def headline(
     ),
     # each serving file and its section of docs/results.md
     serving: tuple[tuple[Path, str], ...] = (
-        (RESULTS / "serving.json", "serving"),
+        (RESULTS / "serving_smollm2_dda1a88.json", "serving"),
         (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
         (RESULTS / "serving_llama3_8b_shape.json", "serving-llama-3-8bs-attention-shape"),
     ),
@@ -1212,7 +1212,7 @@ STEP_PHASES = (
 )
 
 
-def serving_steps_table(path: Path = RESULTS / "serving_gemma3_steps.json") -> str:
+def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
     """The engine core's host time per engine step by phase (``serve_bench --step-timing``),
     each point's mean over its steps, beside the point's median TPOT; with ``--sync-debug`` the
     synchronizing CUDA calls the engine made after its warm-up steps."""
@@ -1788,13 +1788,23 @@ TABLES = {
     "serving_gemma3": lambda: serving_table(RESULTS / "serving_gemma3.json"),
     "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
     "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
-    "serving_steps_gemma3": serving_steps_table,
+    "serving_steps_gemma3": lambda: serving_steps_table(RESULTS / "serving_gemma3.json"),
     "serving_gemma3_auto_fa2_32k": lambda: serving_table(
         RESULTS / "serving_gemma3_auto_fa2_32k.json"
     ),
     "serving_gemma3_h200": lambda: serving_table(RESULTS / "serving_gemma3_h200_f7ff415.json"),
     "serving_steps_gemma3_h200": lambda: serving_steps_table(
         RESULTS / "serving_gemma3_h200_f7ff415.json"
+    ),
+    "serving_smollm2_dda1a88": lambda: serving_table(RESULTS / "serving_smollm2_dda1a88.json"),
+    "serving_ttft_smollm2_dda1a88": lambda: serving_ttft_table(
+        RESULTS / "serving_smollm2_dda1a88.json"
+    ),
+    "serving_steps_smollm2_dda1a88": lambda: serving_steps_table(
+        RESULTS / "serving_smollm2_dda1a88.json"
+    ),
+    "serving_starts_smollm2_dda1a88": lambda: serving_starts_table(
+        RESULTS / "serving_smollm2_dda1a88.json"
     ),
     "serving_llama3_8b_shape": lambda: serving_table(RESULTS / "serving_llama3_8b_shape.json"),
     "serving_ttft_llama3_8b_shape": lambda: serving_ttft_table(
@@ -1817,6 +1827,16 @@ TABLES = {
     ),
     "serving_starts_gemma3_90d00a7": lambda: serving_starts_table(
         RESULTS / "serving_gemma3_90d00a7.json"
+    ),
+    "serving_gemma3_47429f4": lambda: serving_table(RESULTS / "serving_gemma3_47429f4.json"),
+    "serving_ttft_gemma3_47429f4": lambda: serving_ttft_table(
+        RESULTS / "serving_gemma3_47429f4.json"
+    ),
+    "serving_starts_gemma3_47429f4": lambda: serving_starts_table(
+        RESULTS / "serving_gemma3_47429f4.json"
+    ),
+    "serving_steps_gemma3_47429f4": lambda: serving_steps_table(
+        RESULTS / "serving_gemma3_steps.json"
     ),
     "serving_gemma3_2b8b82b": lambda: serving_table(RESULTS / "serving_gemma3_2b8b82b.json"),
     "serving_ttft_gemma3_2b8b82b": lambda: serving_ttft_table(
