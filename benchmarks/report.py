@@ -1198,6 +1198,63 @@ def serving_rerun_table(
     return "\n".join(lines + ["", serving_starts_table(path)])
 
 
+# The serving targets' bounds: int8's median TPOT at most 0.8x FlashAttention-2's from 32 requests
+# at long input (0.72x on SmolLM2, whose weights are tiny beside its cache reads) and 1.0x at 1;
+# its median TTFT at most 1.05x everywhere; its output tok/s at least 1.3x upstream's from 32.
+SERVING_TPOT_LONG = {"smollm2": 0.72}
+SERVING_TPOT_LONG_DEFAULT, SERVING_TPOT_ONE, SERVING_TTFT, SERVING_VS_UPSTREAM = 0.8, 1.0, 1.05, 1.3
+# "8K" input: SmolLM2's 7936 (its 8192-token window less the 256 generated) and 8192
+SERVING_LONG_INPUT = 7936
+
+
+def serving_targets_table(*paths: Path) -> str:
+    """Every serving point a target applies to, from each result file in ``paths``: ``int8``'s
+    median TPOT and TTFT against FlashAttention-2's and its output tok/s against upstream's, each
+    with the bound it must meet and whether it does."""
+    paths = paths or (
+        RESULTS / "serving_smollm2_dda1a88.json",
+        RESULTS / "serving.json",
+        RESULTS / "serving_gemma3.json",
+        RESULTS / "serving_llama3_8b_shape.json",
+    )
+    lines = [
+        "| model | run | input | concurrency | target | wanted | measured | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        result = _load(path)
+        rows = _serving_rows(result)
+        run = f"{result['gpu']}, {_provenance(result)}"
+        for model, input_len, conc, dtype in _serving_keys(rows):
+            if dtype != "int8":
+                continue
+            ours = rows[model, input_len, conc, dtype]
+            fa2 = rows.get((model, input_len, conc, "auto_fa2"))
+            upstream = rows.get((model, input_len, conc, UPSTREAM))
+            long = conc >= 32 and input_len >= SERVING_LONG_INPUT
+            checks = []  # (what, int8's ratio, bound, whether the bound is a floor)
+            if fa2:
+                tpot = SERVING_TPOT_ONE if conc == 1 else (
+                    SERVING_TPOT_LONG.get(model, SERVING_TPOT_LONG_DEFAULT) if long else None
+                )  # fmt: skip
+                if tpot is not None:
+                    checks.append(("TPOT p50 vs `auto_fa2`", ours["tpot_ms_p50"]
+                                   / fa2["tpot_ms_p50"], tpot, False))  # fmt: skip
+                checks.append(("TTFT p50 vs `auto_fa2`", ours["ttft_ms_p50"] / fa2["ttft_ms_p50"],
+                               SERVING_TTFT, False))  # fmt: skip
+            if upstream and long:
+                checks.append((f"output tok/s vs `{UPSTREAM}`", ours["output_tok_s"]
+                               / upstream["output_tok_s"], SERVING_VS_UPSTREAM, True))  # fmt: skip
+            for what, value, bound, at_least in checks:
+                met = value >= bound if at_least else value <= bound
+                lines.append(
+                    f"| {SERVING_MODEL_NAMES.get(model, model)} | {run} | {input_len} | {conc} | "
+                    f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x | "
+                    f"{'yes' if met else '**no**'} |"
+                )
+    return "\n".join(lines)
+
+
 # serve_bench --step-timing's phases (benchmarks/step_timing.py), in the order a step runs them
 STEP_PHASES = (
     ("engine_step", "engine step"),
@@ -1721,6 +1778,7 @@ TABLES = {
     "serving": serving_table,
     "serving_starts": serving_starts_table,
     "serving_ttft": serving_ttft_table,
+    "serving_targets": serving_targets_table,
     "decode_ab_head256": decode_ab_table,
     "serving_profile": lambda: serving_profile_table(
         *sorted(RESULTS.glob("serving_*_profile.json"))

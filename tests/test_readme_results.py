@@ -67,6 +67,7 @@ WHERE = {
     "serving": RESULTS,
     "serving_starts": RESULTS,
     "serving_ttft": RESULTS,
+    "serving_targets": RESULTS,
     "serving_gemma3": RESULTS,
     "serving_ttft_gemma3": RESULTS,
     "serving_starts_gemma3": RESULTS,

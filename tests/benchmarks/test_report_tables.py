@@ -86,6 +86,33 @@ def test_headline_serving_line_adds_output_rate_against_upstream_where_served(
     )
 
 
+def test_serving_targets_table_judges_each_point_by_its_bound(tmp_path: Path) -> None:
+    def row(dtype: str, conc: int, ttft: float, tpot: float, tok_s: float) -> dict:
+        return {**serving_row(dtype, conc, ttft, None), "tpot_ms_p50": tpot,
+                "output_tok_s": tok_s}  # fmt: skip
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --models smollm2",
+        "rows": [row("auto_fa2", 1, 100.0, 2.0, 500.0), row("int8", 1, 104.0, 2.1, 480.0),
+                 row("auto_fa2", 8, 100.0, 2.0, 500.0), row("int8", 8, 110.0, 1.0, 900.0),
+                 row("auto_fa2", 32, 100.0, 5.0, 900.0), row("int8", 32, 90.0, 3.7, 1000.0),
+                 row("int8_per_token_head", 32, 300.0, 9.0, 800.0)],
+    })  # fmt: skip
+    lines = report.serving_targets_table(path).splitlines()[2:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    got = {(int(c[3]), c[4]): (c[5], c[6], c[7]) for c in cells}
+    assert got == {
+        (1, "TPOT p50 vs `auto_fa2`"): ("≤ 1.00x", "1.05x", "**no**"),
+        (1, "TTFT p50 vs `auto_fa2`"): ("≤ 1.05x", "1.04x", "yes"),
+        # no TPOT target at 8 requests
+        (8, "TTFT p50 vs `auto_fa2`"): ("≤ 1.05x", "1.10x", "**no**"),
+        # SmolLM2's own bound from 32 requests: 0.74x misses 0.72x
+        (32, "TPOT p50 vs `auto_fa2`"): ("≤ 0.72x", "0.74x", "**no**"),
+        (32, "TTFT p50 vs `auto_fa2`"): ("≤ 1.05x", "0.90x", "yes"),
+        (32, "output tok/s vs `int8_per_token_head`"): ("≥ 1.30x", "1.25x", "**no**"),
+    }
+
+
 def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: Path) -> None:
     def timed(dtype: str, step_ms: float, syncs: dict | None) -> dict:
         phases = {"engine_step": {"calls": 10, "us_per_call": 1000 * step_ms,
