@@ -1269,6 +1269,46 @@ STEP_PHASES = (
 )
 
 
+def serving_rounds_table(path: Path) -> str:
+    """A run with ``serve_bench --rounds`` (``--interleave``: every dtype's server up at once,
+    each point on each in turn): per point and dtype, TPOT and TTFT (medians over the point's
+    requests) in each round against FlashAttention-2's in the same round, the median of those
+    ratios, and which server ran the point first."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Each round's "
+        "ratio against `auto_fa2` in the same round; (1st): this dtype's server ran the point "
+        "first in that round.",
+        "",
+        "| model | input | concurrency | dtype | TPOT p50 against `auto_fa2`, each round | median "
+        "| TTFT p50 against `auto_fa2`, each round | median |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        base = rows.get((model, input_len, conc, "auto_fa2"))
+        if dtype == "auto_fa2" or not base or "rounds" not in rows[key]:
+            continue
+        theirs = {r["round"]: r for r in base["rounds"]}
+        cells = []
+        for figure in ("tpot_ms_p50", "ttft_ms_p50"):
+            ratios = [
+                (r[figure] / theirs[r["round"]][figure], r["position"] == 0)
+                for r in rows[key]["rounds"]
+                if r["round"] in theirs
+            ]
+            each = ", ".join(f"{x:.2f}x" + (" (1st)" if first else "") for x, first in ratios)
+            median = f"{statistics.median(x for x, _ in ratios):.2f}x" if ratios else "n/a"
+            cells += [each or "n/a", median]
+        lines.append(
+            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
     """The engine core's host time per engine step by phase (``serve_bench --step-timing``),
     each point's mean over its steps, beside the point's median TPOT; with ``--sync-debug`` the

@@ -67,6 +67,16 @@ prompt chunk (``execute_model.decode``, ``execute_model.prompt``). ``--sync-debu
 also counts, by Python line, every synchronizing CUDA call the engine makes after its first steps
 (``torch.cuda.set_sync_debug_mode``).
 
+``--rounds R``: every point R times, each round with new prompts (the seeds of ``--seed`` + r);
+a row then holds each round's figures, server metrics and step timing under ``rounds`` and, as
+its figures, their medians. ``--interleave``: every dtype's server of a model starts (one after
+another) and stays up, each with an equal share of ``--gpu-memory-utilization`` (the rows'
+``servers_at_once``; so their ``kv_cache_tokens`` are a share too), and each point runs on one
+server after the other, round r starting with the r-th: servers started minutes apart on a host
+whose speed drifts (FlashAttention-2's own median TPOT on Gemma 3 at 32 requests has moved by
+more than half from one H100 run to another) are then compared point by point (``python -m benchmarks.report`` pairs each
+round with the baseline's same round).
+
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
 of the budget would not cover (the longest start of the run so far), and no child runs past it.
 ``--dry-run`` prints every command without running anything.
@@ -89,6 +99,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import sys
 import time
 import urllib.request
@@ -761,6 +772,8 @@ class Run:
     servers: list[dict[str, Any]] = field(default_factory=list)
     failures: int = 0
     profiles: list[dict[str, Any]] = field(default_factory=list)  # rows of profile_path()
+    # --rounds: every round's row of each point (ROW_KEY), which its row in ``rows`` sums up
+    round_rows: dict[tuple, list[dict[str, Any]]] = field(default_factory=dict)
     previous_profiles: dict[str, Any] | None = None  # --append: the profile file as it was
 
     def longest_start_s(self) -> float:
@@ -816,7 +829,12 @@ def profiler_args(trace_dir: Path) -> list[str]:
 
 
 def make_server(
-    args: argparse.Namespace, spec: ModelSpec, dtype: str, max_len: int, startup_timeout_s: float
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    dtype: str,
+    max_len: int,
+    startup_timeout_s: float,
+    gpu_memory_utilization: float | None = None,
 ) -> Server:
     env = vllm_serve_dtype_env(dtype, not args.shim_only_where_needed)
     extra = ["--jit-monitor-verbose", *args.serve_args]
@@ -833,7 +851,7 @@ def make_server(
         port=args.port,
         env=env,
         max_model_len=max_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=gpu_memory_utilization or args.gpu_memory_utilization,
         extra_args=extra,
         log_path=Path(args.logdir) / f"server_{spec.name}_{dtype}.log",
         startup_timeout_s=startup_timeout_s,
@@ -870,8 +888,12 @@ def step_timing_env(
     return out
 
 
-def point_name(spec: ModelSpec, dtype: str, input_len: int, concurrency: int) -> str:
-    return f"{spec.name}_{dtype}_in{input_len}_c{concurrency}"
+def point_name(
+    spec: ModelSpec, dtype: str, input_len: int, concurrency: int, round_: int | None = None
+) -> str:
+    """A point's name in logs and raw file names (``_r<round>`` where a run has rounds)."""
+    name = f"{spec.name}_{dtype}_in{input_len}_c{concurrency}"
+    return name if round_ is None else f"{name}_r{round_}"
 
 
 def point_argv(
@@ -883,10 +905,13 @@ def point_argv(
     concurrency: int,
     num_prompts: int,
     profiled: bool = False,
+    round_: int = 0,
 ) -> tuple[list[str], Path]:
     """The ``vllm bench serve`` command of one point and where it saves its result (a profiled
-    point: ``--profile``, its own seed and file)."""
-    name = point_name(spec, dtype, input_len, concurrency) + ("_profiled" if profiled else "")
+    point: ``--profile``, its own seed and file; round r of ``--rounds``: the seeds of
+    ``--seed`` + r, so no round re-sends an earlier round's prompts into the prefix cache)."""
+    name = point_name(spec, dtype, input_len, concurrency, _round_tag(args, round_))
+    name += "_profiled" if profiled else ""
     result = Path(args.logdir) / "raw" / f"{name}.json"
     extra = [*args.bench_args, *(["--profile"] if profiled else [])]
     argv = bench_argv(
@@ -897,7 +922,7 @@ def point_argv(
         args.output_len,
         concurrency,
         num_prompts,
-        point_seed(args.seed, input_len, concurrency) + (1 if profiled else 0),
+        point_seed(args.seed + round_, input_len, concurrency) + (1 if profiled else 0),
         result.parent,
         result.name,
         extra,
@@ -914,10 +939,102 @@ def run_server(
     vocab_size: int,
 ) -> None:
     """One ``vllm serve`` and all its points; appends to ``run`` and saves after each point."""
+    server, info = new_server(run, spec, dtype, max(input_lens) + run.args.output_len, budget)
+    try:
+        with server:
+            server_started(server, info)
+            for input_len in input_lens:
+                if not measure_length(
+                    run, server, info, spec, dtype, input_len, budget, vocab_size
+                ):
+                    break
+    except RuntimeError as e:
+        server_failed(run, server, info, e)
+    server_stopped(run, server, info)
+
+
+def run_interleaved(
+    run: Run, spec: ModelSpec, input_lens: Sequence[int], budget: Budget, vocab_size: int
+) -> None:
+    """``--interleave``: every dtype's server of one model up at once, each with its share of
+    ``--gpu-memory-utilization``, and each point run on one after the other, the order rotated
+    every round, so that a host that drifts between servers started minutes apart weighs on
+    every dtype alike. Servers start one after another (each engine's memory profile sees the
+    ones before it as used memory)."""
     args = run.args
-    tag = f"{spec.name}_{dtype}"
-    max_len = max(input_lens) + args.output_len
-    server = make_server(args, spec, dtype, max_len, budget.cap(args.startup_timeout_s))
+    share = args.gpu_memory_utilization / len(args.dtypes)
+    live: list[tuple[str, Server, dict[str, Any]]] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for dtype in args.dtypes:
+                if budget.exhausted() or not budget.fits(run.longest_start_s()):
+                    print(f"serve_bench: {spec.name}_{dtype}: not started, time budget", flush=True)
+                    break
+                server, info = new_server(
+                    run, spec, dtype, max(input_lens) + args.output_len, budget, share
+                )
+                try:
+                    stack.enter_context(server)
+                except RuntimeError as e:
+                    server_failed(run, server, info, e)
+                    server_stopped(run, server, info)
+                    continue
+                server_started(server, info)
+                live.append((dtype, server, info))
+            interleave_points(run, spec, live, input_lens, budget, vocab_size)
+    finally:
+        for _, server, info in live:
+            server_stopped(run, server, info)
+
+
+def interleave_points(
+    run: Run,
+    spec: ModelSpec,
+    live: Sequence[tuple[str, Server, dict[str, Any]]],
+    input_lens: Sequence[int],
+    budget: Budget,
+    vocab_size: int,
+) -> None:
+    """Per input length: every server's warm-up, then ``--rounds`` rounds of every concurrency,
+    each point on every server in turn (round r starts with the r-th server), then the
+    profiled points."""
+    args = run.args
+    gone: set[str] = set()
+    for input_len in input_lens:
+        for dtype, server, info in live:
+            if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
+                return
+        points = plan_points(
+            [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
+        )
+        for r in range(args.rounds):
+            k = r % max(len(live), 1)
+            for n, c, prompts in points:
+                for position, (dtype, server, info) in enumerate([*live[k:], *live[:k]]):
+                    if budget.exhausted():
+                        print("serve_bench: time budget spent: no new points", flush=True)
+                        return
+                    if dtype not in gone and not timed_point(
+                        run, server, info, spec, dtype, n, c, prompts, budget, r, position
+                    ):
+                        gone.add(dtype)
+        for dtype, server, info in live:
+            profile_server(run, server, info, spec, dtype, input_len, budget)
+
+
+def new_server(
+    run: Run,
+    spec: ModelSpec,
+    dtype: str,
+    max_len: int,
+    budget: Budget,
+    gpu_memory_utilization: float | None = None,
+) -> tuple[Server, dict[str, Any]]:
+    """A server not yet started, and its entry in ``run.servers``."""
+    args = run.args
+    server = make_server(
+        args, spec, dtype, max_len, budget.cap(args.startup_timeout_s), gpu_memory_utilization
+    )
     info: dict[str, Any] = {
         "model": spec.name,
         "model_path": str(spec.path),
@@ -928,34 +1045,38 @@ def run_server(
         "max_model_len": max_len,
         "points": [],
     }
+    if gpu_memory_utilization is not None:
+        info["servers_at_once"] = len(args.dtypes)
     run.servers.append(info)
-    print(f"serve_bench: {tag}: starting {shlex.join(server.argv)}", flush=True)
-    try:
-        with server:
-            log = server.tail(10**9)
-            kv_tokens = kv_cache_tokens_from_log(log)
-            info |= {
-                "engine_start_s": round(server.start_s, 1),
-                "kv_cache_tokens": kv_tokens,
-                "startup_phases": startup_phases_from_log(log),
-            }
-            print(
-                f"serve_bench: {tag}: healthy after {server.start_s:.0f}s, "
-                f"KV cache {kv_tokens} tokens {info['startup_phases']}",
-                flush=True,
-            )
-            for input_len in input_lens:
-                if not measure_length(
-                    run, server, info, spec, dtype, input_len, budget, vocab_size
-                ):
-                    break
-    except RuntimeError as e:
-        info["error"] = str(e)[-1500:]
-        run.failures += 1
-        cause = engine_error_from_log(server.tail(10**9))
-        if cause:
-            info["engine_error"] = cause
-        print(f"serve_bench: {tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
+    print(f"serve_bench: {spec.name}_{dtype}: starting {shlex.join(server.argv)}", flush=True)
+    return server, info
+
+
+def server_started(server: Server, info: dict[str, Any]) -> None:
+    log = server.tail(10**9)
+    info |= {
+        "engine_start_s": round(server.start_s, 1),
+        "kv_cache_tokens": kv_cache_tokens_from_log(log),
+        "startup_phases": startup_phases_from_log(log),
+    }
+    print(
+        f"serve_bench: {info['model']}_{info['dtype']}: healthy after {server.start_s:.0f}s, "
+        f"KV cache {info['kv_cache_tokens']} tokens {info['startup_phases']}",
+        flush=True,
+    )
+
+
+def server_failed(run: Run, server: Server, info: dict[str, Any], e: Exception) -> None:
+    info["error"] = str(e)[-1500:]
+    run.failures += 1
+    cause = engine_error_from_log(server.tail(10**9))
+    if cause:
+        info["engine_error"] = cause
+    tag = f"{info['model']}_{info['dtype']}"
+    print(f"serve_bench: {tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
+
+
+def server_stopped(run: Run, server: Server, info: dict[str, Any]) -> None:
     info["shim_log"] = shim_lines(server.tail(10**9))
     info["server_log_tail"] = server.tail(1500)
     run.save()
@@ -971,51 +1092,106 @@ def measure_length(
     budget: Budget,
     vocab_size: int,
 ) -> bool:
-    """The warm-up and every concurrency at one input length; False when the run must stop using
-    this server (budget spent or server gone)."""
+    """The warm-up and every concurrency at one input length (``--rounds`` times); False when the
+    run must stop using this server (budget spent or server gone)."""
     args = run.args
-    tag = f"{spec.name}_{dtype}"
     points = plan_points(
         [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
     )
-    if args.warmup_prompts > 0:
-        if budget.exhausted():
-            return False
-        try:
-            secs = warm_up(
-                server.base_url,
-                str(spec.path),
-                input_len,
-                vocab_size,
-                args.warmup_prompts,
-                point_seed(args.seed, input_len, 0) + 7,
-                budget.cap(args.point_timeout_s),
-            )
-            info.setdefault("warmup_s", {})[str(input_len)] = round(secs, 1)
-            print(f"serve_bench: {tag}: warm-up at {input_len} took {secs:.1f}s", flush=True)
-        except Exception as e:  # reported; the points still run, only less warm
-            info.setdefault("warmup_error", {})[str(input_len)] = repr(e)[-500:]
-            print(f"serve_bench: {tag}: warm-up at {input_len} failed: {e!r}", flush=True)
-    for n, c, prompts in points:
-        if budget.exhausted():
-            print("serve_bench: time budget spent: no new points", flush=True)
-            return False
-        if not server.alive():
-            info["error"] = "vllm serve exited during the points"
-            run.failures += 1
-            return False
-        point = run_point(run, server, info, spec, dtype, n, c, prompts, budget)
-        info["points"].append(point)
-        if "error" in point:
-            run.failures += 1
-        run.save()
-    if args.profile_concurrency and not budget.exhausted() and server.alive():
+    if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
+        return False
+    for r in range(args.rounds):
+        for n, c, prompts in points:
+            if not timed_point(run, server, info, spec, dtype, n, c, prompts, budget, r, 0):
+                return False
+    profile_server(run, server, info, spec, dtype, input_len, budget)
+    return True
+
+
+def warm_server(
+    run: Run,
+    server: Server,
+    info: dict[str, Any],
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    budget: Budget,
+    vocab_size: int,
+) -> bool:
+    """``--warmup-prompts`` requests at ``input_len``; False when the budget is spent (a failed
+    warm-up is reported and the points still run, only less warm)."""
+    args = run.args
+    if args.warmup_prompts <= 0:
+        return True
+    if budget.exhausted():
+        return False
+    tag = f"{spec.name}_{dtype}"
+    try:
+        secs = warm_up(
+            server.base_url,
+            str(spec.path),
+            input_len,
+            vocab_size,
+            args.warmup_prompts,
+            point_seed(args.seed, input_len, 0) + 7,
+            budget.cap(args.point_timeout_s),
+        )
+        info.setdefault("warmup_s", {})[str(input_len)] = round(secs, 1)
+        print(f"serve_bench: {tag}: warm-up at {input_len} took {secs:.1f}s", flush=True)
+    except Exception as e:
+        info.setdefault("warmup_error", {})[str(input_len)] = repr(e)[-500:]
+        print(f"serve_bench: {tag}: warm-up at {input_len} failed: {e!r}", flush=True)
+    return True
+
+
+def timed_point(
+    run: Run,
+    server: Server,
+    info: dict[str, Any],
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    concurrency: int,
+    num_prompts: int,
+    budget: Budget,
+    round_: int,
+    position: int,
+) -> bool:
+    """:func:`run_point` unless the budget is spent or the server gone (then False), saved."""
+    if budget.exhausted():
+        print("serve_bench: time budget spent: no new points", flush=True)
+        return False
+    if not server.alive():
+        info["error"] = "vllm serve exited during the points"
+        run.failures += 1
+        return False
+    point = run_point(
+        run, server, info, spec, dtype, input_len, concurrency, num_prompts, budget, round_,
+        position,
+    )  # fmt: skip
+    info["points"].append(point)
+    if "error" in point:
+        run.failures += 1
+    run.save()
+    return True
+
+
+def profile_server(
+    run: Run,
+    server: Server,
+    info: dict[str, Any],
+    spec: ModelSpec,
+    dtype: str,
+    input_len: int,
+    budget: Budget,
+) -> None:
+    """The profiled point of ``--profile-concurrency`` at ``input_len``, if asked and possible."""
+    if run.args.profile_concurrency and not budget.exhausted() and server.alive():
         profile = run_profiled_point(run, server, spec, dtype, input_len, budget)
         info.setdefault("profiles", []).append(profile)
         if "error" in profile:
             run.failures += 1
         run.save()
-    return True
 
 
 def profile_path(out: Path) -> Path:
@@ -1167,12 +1343,18 @@ def run_point(
     concurrency: int,
     num_prompts: int,
     budget: Budget,
+    round_: int = 0,
+    position: int = 0,
 ) -> dict[str, Any]:
+    """One timed point (round ``round_`` of ``--rounds``, the ``position``-th server of its
+    round's order); its row goes into ``run.rows`` (over its rounds: :func:`rounds_row`)."""
     args = run.args
-    name = point_name(spec, dtype, input_len, concurrency)
-    argv, result_path = point_argv(args, server, spec, dtype, input_len, concurrency, num_prompts)
+    name = point_name(spec, dtype, input_len, concurrency, _round_tag(args, round_))
+    argv, result_path = point_argv(
+        args, server, spec, dtype, input_len, concurrency, num_prompts, round_=round_
+    )
     result_path.unlink(missing_ok=True)
-    seed = point_seed(args.seed, input_len, concurrency)
+    seed = point_seed(args.seed + round_, input_len, concurrency)
     log_before = len(server.tail(10**9))
     timing_dir = step_timing_dir(args, spec, dtype) if timing_on(args) else None
     if timing_dir is not None:
@@ -1197,6 +1379,8 @@ def run_point(
         "result": str(result_path),
         "jit_compiles": compiles,
     }
+    if args.rounds > 1:
+        point |= {"round": round_, "position": position}
     if metrics_error:
         point["server_metrics_error"] = metrics_error
     msg = f"serve_bench: {name}: rc={rc} in {secs:.0f}s"
@@ -1234,13 +1418,53 @@ def run_point(
     if steps is not None:
         row["step_timing"] = steps
         msg += f" (host per engine step: {step_timing_line(steps)})"
-    run.rows = common.merge_rows(run.rows, [row], ROW_KEY)
+    if "servers_at_once" in info:
+        row["servers_at_once"] = info["servers_at_once"]
+    if args.rounds > 1:
+        row |= {"round": round_, "position": position}
+    per_round = run.round_rows.setdefault(tuple(row[k] for k in ROW_KEY), [])
+    per_round.append(row)
+    run.rows = common.merge_rows(run.rows, [rounds_row(per_round)], ROW_KEY)
     print(
         f"{msg}: TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, "
         f"{row['output_tok_s']} tok/s",
         flush=True,
     )
     return point
+
+
+# what differs from round to round of a point: kept per round, the figures also as their median
+ROUND_FIGURES = (
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "output_tok_s",
+)
+ROUND_FIELDS = (*ROUND_FIGURES, "jit_compiles", "server_metrics", "step_timing", "round",
+                "position")  # fmt: skip
+
+
+def _round_tag(args: argparse.Namespace, round_: int) -> int | None:
+    return round_ if args.rounds > 1 else None
+
+
+def rounds_row(per_round: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The row of a point measured in rounds (rows with ``round``): each of
+    :data:`ROUND_FIGURES` the median over the rounds, ``jit_compiles`` their sum, and ``rounds``,
+    each round's own figures, server metrics, step timing and ``position`` (0: its server ran
+    the point first in that round). A row without ``round`` is the point's only one, as it is."""
+    last = per_round[-1]
+    if "round" not in last:
+        return dict(last)
+    row = {k: v for k, v in last.items() if k not in ROUND_FIELDS}
+    for key in ROUND_FIGURES:
+        row[key] = round(statistics.median(r[key] for r in per_round), 3)
+    row["jit_compiles"] = sum(r["jit_compiles"] for r in per_round)
+    row["rounds"] = [{k: r[k] for k in ROUND_FIELDS if k in r} for r in per_round]
+    return row
 
 
 def step_timing_line(steps: Mapping[str, Any]) -> str:
@@ -1304,6 +1528,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="--step-timing, and count the engine's synchronizing CUDA calls by Python line",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every point this many times (new prompts each round); a row holds each "
+        "round's figures and their median",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every dtype's server of a model at once (each with its share of "
+        "--gpu-memory-utilization) and run each point on one after the other, the order "
+        "rotated every round",
+    )
     p.add_argument("--keep-traces", action="store_true", help="keep the raw profiler traces")
     p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` flags")
@@ -1332,6 +1570,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError("--output-len, --prompts-per-concurrency, --min-prompts must be >= 1")
         if args.warmup_prompts < 0 or not 1 <= args.llama_layers <= 32:
             raise ValueError("--warmup-prompts >= 0 and 1 <= --llama-layers <= 32")
+        if args.rounds < 1:
+            raise ValueError("--rounds must be >= 1")
+        if args.interleave and (len(args.dtypes) < 2 or args.port):
+            raise ValueError("--interleave runs two or more dtypes' servers at once, each on "
+                             "a free port: give two dtypes or more and no --port")  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     args.vllm = shlex.split(args.vllm)
@@ -1350,8 +1593,12 @@ def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
         lens = effective_input_lens(args.input_lens, args.output_len, context)
         if spec.build_llama:
             print(f"# make {LLAMA_SHAPE} ({args.llama_layers} layers) in {spec.path}")
+        share = args.gpu_memory_utilization / len(args.dtypes) if args.interleave else None
+        if args.interleave:
+            print(f"# the servers below up at once; each point on each in turn, {args.rounds} "
+                  "round(s), the order rotated every round")  # fmt: skip
         for dtype in args.dtypes:
-            server = make_server(args, spec, dtype, max(lens) + args.output_len, 0)
+            server = make_server(args, spec, dtype, max(lens) + args.output_len, 0, share)
             shim = f"{common.SHIM_ENV}=1 " if server.env.get(common.SHIM_ENV) == "1" else ""
             print(f"{shim}{shlex.join(server.argv)}")
             for n, c, prompts in plan_points(
@@ -1359,7 +1606,9 @@ def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
             ):
                 if c == min(args.concurrency) and args.warmup_prompts:
                     print(f"# warm-up: {args.warmup_prompts} requests of {n} random token ids")
-                print(shlex.join(point_argv(args, server, spec, dtype, n, c, prompts)[0]))
+                for r in range(args.rounds):
+                    argv = point_argv(args, server, spec, dtype, n, c, prompts, round_=r)[0]
+                    print(shlex.join(argv))
             if args.profile_concurrency:
                 c, prompts = args.profile_concurrency, profiled_prompts(args)
                 for n in lens:
@@ -1404,6 +1653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"serve_bench: {spec.name}: {e!r}", file=sys.stderr, flush=True)
                 run.servers.append({"model": spec.name, "error": str(e)})
                 run.failures += 1
+                continue
+            if args.interleave:
+                run_interleaved(run, spec, lens, budget, vocab)
                 continue
             for dtype in args.dtypes:
                 if budget.exhausted():

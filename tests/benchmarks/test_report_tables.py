@@ -113,6 +113,26 @@ def test_serving_targets_table_judges_each_point_by_its_bound(tmp_path: Path) ->
     }
 
 
+def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path) -> None:
+    def rounds(dtype: str, tpots: list[float], first: int) -> dict:
+        each = [{"round": i, "position": int(i % 2 != first), "tpot_ms_p50": t,
+                 "ttft_ms_p50": 100.0} for i, t in enumerate(tpots)]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --rounds 3 --interleave",
+        "rows": [rounds("auto_fa2", [5.0, 10.0, 4.0], 0), rounds("int8", [4.0, 6.0, 4.4], 1),
+                 serving_row("int4", 32, 90.0, None)],  # no rounds: no line
+    })  # fmt: skip
+    lines = report.serving_rounds_table(path).splitlines()[4:]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    # paired by round: 0.80x, 0.60x, 1.10x (median 0.80x), where the ratio of the medians
+    # over the rounds (4.4 / 5.0) would say 0.88x
+    assert cells[3:] == ["`int8`", "0.80x, 0.60x (1st), 1.10x", "0.80x",
+                         "1.00x, 1.00x (1st), 1.00x", "1.00x"]  # fmt: skip
+
+
 def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: Path) -> None:
     def timed(dtype: str, step_ms: float, syncs: dict | None) -> dict:
         phases = {"engine_step": {"calls": 10, "us_per_call": 1000 * step_ms,

@@ -947,6 +947,79 @@ def test_append_merges_and_refuses_another_gpu(fake: dict) -> None:
     assert len(_records(fake)) == n_before  # refused before starting anything
 
 
+def test_interleaved_rounds_run_every_point_on_every_server_in_turn(fake: dict) -> None:
+    """--interleave: both servers up before the first point, each with half the memory; each
+    point on both in turn, the second round in the other order and with new prompts; a row per
+    point with both rounds and their median."""
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8", "--input-lens", "1K", "--concurrency", "4,1"),
+            *("--rounds", "2", "--interleave", "--gpu-memory-utilization", "0.8"),
+        )
+    )
+    assert rc == 0
+    recs = _records(fake)
+    kinds = [r["argv"][0] for r in recs]
+    assert kinds[:2] == ["serve", "serve"] and "serve" not in kinds[2:]
+    serves = [r["argv"] for r in recs if r["argv"][0] == "serve"]
+    assert [_flag(a, "--kv-cache-dtype") for a in serves] == ["auto", "int8"]
+    assert {_flag(a, "--gpu-memory-utilization") for a in serves} == {"0.4"}
+    ports = [_flag(a, "--port") for a in serves]
+    dtype_at = {
+        f"http://127.0.0.1:{port}": d for port, d in zip(ports, ("fa2", "int8"), strict=True)
+    }
+    benches = [r["argv"] for r in recs if r["argv"][:2] == ["bench", "serve"]]
+    order = [(dtype_at[_flag(b, "--base-url")], _flag(b, "--max-concurrency")) for b in benches]
+    assert order == [
+        ("fa2", "1"), ("int8", "1"), ("fa2", "4"), ("int8", "4"),  # round 0
+        ("int8", "1"), ("fa2", "1"), ("int8", "4"), ("fa2", "4"),  # round 1: the other order
+    ]  # fmt: skip
+    seeds = [_flag(b, "--seed") for b in benches]
+    assert seeds[0] == seeds[1] and seeds[4] == seeds[5] and seeds[0] != seeds[4]
+    assert len({_flag(b, "--result-filename") for b in benches}) == 8
+    _assert_all_gone(recs)
+
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert sorted((r["dtype"], r["concurrency"]) for r in rows) == [
+        ("auto_fa2", 1), ("auto_fa2", 4), ("int8", 1), ("int8", 4),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["servers_at_once"] == 2 and [x["round"] for x in r["rounds"]] == [0, 1]
+        first = 0 if r["dtype"] == "auto_fa2" else 1
+        assert [x["position"] for x in r["rounds"]] == [first, 1 - first]
+        assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
+        assert all(x["server_metrics"]["requests"] == r["num_prompts"] for x in r["rounds"])
+        assert "server_metrics" not in r
+
+
+def test_rounds_row_takes_the_median_of_each_figure() -> None:
+    one = _row("m", "int8", 1024, 4, tpot=3.0) | {"jit_compiles": 0}
+    assert sb.rounds_row([one]) == one  # one round, no rounds: the row as it is
+    rounds = [
+        one | {"tpot_ms_p50": t, "output_tok_s": 10.0 * t, "round": i, "position": i % 2,
+               "jit_compiles": i, "step_timing": {"engine_steps": i}}
+        for i, t in enumerate((3.0, 9.0, 4.0))
+    ]  # fmt: skip
+    row = sb.rounds_row(rounds)
+    assert row["tpot_ms_p50"] == 4.0 and row["output_tok_s"] == 40.0
+    assert row["jit_compiles"] == 3 and "step_timing" not in row and "round" not in row
+    assert [x["tpot_ms_p50"] for x in row["rounds"]] == [3.0, 9.0, 4.0]
+    assert [x["step_timing"] for x in row["rounds"]] == [{"engine_steps": i} for i in range(3)]
+    assert {k: row[k] for k in sb.ROW_KEY} == {k: one[k] for k in sb.ROW_KEY}
+
+
+def test_interleave_and_rounds_arguments() -> None:
+    assert sb.parse_args([]).rounds == 1 and not sb.parse_args([]).interleave
+    for bad in (
+        ["--rounds", "0"],
+        ["--interleave", "--dtypes", "int8"],
+        ["--interleave", "--dtypes", "auto_fa2,int8", "--port", "8000"],
+    ):
+        with pytest.raises(SystemExit):
+            sb.parse_args(bad)
+
+
 def test_taken_port_is_refused(fake: dict) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
