@@ -11,7 +11,9 @@ Reads the Chrome-trace JSON (``.json`` or ``.json.gz``) that vLLM's torch profil
 * the host time of the operators vLLM calls (``cpu_op`` events, top ones by total time), the
   attention op among them, and the CUDA graph replays (``cudaGraphLaunch``);
 * where the trace has vLLM's step annotation (``gpu_model_runner: forward``, V1 model runner with
-  ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``), per kind of step: ``graph`` (one whole-step CUDA graph
+  ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``), or else the range ``serve_bench.py --step-timing`` puts
+  around the V2 model runner's ``execute_model`` (``step_timing: execute_model``: it holds the
+  step's input preparation too), per kind of step: ``graph`` (one whole-step CUDA graph
   replay: vLLM captures uniform decode batches) or ``eager`` (prompt chunks and mixed batches, at
   most piecewise graphs), the count, the host time of the range and the mean GPU time of each
   category; a kernel belongs to the step whose range holds the host call that launched it
@@ -38,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 STEP_ANNOTATION = "gpu_model_runner: forward"
+# V2's model runner has no step range: serve_bench --step-timing marks its execute_model
+STEP_ANNOTATION_V2 = "step_timing: execute_model"
 GRAPH_LAUNCH = "cudaGraphLaunch"
 
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -99,7 +103,7 @@ def _ranked(totals: Mapping[str, list[float]], top: int, with_category: bool) ->
 
 def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, Any]:
     """The summary of one trace's complete ("X") events (see the module docstring)."""
-    steps: list[tuple[float, float]] = []
+    ranges: dict[str, list[tuple[float, float]]] = {STEP_ANNOTATION: [], STEP_ANNOTATION_V2: []}
     launches: dict[int, tuple[float, str]] = {}  # correlation -> (host ts, runtime call)
     kernels: list[Mapping[str, Any]] = []
     host_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -111,12 +115,13 @@ def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, A
             corr = _correlation(e)
             if corr is not None:
                 launches[corr] = (float(e["ts"]), str(e.get("name", "")))
-        elif e.get("name") == STEP_ANNOTATION:
-            steps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+        elif e.get("name") in ranges:
+            ts = float(e["ts"])
+            ranges[str(e["name"])].append((ts, ts + float(e.get("dur", 0.0))))
         elif cat == "cpu_op":
             host_ops[str(e.get("name", ""))][0] += 1
             host_ops[str(e.get("name", ""))][1] += float(e.get("dur", 0.0))
-    steps.sort()
+    steps = sorted(ranges[STEP_ANNOTATION] or ranges[STEP_ANNOTATION_V2])
     starts = [s for s, _ in steps]
 
     def step_of(ts: float) -> int | None:

@@ -20,6 +20,7 @@ server; does nothing without ``SERVE_BENCH_STEP_TIMING_DIR``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -67,6 +68,13 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
 # a step that carries a prompt chunk runs eagerly, outside CUDA graphs, and its host work is not
 # a decode step's.
 BY_STEP_KIND = frozenset({"execute_model"})
+# V2's model runner marks no step in a torch profiler trace (V1's "gpu_model_runner: forward"
+# range, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1): this range around its execute_model lets
+# benchmarks/profile_summary.py sum a profiled point by kind of step
+STEP_RANGE = "step_timing: execute_model"
+STEP_RANGE_SITES = frozenset(
+    {("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "execute_model")}
+)
 DECODE_STEP, PROMPT_STEP = "decode", "prompt"
 WARMUP_STEPS = 64  # engine steps before sync debugging starts (start-up's own syncs are deliberate)
 DUMP_EVERY_S = 0.5
@@ -86,10 +94,16 @@ class StepTimer:
         self._sync_debug_on = False
         self._lock = threading.Lock()
 
-    def timed(self, phase: str) -> Callable[..., Any]:
+    def timed(self, phase: str, step_range: bool = False) -> Callable[..., Any]:
         """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
-        :data:`BY_STEP_KIND`, to ``<phase>.<kind>`` too)."""
+        :data:`BY_STEP_KIND`, to ``<phase>.<kind>`` too); with ``step_range``, each call is also a
+        :data:`STEP_RANGE` range for a torch profiler (a few µs a call when none records)."""
         by_kind = phase in BY_STEP_KIND
+        scope: Callable[[str], Any] = contextlib.nullcontext
+        if step_range:
+            from torch.profiler import record_function
+
+            scope = record_function
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
             kind = None
@@ -98,7 +112,8 @@ class StepTimer:
                                  else args[0] if args else None)  # fmt: skip
             start = time.perf_counter()
             try:
-                return wrapped(*args, **kwargs)
+                with scope(STEP_RANGE):
+                    return wrapped(*args, **kwargs)
             finally:
                 seconds = time.perf_counter() - start
                 self.add(phase, seconds)
@@ -188,17 +203,18 @@ def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_
     for module_name, *site in SITES:
         by_module.setdefault(module_name, []).append(tuple(site))
 
-    def hook(sites: list[tuple[str, str, str]]) -> Callable[[Any], None]:
+    def hook(module_name: str, sites: list[tuple[str, str, str]]) -> Callable[[Any], None]:
         def apply(module: Any) -> None:
             for cls_name, method, phase in sites:
                 cls = getattr(module, cls_name, None)
                 if cls is not None and method in vars(cls):
-                    wrapt.wrap_function_wrapper(cls, method, timer.timed(phase))
+                    ranged = (module_name, cls_name, method) in STEP_RANGE_SITES
+                    wrapt.wrap_function_wrapper(cls, method, timer.timed(phase, ranged))
 
         return apply
 
     for module_name, sites in by_module.items():
-        wrapt.register_post_import_hook(hook(sites), module_name)
+        wrapt.register_post_import_hook(hook(module_name, sites), module_name)
 
     def dump_forever() -> None:
         written = None

@@ -86,6 +86,15 @@ def test_summarize() -> None:
     assert graph["gpu_us_mean_total"] == 45
 
 
+def test_steps_of_the_v2_runner_come_from_the_step_timing_range() -> None:
+    v2 = [dict(e, name=ps.STEP_ANNOTATION_V2) if e["name"] == ps.STEP_ANNOTATION else e
+          for e in _trace()]  # fmt: skip
+    assert ps.summarize(v2)["by_step_kind"] == ps.summarize(_trace())["by_step_kind"]
+    # with both, vLLM's own annotation (the V1 runner's forward) is the step
+    both = [*_trace(), _x(ps.STEP_ANNOTATION_V2, "user_annotation", 0, 2000)]
+    assert ps.summarize(both)["steps"] == 2
+
+
 def test_summarize_without_steps_or_kernels() -> None:
     doc = ps.summarize([_x("aten::add", "cpu_op", 0, 3)])
     assert doc["steps"] == 0 and doc["by_step_kind"] == {}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import common, step_timing
+from benchmarks import common, profile_summary, step_timing
 from benchmarks.serve_bench import STEP_TIMING_SITE, step_timing_env, step_timing_line
 
 
@@ -30,6 +30,7 @@ def test_every_site_is_a_method_of_vllm_0_24() -> None:
         assert cls_name in classes, f"{module}.{cls_name}"
         methods = {n.name for n in classes[cls_name].body if isinstance(n, ast.FunctionDef)}
         assert method in methods, f"{module}.{cls_name}.{method}"
+    assert step_timing.STEP_RANGE_SITES <= {site[:3] for site in step_timing.SITES}
 
 
 @pytest.fixture
@@ -123,6 +124,26 @@ def test_execute_model_is_also_timed_by_step_kind(fake_engine, tmp_path: Path) -
     assert calls["execute_model"] == 5
     assert calls["execute_model.decode"] == 2 and calls["execute_model.prompt"] == 2
     assert calls["sample_tokens"] == 1 and not any(k.startswith("sample_tokens.") for k in calls)
+
+
+def test_v2_execute_model_is_a_step_range_for_the_profiler(
+    fake_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The V2 runner's execute_model (its site in STEP_RANGE_SITES) is a range in a torch
+    profiler's trace, which benchmarks/profile_summary.py reads as a step; other sites are not."""
+    import torch
+
+    name = fake_engine.__name__
+    monkeypatch.setattr(step_timing, "STEP_RANGE_SITES", {(name, "Runner", "execute_model")})
+    step_timing.install(step_timing.StepTimer(), tmp_path, dump_every_s=60)
+    runner = fake_engine.Runner()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(3):
+            assert runner.execute_model(torch.ones(1) * i) is not None
+        runner.sample_tokens(1)
+    ranges = [e for e in prof.events() if e.name == step_timing.STEP_RANGE]
+    assert len(ranges) == 3
+    assert step_timing.STEP_RANGE == profile_summary.STEP_ANNOTATION_V2
 
 
 def snap(pid: int, calls: dict, seconds: dict, syncs: dict | None = None) -> dict:
