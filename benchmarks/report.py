@@ -1141,6 +1141,40 @@ def serving_profile_table(*paths: Path) -> str:
     return "\n".join(lines)
 
 
+def serving_profile_steps_table(*paths: Path) -> str:
+    """The profiled serving points whose trace marks its steps (``by_step_kind`` of
+    ``benchmarks/profile_summary.py``): per kind of step range, the range's host time and the GPU
+    kernel time of the launches made in it, both means per range."""
+    lines = [
+        "| run | model | concurrency | dtype | step ranges | count | host ms a range: mean (median) "
+        "| GPU kernel ms a range: ours / FlashAttention-2 / GEMM / other / total | GPU / host |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        result = _load(path)
+        run = f"{result['gpu']}, {_provenance(result)}"
+        for r in result["rows"]:
+            for kind, k in (r.get("by_step_kind") or {}).items():
+                gpu = k["gpu_us_mean"]
+                ms = " / ".join(
+                    f"{v / 1e3:.2f}"
+                    for v in (*(gpu[c] for c in PROFILE_CATEGORIES), k["gpu_us_mean_total"])
+                )
+                lines.append(
+                    f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} "
+                    f"| {r['concurrency']} | `{r['dtype']}` | {STEP_KIND_NAMES.get(kind, kind)} "
+                    f"| {k['steps']} | {k['host_forward_us_mean'] / 1e3:.2f} "
+                    f"({k['host_forward_us_p50'] / 1e3:.2f}) | {ms} "
+                    f"| {k['gpu_us_mean_total'] / k['host_forward_us_mean']:.2f} |"
+                )
+    return "\n".join(lines)
+
+
+# profile_summary's kinds: a range with one graph replay is a captured whole step (vLLM captures
+# uniform decode batches); the others (prompt chunks, mixed and uncaptured batches) run eagerly
+STEP_KIND_NAMES = {"graph": "one CUDA graph replay", "eager": "eager or piecewise"}
+
+
 def _kernel_name(name: str) -> str:
     """``flash_fwd_splitkv_kernel`` of ``void flash::flash_fwd_splitkv_kernel<...>(...)``."""
     base = name.split("<")[0].split("(")[0].strip()
@@ -1820,6 +1854,9 @@ TABLES = {
     "serving_ttft": serving_ttft_table,
     "serving_targets": serving_targets_table,
     "decode_ab_head256": decode_ab_table,
+    "serving_profile_steps": lambda: serving_profile_steps_table(
+        *sorted(RESULTS.glob("serving_*_profile.json"))
+    ),
     "serving_profile": lambda: serving_profile_table(
         *sorted(RESULTS.glob("serving_*_profile.json"))
     ),
@@ -1893,6 +1930,14 @@ TABLES = {
     "serving_gemma3_h200": lambda: serving_table(RESULTS / "serving_gemma3_h200_f7ff415.json"),
     "serving_steps_gemma3_h200": lambda: serving_steps_table(
         RESULTS / "serving_gemma3_h200_f7ff415.json"
+    ),
+    "serving_smollm2_39e697b": lambda: serving_table(RESULTS / "serving_smollm2_39e697b.json"),
+    "serving_steps_smollm2_39e697b": lambda: serving_steps_table(
+        RESULTS / "serving_smollm2_39e697b.json"
+    ),
+    "serving_gemma3_39e697b": lambda: serving_table(RESULTS / "serving_gemma3_39e697b.json"),
+    "serving_steps_gemma3_39e697b": lambda: serving_steps_table(
+        RESULTS / "serving_gemma3_39e697b.json"
     ),
     "serving_smollm2_dda1a88": lambda: serving_table(RESULTS / "serving_smollm2_dda1a88.json"),
     "serving_ttft_smollm2_dda1a88": lambda: serving_ttft_table(

@@ -133,6 +133,27 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
                          "1.00x, 1.00x (1st), 1.00x", "1.00x"]  # fmt: skip
 
 
+def test_serving_profile_steps_table_sets_gpu_time_against_host_time(tmp_path: Path) -> None:
+    kinds = {"graph": {"steps": 10, "host_forward_us_p50": 400.0, "host_forward_us_mean": 500.0,
+                       "gpu_us_mean": {"ours": 600.0, "flash_attention": 0.0, "gemm": 300.0,
+                                       "other": 100.0}, "gpu_us_mean_total": 1000.0},
+             "eager": {"steps": 2, "host_forward_us_p50": 3000.0, "host_forward_us_mean": 4000.0,
+                       "gpu_us_mean": {"ours": 100.0, "flash_attention": 700.0, "gemm": 150.0,
+                                       "other": 50.0}, "gpu_us_mean_total": 1000.0}}  # fmt: skip
+    path = write(tmp_path, {"command": "x", "rows": [
+        {"model": "gemma3", "dtype": "int8", "concurrency": 32, "by_step_kind": kinds},
+        {"model": "smollm2", "dtype": "int8", "concurrency": 32, "by_step_kind": {}},  # no steps
+    ]})  # fmt: skip
+    lines = report.serving_profile_steps_table(path).splitlines()[2:]
+    cells = [[c.strip() for c in line.strip("|").split("|")][1:] for line in lines]
+    assert cells == [
+        ["gemma-3-270m", "32", "`int8`", "one CUDA graph replay", "10", "0.50 (0.40)",
+         "0.60 / 0.00 / 0.30 / 0.10 / 1.00", "2.00"],
+        ["gemma-3-270m", "32", "`int8`", "eager or piecewise", "2", "4.00 (3.00)",
+         "0.10 / 0.70 / 0.15 / 0.05 / 1.00", "0.25"],
+    ]  # fmt: skip
+
+
 def test_serving_steps_table_gives_host_ms_per_step_and_counts_syncs(tmp_path: Path) -> None:
     def timed(dtype: str, step_ms: float, syncs: dict | None) -> dict:
         phases = {"engine_step": {"calls": 10, "us_per_call": 1000 * step_ms,
