@@ -1245,6 +1245,17 @@ SERVING_TPOT_LONG_DEFAULT, SERVING_TPOT_ONE, SERVING_TTFT, SERVING_VS_UPSTREAM =
 SERVING_LONG_INPUT = 7936
 
 
+def _paired_ratio(ours: dict, base: dict, figure: str) -> tuple[float, int]:
+    """``ours[figure] / base[figure]`` and 0, or for two rows measured in rounds (``serve_bench
+    --rounds``) the median of the rounds' ratios, each round against the same round of ``base``,
+    and how many rounds were paired."""
+    theirs = {r["round"]: r[figure] for r in base.get("rounds", ())}
+    pairs = [r[figure] / theirs[r["round"]] for r in ours.get("rounds", ()) if r["round"] in theirs]
+    if pairs:
+        return statistics.median(pairs), len(pairs)
+    return ours[figure] / base[figure], 0
+
+
 def serving_targets_table(*paths: Path) -> str:
     """Every serving point a target applies to, from each result file in ``paths``: ``int8``'s
     median TPOT and TTFT against FlashAttention-2's and its output tok/s against upstream's, each
@@ -1266,24 +1277,26 @@ def serving_targets_table(*paths: Path) -> str:
             fa2 = rows.get((model, input_len, conc, "auto_fa2"))
             upstream = rows.get((model, input_len, conc, UPSTREAM))
             long = conc >= 32 and input_len >= SERVING_LONG_INPUT
-            checks = []  # (what, int8's ratio, bound, whether the bound is a floor)
+            checks = []  # (what, int8's ratio and rounds, bound, whether the bound is a floor)
             if fa2:
                 tpot = SERVING_TPOT_ONE if conc == 1 else (
                     SERVING_TPOT_LONG.get(model, SERVING_TPOT_LONG_DEFAULT) if long else None
                 )  # fmt: skip
                 if tpot is not None:
-                    checks.append(("TPOT p50 vs `auto_fa2`", ours["tpot_ms_p50"]
-                                   / fa2["tpot_ms_p50"], tpot, False))  # fmt: skip
-                checks.append(("TTFT p50 vs `auto_fa2`", ours["ttft_ms_p50"] / fa2["ttft_ms_p50"],
+                    checks.append(("TPOT p50 vs `auto_fa2`",
+                                   _paired_ratio(ours, fa2, "tpot_ms_p50"), tpot, False))  # fmt: skip
+                checks.append(("TTFT p50 vs `auto_fa2`", _paired_ratio(ours, fa2, "ttft_ms_p50"),
                                SERVING_TTFT, False))  # fmt: skip
             if upstream and long:
-                checks.append((f"output tok/s vs `{UPSTREAM}`", ours["output_tok_s"]
-                               / upstream["output_tok_s"], SERVING_VS_UPSTREAM, True))  # fmt: skip
-            for what, value, bound, at_least in checks:
+                checks.append((f"output tok/s vs `{UPSTREAM}`",
+                               _paired_ratio(ours, upstream, "output_tok_s"), SERVING_VS_UPSTREAM,
+                               True))  # fmt: skip
+            for what, (value, rounds), bound, at_least in checks:
                 met = value >= bound if at_least else value <= bound
+                paired = f" (median of {rounds} rounds)" if rounds else ""
                 lines.append(
                     f"| {SERVING_MODEL_NAMES.get(model, model)} | {run} | {input_len} | {conc} | "
-                    f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x | "
+                    f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x{paired} | "
                     f"{'yes' if met else '**no**'} |"
                 )
     return "\n".join(lines)
@@ -1333,8 +1346,8 @@ def serving_rounds_table(path: Path) -> str:
                 if r["round"] in theirs
             ]
             each = ", ".join(f"{x:.2f}x" + (" (1st)" if first else "") for x, first in ratios)
-            median = f"{statistics.median(x for x, _ in ratios):.2f}x" if ratios else "n/a"
-            cells += [each or "n/a", median]
+            median, paired = _paired_ratio(rows[key], base, figure)
+            cells += [each or "n/a", f"{median:.2f}x" if paired else "n/a"]
         lines.append(
             f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
             + " | ".join(cells)

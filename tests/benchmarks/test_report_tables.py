@@ -131,6 +131,11 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
     # over the rounds (4.4 / 5.0) would say 0.88x
     assert cells[3:] == ["`int8`", "0.80x, 0.60x (1st), 1.10x", "0.80x",
                          "1.00x, 1.00x (1st), 1.00x", "1.00x"]  # fmt: skip
+    # the targets table judges such a point by the same paired median
+    targets = report.serving_targets_table(path).splitlines()[2:]
+    tpot = [c.strip() for c in targets[0].strip("|").split("|")]
+    assert tpot[4:] == ["TPOT p50 vs `auto_fa2`", "≤ 0.72x", "0.80x (median of 3 rounds)",
+                        "**no**"]  # fmt: skip
 
 
 def test_serving_profile_steps_table_sets_gpu_time_against_host_time(tmp_path: Path) -> None:
