@@ -52,8 +52,8 @@ random-weight Llama with Llama-3-8B's attention and MLP shape (32 q / 8 kv heads
 4096, intermediate 14336, ``--llama-layers`` layers, 40960 positions) and SmolLM2's tokenizer, made
 on first use under ``--workdir``; or ``NAME=FOLDER``.
 
-``--profile-concurrency C``: after the timed points of each input length, one more point at
-``C`` under the server's torch profiler (``--profiler-config``, ``vllm bench serve --profile``),
+``--profile-concurrency C``: after the timed points of each input length (before them with
+``--profile-first``), one more point at ``C`` under the server's torch profiler (``--profiler-config``, ``vllm bench serve --profile``),
 not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json``
 (beside ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
 ``--keep-traces``.
@@ -995,15 +995,17 @@ def interleave_points(
     budget: Budget,
     vocab_size: int,
 ) -> None:
-    """Per input length: every server's warm-up, then ``--rounds`` rounds of every concurrency,
-    each point on every server in turn (round r starts with the r-th server), then the
-    profiled points."""
+    """Per input length: every server's warm-up (and profiled point, with ``--profile-first``),
+    then ``--rounds`` rounds of every concurrency, each point on every server in turn (round r
+    starts with the r-th server), then the profiled points."""
     args = run.args
     gone: set[str] = set()
     for input_len in input_lens:
         for dtype, server, info in live:
             if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
                 return
+            if args.profile_first:
+                profile_server(run, server, info, spec, dtype, input_len, budget)
         points = plan_points(
             [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
         )
@@ -1019,7 +1021,8 @@ def interleave_points(
                     ):
                         gone.add(dtype)
         for dtype, server, info in live:
-            profile_server(run, server, info, spec, dtype, input_len, budget)
+            if not args.profile_first:
+                profile_server(run, server, info, spec, dtype, input_len, budget)
 
 
 def new_server(
@@ -1100,11 +1103,14 @@ def measure_length(
     )
     if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
         return False
+    if args.profile_first:
+        profile_server(run, server, info, spec, dtype, input_len, budget)
     for r in range(args.rounds):
         for n, c, prompts in points:
             if not timed_point(run, server, info, spec, dtype, n, c, prompts, budget, r, 0):
                 return False
-    profile_server(run, server, info, spec, dtype, input_len, budget)
+    if not args.profile_first:
+        profile_server(run, server, info, spec, dtype, input_len, budget)
     return True
 
 
@@ -1517,6 +1523,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "under the server's torch profiler, summarised (benchmarks/profile_summary.py); 0: none",
     )
     p.add_argument("--profile-prompts", type=int, default=0, help="default: as a timed point")
+    p.add_argument(
+        "--profile-first",
+        action="store_true",
+        help="run the profiled point right after the warm-up, before the timed points (where "
+        "the time budget could cut it off)",
+    )
     p.add_argument(
         "--step-timing",
         action="store_true",

@@ -993,6 +993,29 @@ def test_interleaved_rounds_run_every_point_on_every_server_in_turn(fake: dict) 
         assert "server_metrics" not in r
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+def test_profile_first_runs_the_profiled_point_before_the_timed_ones(
+    fake: dict, interleave: bool
+) -> None:
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8", "--input-lens", "1K", "--concurrency", "1,4"),
+            *("--profile-concurrency", "4", "--profile-first", "--warmup-prompts", "0"),
+            *(["--interleave"] if interleave else []),
+        )
+    )
+    assert rc == 0
+    benches = [r["argv"] for r in _records(fake) if r["argv"][:2] == ["bench", "serve"]]
+    profiled = ["--profile" in b for b in benches]
+    if interleave:  # both servers' profiled points, then the timed points on each in turn
+        assert profiled == [True, True, False, False, False, False]
+    else:  # each server: its profiled point, then its timed points
+        assert profiled == [True, False, False, True, False, False]
+    assert len(json.loads(fake["out"].read_text())["rows"]) == 4
+    assert len(json.loads((fake["tmp"] / "serving_profile.json").read_text())["rows"]) == 2
+
+
 def test_rounds_row_takes_the_median_of_each_figure() -> None:
     one = _row("m", "int8", 1024, 4, tpot=3.0) | {"jit_compiles": 0}
     assert sb.rounds_row([one]) == one  # one round, no rounds: the row as it is
