@@ -53,9 +53,10 @@ random-weight Llama with Llama-3-8B's attention and MLP shape (32 q / 8 kv heads
 on first use under ``--workdir``; or ``NAME=FOLDER``.
 
 ``--profile-concurrency C``: after the timed points of each input length (before them with
-``--profile-first``), one more point at ``C`` under the server's torch profiler (``--profiler-config``, ``vllm bench serve --profile``),
-not a row; ``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json``
-(beside ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
+``--profile-first``), one more point at ``C`` under the server's torch profiler
+(``--profiler-config``, ``vllm bench serve --profile``), not a row;
+``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json`` (beside
+``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
 ``--keep-traces``.
 
 ``--step-timing``: each server's engine also times its steps' host work by phase at full host
@@ -74,8 +75,8 @@ another) and stays up, each with an equal share of ``--gpu-memory-utilization`` 
 ``servers_at_once``; so their ``kv_cache_tokens`` are a share too), and each point runs on one
 server after the other, round r starting with the r-th: servers started minutes apart on a host
 whose speed drifts (FlashAttention-2's own median TPOT on Gemma 3 at 32 requests has moved by
-more than half from one H100 run to another) are then compared point by point (``python -m benchmarks.report`` pairs each
-round with the baseline's same round).
+more than half from one H100 run to another) are then compared point by point (``python -m
+benchmarks.report`` pairs each round with the baseline's same round).
 
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
 of the budget would not cover (the longest start of the run so far), and no child runs past it.
