@@ -16,6 +16,7 @@ import json
 import re
 import statistics
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from benchmarks.common import config_for
@@ -1105,6 +1106,14 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
+def _profile_rows(paths: Sequence[Path]) -> Iterator[tuple[str, dict]]:
+    """(the run's GPU and provenance, row) of every row of the profile files ``paths``."""
+    for path in paths:
+        result = _load(path)
+        for row in result["rows"]:
+            yield f"{result['gpu']}, {_provenance(result)}", row
+
+
 def serving_profile_table(*paths: Path) -> str:
     """The profiled serving points (``serve_bench --profile-concurrency``): GPU kernel time by
     category over the whole point, how busy the GPU was, the attention op's host time, and the
@@ -1115,29 +1124,25 @@ def serving_profile_table(*paths: Path) -> str:
         "| largest attention kernels: ms in all (calls) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for path in paths:
-        result = _load(path)
-        run = f"{result['gpu']}, {_provenance(result)}"
-        for r in result["rows"]:
-            c = r["kernel_us_by_category"]
-            ms = " / ".join(
-                f"{v / 1e3:.0f}"
-                for v in (*(c[k] for k in PROFILE_CATEGORIES), r["kernel_us_total"])
-            )
-            (op,) = r["host_attention_ops"] or [{"count": 0, "total_us": 0.0}]
-            attention = [
-                k for k in r["top_kernels"] if k["category"] in ("ours", "flash_attention")
-            ][:4]
-            top = ", ".join(
-                f"`{_kernel_name(k['name'])}` {k['total_us'] / 1e3:.0f} ({k['count']})"
-                for k in attention
-            )
-            lines.append(
-                f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} | {r['input_len']} "
-                f"| {r['concurrency']} | `{r['dtype']}` | {r['num_prompts']} | {ms} | "
-                f"{r['gpu_busy_fraction']:.0%} of {r['gpu_span_us'] / 1e6:.1f} s | "
-                f"{op['count']}, {op['total_us'] / 1e3:.0f} | {top} |"
-            )
+    for run, r in _profile_rows(paths):
+        c = r["kernel_us_by_category"]
+        ms = " / ".join(
+            f"{v / 1e3:.0f}" for v in (*(c[k] for k in PROFILE_CATEGORIES), r["kernel_us_total"])
+        )
+        (op,) = r["host_attention_ops"] or [{"count": 0, "total_us": 0.0}]
+        attention = [k for k in r["top_kernels"] if k["category"] in ("ours", "flash_attention")][
+            :4
+        ]
+        top = ", ".join(
+            f"`{_kernel_name(k['name'])}` {k['total_us'] / 1e3:.0f} ({k['count']})"
+            for k in attention
+        )
+        lines.append(
+            f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} | {r['input_len']} "
+            f"| {r['concurrency']} | `{r['dtype']}` | {r['num_prompts']} | {ms} | "
+            f"{r['gpu_busy_fraction']:.0%} of {r['gpu_span_us'] / 1e6:.1f} s | "
+            f"{op['count']}, {op['total_us'] / 1e3:.0f} | {top} |"
+        )
     return "\n".join(lines)
 
 
@@ -1150,23 +1155,20 @@ def serving_profile_steps_table(*paths: Path) -> str:
         "| GPU kernel ms a range: ours / FlashAttention-2 / GEMM / other / total | GPU / host |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for path in paths:
-        result = _load(path)
-        run = f"{result['gpu']}, {_provenance(result)}"
-        for r in result["rows"]:
-            for kind, k in (r.get("by_step_kind") or {}).items():
-                gpu = k["gpu_us_mean"]
-                ms = " / ".join(
-                    f"{v / 1e3:.2f}"
-                    for v in (*(gpu[c] for c in PROFILE_CATEGORIES), k["gpu_us_mean_total"])
-                )
-                lines.append(
-                    f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} "
-                    f"| {r['concurrency']} | `{r['dtype']}` | {STEP_KIND_NAMES.get(kind, kind)} "
-                    f"| {k['steps']} | {k['host_forward_us_mean'] / 1e3:.2f} "
-                    f"({k['host_forward_us_p50'] / 1e3:.2f}) | {ms} "
-                    f"| {k['gpu_us_mean_total'] / k['host_forward_us_mean']:.2f} |"
-                )
+    for run, r in _profile_rows(paths):
+        for kind, k in (r.get("by_step_kind") or {}).items():
+            gpu = k["gpu_us_mean"]
+            ms = " / ".join(
+                f"{v / 1e3:.2f}"
+                for v in (*(gpu[c] for c in PROFILE_CATEGORIES), k["gpu_us_mean_total"])
+            )
+            lines.append(
+                f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} "
+                f"| {r['concurrency']} | `{r['dtype']}` | {STEP_KIND_NAMES.get(kind, kind)} "
+                f"| {k['steps']} | {k['host_forward_us_mean'] / 1e3:.2f} "
+                f"({k['host_forward_us_p50'] / 1e3:.2f}) | {ms} "
+                f"| {k['gpu_us_mean_total'] / k['host_forward_us_mean']:.2f} |"
+            )
     return "\n".join(lines)
 
 

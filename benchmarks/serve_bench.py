@@ -1017,10 +1017,14 @@ def interleave_points(
                     if budget.exhausted():
                         print("serve_bench: time budget spent: no new points", flush=True)
                         return
-                    if dtype not in gone and not timed_point(
-                        run, server, info, spec, dtype, n, c, prompts, budget, r, position
-                    ):
+                    if dtype in gone:
+                        continue
+                    if not point_may_run(run, server, info, budget):
                         gone.add(dtype)
+                        continue
+                    point_done(run, info, run_point(
+                        run, server, info, spec, dtype, n, c, prompts, budget, r, position
+                    ))  # fmt: skip
         for dtype, server, info in live:
             if not args.profile_first:
                 profile_server(run, server, info, spec, dtype, input_len, budget)
@@ -1108,8 +1112,11 @@ def measure_length(
         profile_server(run, server, info, spec, dtype, input_len, budget)
     for r in range(args.rounds):
         for n, c, prompts in points:
-            if not timed_point(run, server, info, spec, dtype, n, c, prompts, budget, r, 0):
+            if not point_may_run(run, server, info, budget):
                 return False
+            point_done(run, info, run_point(
+                run, server, info, spec, dtype, n, c, prompts, budget, r, 0
+            ))  # fmt: skip
     if not args.profile_first:
         profile_server(run, server, info, spec, dtype, input_len, budget)
     return True
@@ -1151,20 +1158,8 @@ def warm_server(
     return True
 
 
-def timed_point(
-    run: Run,
-    server: Server,
-    info: dict[str, Any],
-    spec: ModelSpec,
-    dtype: str,
-    input_len: int,
-    concurrency: int,
-    num_prompts: int,
-    budget: Budget,
-    round_: int,
-    position: int,
-) -> bool:
-    """:func:`run_point` unless the budget is spent or the server gone (then False), saved."""
+def point_may_run(run: Run, server: Server, info: dict[str, Any], budget: Budget) -> bool:
+    """Whether a timed point may start: budget left and the server alive (noted if not)."""
     if budget.exhausted():
         print("serve_bench: time budget spent: no new points", flush=True)
         return False
@@ -1172,15 +1167,14 @@ def timed_point(
         info["error"] = "vllm serve exited during the points"
         run.failures += 1
         return False
-    point = run_point(
-        run, server, info, spec, dtype, input_len, concurrency, num_prompts, budget, round_,
-        position,
-    )  # fmt: skip
+    return True
+
+
+def point_done(run: Run, info: dict[str, Any], point: dict[str, Any]) -> None:
     info["points"].append(point)
     if "error" in point:
         run.failures += 1
     run.save()
-    return True
 
 
 def profile_server(
