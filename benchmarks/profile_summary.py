@@ -13,7 +13,8 @@ Reads the Chrome-trace JSON (``.json`` or ``.json.gz``) that vLLM's torch profil
 * where the trace has vLLM's step annotation (``gpu_model_runner: forward``, V1 model runner with
   ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``), or else the range ``serve_bench.py --step-timing`` puts
   around the V2 model runner's ``execute_model`` (``step_timing: execute_model``: it holds the
-  step's input preparation too), per kind of step: ``graph`` (one whole-step CUDA graph
+  step's input preparation too; the host's ranges only, not the profiler's copy of each on the
+  GPU's timeline), per kind of step: ``graph`` (one whole-step CUDA graph
   replay: vLLM captures uniform decode batches) or ``eager`` (prompt chunks and mixed batches, at
   most piecewise graphs), the count, the host time of the range and the mean GPU time of each
   category; a kernel belongs to the step whose range holds the host call that launched it
@@ -43,6 +44,9 @@ STEP_ANNOTATION = "gpu_model_runner: forward"
 # V2's model runner has no step range: serve_bench --step-timing marks its execute_model
 STEP_ANNOTATION_V2 = "step_timing: execute_model"
 GRAPH_LAUNCH = "cudaGraphLaunch"
+# a record_function range on the host; the profiler also draws each one on the GPU's timeline
+# ("gpu_user_annotation", same name, from its first kernel to its last), which is no step
+HOST_RANGE = "user_annotation"
 
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
@@ -115,7 +119,7 @@ def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, A
             corr = _correlation(e)
             if corr is not None:
                 launches[corr] = (float(e["ts"]), str(e.get("name", "")))
-        elif e.get("name") in ranges:
+        elif cat == HOST_RANGE and e.get("name") in ranges:
             ts = float(e["ts"])
             ranges[str(e["name"])].append((ts, ts + float(e.get("dur", 0.0))))
         elif cat == "cpu_op":

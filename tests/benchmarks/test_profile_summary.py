@@ -95,6 +95,16 @@ def test_steps_of_the_v2_runner_come_from_the_step_timing_range() -> None:
     assert ps.summarize(both)["steps"] == 2
 
 
+def test_the_gpu_timeline_copy_of_a_step_range_is_no_step() -> None:
+    """The profiler draws each record_function range on the GPU's timeline too, under the same
+    name: counted as a step, it doubled the steps and put host launches in the wrong range."""
+    gpu_copies = [_x(ps.STEP_ANNOTATION, "gpu_user_annotation", 100, 160),
+                  _x(ps.STEP_ANNOTATION, "gpu_user_annotation", 1100, 40)]  # fmt: skip
+    doc = ps.summarize([*_trace(), *gpu_copies])
+    assert doc["steps"] == 2
+    assert doc["by_step_kind"] == ps.summarize(_trace())["by_step_kind"]
+
+
 def test_summarize_without_steps_or_kernels() -> None:
     doc = ps.summarize([_x("aten::add", "cpu_op", 0, 3)])
     assert doc["steps"] == 0 and doc["by_step_kind"] == {}
