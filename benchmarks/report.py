@@ -16,7 +16,7 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from benchmarks.common import config_for
@@ -1831,6 +1831,18 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
     return "\n".join(lines)
 
 
+def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
+    """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
+    :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``),
+    ``serving_<kind>_<tag>``."""
+    tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
+              "steps": serving_steps_table}  # fmt: skip
+    return {
+        f"serving_{tag}": functools.partial(serving_table, path),
+        **{f"serving_{kind}_{tag}": functools.partial(tables[kind], path) for kind in kinds},
+    }
+
+
 TABLES = {
     # README.md
     "headline": headline,
@@ -1935,41 +1947,16 @@ TABLES = {
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
-    "serving_gemma3": lambda: serving_table(RESULTS / "serving_gemma3.json"),
-    "serving_ttft_gemma3": lambda: serving_ttft_table(RESULTS / "serving_gemma3.json"),
-    "serving_starts_gemma3": lambda: serving_starts_table(RESULTS / "serving_gemma3.json"),
-    "serving_steps_gemma3": lambda: serving_steps_table(RESULTS / "serving_gemma3.json"),
-    "serving_gemma3_auto_fa2_32k": lambda: serving_table(
-        RESULTS / "serving_gemma3_auto_fa2_32k.json"
+    **serving_run_tables("gemma3", RESULTS / "serving_gemma3.json", "ttft", "starts", "steps"),
+    **serving_run_tables("gemma3_auto_fa2_32k", RESULTS / "serving_gemma3_auto_fa2_32k.json"),
+    **serving_run_tables("gemma3_h200", RESULTS / "serving_gemma3_h200_f7ff415.json", "steps"),
+    **serving_run_tables("smollm2_39e697b", RESULTS / "serving_smollm2_39e697b.json", "steps"),
+    **serving_run_tables("gemma3_39e697b", RESULTS / "serving_gemma3_39e697b.json", "steps"),
+    **serving_run_tables(
+        "smollm2_dda1a88", RESULTS / "serving_smollm2_dda1a88.json", "ttft", "steps", "starts"
     ),
-    "serving_gemma3_h200": lambda: serving_table(RESULTS / "serving_gemma3_h200_f7ff415.json"),
-    "serving_steps_gemma3_h200": lambda: serving_steps_table(
-        RESULTS / "serving_gemma3_h200_f7ff415.json"
-    ),
-    "serving_smollm2_39e697b": lambda: serving_table(RESULTS / "serving_smollm2_39e697b.json"),
-    "serving_steps_smollm2_39e697b": lambda: serving_steps_table(
-        RESULTS / "serving_smollm2_39e697b.json"
-    ),
-    "serving_gemma3_39e697b": lambda: serving_table(RESULTS / "serving_gemma3_39e697b.json"),
-    "serving_steps_gemma3_39e697b": lambda: serving_steps_table(
-        RESULTS / "serving_gemma3_39e697b.json"
-    ),
-    "serving_smollm2_dda1a88": lambda: serving_table(RESULTS / "serving_smollm2_dda1a88.json"),
-    "serving_ttft_smollm2_dda1a88": lambda: serving_ttft_table(
-        RESULTS / "serving_smollm2_dda1a88.json"
-    ),
-    "serving_steps_smollm2_dda1a88": lambda: serving_steps_table(
-        RESULTS / "serving_smollm2_dda1a88.json"
-    ),
-    "serving_starts_smollm2_dda1a88": lambda: serving_starts_table(
-        RESULTS / "serving_smollm2_dda1a88.json"
-    ),
-    "serving_llama3_8b_shape": lambda: serving_table(RESULTS / "serving_llama3_8b_shape.json"),
-    "serving_ttft_llama3_8b_shape": lambda: serving_ttft_table(
-        RESULTS / "serving_llama3_8b_shape.json"
-    ),
-    "serving_starts_llama3_8b_shape": lambda: serving_starts_table(
-        RESULTS / "serving_llama3_8b_shape.json"
+    **serving_run_tables(
+        "llama3_8b_shape", RESULTS / "serving_llama3_8b_shape.json", "ttft", "starts"
     ),
     "kernel_speed_head256_h100": lambda: kernel_speed_table(RESULTS / "kernels_head256_h100.json"),
     "kernel_speed_targets_head256_h100": lambda: kernel_speed_targets_table(
@@ -1979,34 +1966,19 @@ TABLES = {
     "int4_decode_h100_76e0410": lambda: int4_decode_table(
         RESULTS / "kernels_int4_h100.json", "int4_tail2"
     ),
-    "serving_gemma3_90d00a7": lambda: serving_table(RESULTS / "serving_gemma3_90d00a7.json"),
-    "serving_ttft_gemma3_90d00a7": lambda: serving_ttft_table(
-        RESULTS / "serving_gemma3_90d00a7.json"
+    **serving_run_tables(
+        "gemma3_90d00a7", RESULTS / "serving_gemma3_90d00a7.json", "ttft", "starts"
     ),
-    "serving_starts_gemma3_90d00a7": lambda: serving_starts_table(
-        RESULTS / "serving_gemma3_90d00a7.json"
-    ),
-    "serving_gemma3_47429f4": lambda: serving_table(RESULTS / "serving_gemma3_47429f4.json"),
-    "serving_ttft_gemma3_47429f4": lambda: serving_ttft_table(
-        RESULTS / "serving_gemma3_47429f4.json"
-    ),
-    "serving_starts_gemma3_47429f4": lambda: serving_starts_table(
-        RESULTS / "serving_gemma3_47429f4.json"
+    **serving_run_tables(
+        "gemma3_47429f4", RESULTS / "serving_gemma3_47429f4.json", "ttft", "starts"
     ),
     "serving_steps_gemma3_47429f4": lambda: serving_steps_table(
         RESULTS / "serving_gemma3_steps.json"
     ),
-    "serving_gemma3_2b8b82b": lambda: serving_table(RESULTS / "serving_gemma3_2b8b82b.json"),
-    "serving_ttft_gemma3_2b8b82b": lambda: serving_ttft_table(
-        RESULTS / "serving_gemma3_2b8b82b.json"
-    ),
-    "serving_2026_12_01": lambda: serving_table(RESULTS / "serving_2026-12-01.json"),
-    "serving_starts_2026_12_01": lambda: serving_starts_table(RESULTS / "serving_2026-12-01.json"),
+    **serving_run_tables("gemma3_2b8b82b", RESULTS / "serving_gemma3_2b8b82b.json", "ttft"),
+    **serving_run_tables("2026_12_01", RESULTS / "serving_2026-12-01.json", "starts"),
     "serving_int8_rerun": serving_rerun_table,
-    "serving_2026_12_02": lambda: serving_table(RESULTS / "serving_2026-12-02_170c68e.json"),
-    "serving_starts_2026_12_02": lambda: serving_starts_table(
-        RESULTS / "serving_2026-12-02_170c68e.json"
-    ),
+    **serving_run_tables("2026_12_02", RESULTS / "serving_2026-12-02_170c68e.json", "starts"),
     "kernel_speed_int4": lambda: kernel_speed_table(RESULTS / "kernels_quick_int4.json"),
     "int4_decode_one_page_steps": lambda: int4_decode_table(RESULTS / "kernels_int4_3411932.json"),
     "int4_decode_two_page_steps": lambda: int4_decode_table(
