@@ -931,6 +931,21 @@ def point_argv(
     return argv, result
 
 
+@dataclass
+class LiveServer:
+    """One ``vllm serve`` of the run: its model and dtype, the server, and its entry in
+    ``run.servers``."""
+
+    spec: ModelSpec
+    dtype: str
+    server: Server
+    info: dict[str, Any]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.spec.name}_{self.dtype}"
+
+
 def run_server(
     run: Run,
     spec: ModelSpec,
@@ -940,18 +955,14 @@ def run_server(
     vocab_size: int,
 ) -> None:
     """One ``vllm serve`` and all its points; appends to ``run`` and saves after each point."""
-    server, info = new_server(run, spec, dtype, max(input_lens) + run.args.output_len, budget)
+    live = new_server(run, spec, dtype, max(input_lens) + run.args.output_len, budget)
     try:
-        with server:
-            server_started(server, info)
-            for input_len in input_lens:
-                if not measure_length(
-                    run, server, info, spec, dtype, input_len, budget, vocab_size
-                ):
-                    break
+        with live.server:
+            server_started(live)
+            run_points(run, [live], input_lens, budget, vocab_size)
     except RuntimeError as e:
-        server_failed(run, server, info, e)
-    server_stopped(run, server, info)
+        server_failed(run, live, e)
+    server_stopped(run, live)
 
 
 def run_interleaved(
@@ -964,70 +975,72 @@ def run_interleaved(
     ones before it as used memory)."""
     args = run.args
     share = args.gpu_memory_utilization / len(args.dtypes)
-    live: list[tuple[str, Server, dict[str, Any]]] = []
+    started: list[LiveServer] = []
     try:
         with contextlib.ExitStack() as stack:
             for dtype in args.dtypes:
                 if budget.exhausted() or not budget.fits(run.longest_start_s()):
                     print(f"serve_bench: {spec.name}_{dtype}: not started, time budget", flush=True)
                     break
-                server, info = new_server(
+                live = new_server(
                     run, spec, dtype, max(input_lens) + args.output_len, budget, share
                 )
                 try:
-                    stack.enter_context(server)
+                    stack.enter_context(live.server)
                 except RuntimeError as e:
-                    server_failed(run, server, info, e)
-                    server_stopped(run, server, info)
+                    server_failed(run, live, e)
+                    server_stopped(run, live)
                     continue
-                server_started(server, info)
-                live.append((dtype, server, info))
-            interleave_points(run, spec, live, input_lens, budget, vocab_size)
+                server_started(live)
+                started.append(live)
+            run_points(run, started, input_lens, budget, vocab_size)
     finally:
-        for _, server, info in live:
-            server_stopped(run, server, info)
+        for live in started:
+            server_stopped(run, live)
 
 
-def interleave_points(
+def run_points(
     run: Run,
-    spec: ModelSpec,
-    live: Sequence[tuple[str, Server, dict[str, Any]]],
+    servers: Sequence[LiveServer],
     input_lens: Sequence[int],
     budget: Budget,
     vocab_size: int,
 ) -> None:
     """Per input length: every server's warm-up (and profiled point, with ``--profile-first``),
     then ``--rounds`` rounds of every concurrency, each point on every server in turn (round r
-    starts with the r-th server), then the profiled points."""
+    starts with the r-th server), then the profiled points. Stops when the budget is spent; a
+    server that exits is left out from then on."""
     args = run.args
     gone: set[str] = set()
     for input_len in input_lens:
-        for dtype, server, info in live:
-            if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
+        for live in servers:
+            if live.dtype in gone:
+                continue
+            if not warm_server(run, live, input_len, budget, vocab_size):
                 return
             if args.profile_first:
-                profile_server(run, server, info, spec, dtype, input_len, budget)
+                profile_server(run, live, input_len, budget)
         points = plan_points(
             [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
         )
         for r in range(args.rounds):
-            k = r % max(len(live), 1)
+            k = r % max(len(servers), 1)
             for n, c, prompts in points:
-                for position, (dtype, server, info) in enumerate([*live[k:], *live[:k]]):
+                for position, live in enumerate([*servers[k:], *servers[:k]]):
                     if budget.exhausted():
                         print("serve_bench: time budget spent: no new points", flush=True)
                         return
-                    if dtype in gone:
+                    if live.dtype in gone:
                         continue
-                    if not point_may_run(run, server, info, budget):
-                        gone.add(dtype)
+                    if not point_may_run(run, live):
+                        gone.add(live.dtype)
                         continue
-                    point_done(run, info, run_point(
-                        run, server, info, spec, dtype, n, c, prompts, budget, r, position
+                    point_done(run, live, run_point(
+                        run, live, n, c, prompts, budget, r, position
                     ))  # fmt: skip
-        for dtype, server, info in live:
-            if not args.profile_first:
-                profile_server(run, server, info, spec, dtype, input_len, budget)
+        if not args.profile_first:
+            for live in servers:
+                profile_server(run, live, input_len, budget)
 
 
 def new_server(
@@ -1037,7 +1050,7 @@ def new_server(
     max_len: int,
     budget: Budget,
     gpu_memory_utilization: float | None = None,
-) -> tuple[Server, dict[str, Any]]:
+) -> LiveServer:
     """A server not yet started, and its entry in ``run.servers``."""
     args = run.args
     server = make_server(
@@ -1056,11 +1069,13 @@ def new_server(
     if gpu_memory_utilization is not None:
         info["servers_at_once"] = len(args.dtypes)
     run.servers.append(info)
-    print(f"serve_bench: {spec.name}_{dtype}: starting {shlex.join(server.argv)}", flush=True)
-    return server, info
+    live = LiveServer(spec, dtype, server, info)
+    print(f"serve_bench: {live.tag}: starting {shlex.join(server.argv)}", flush=True)
+    return live
 
 
-def server_started(server: Server, info: dict[str, Any]) -> None:
+def server_started(live: LiveServer) -> None:
+    server, info = live.server, live.info
     log = server.tail(10**9)
     info |= {
         "engine_start_s": round(server.start_s, 1),
@@ -1068,69 +1083,29 @@ def server_started(server: Server, info: dict[str, Any]) -> None:
         "startup_phases": startup_phases_from_log(log),
     }
     print(
-        f"serve_bench: {info['model']}_{info['dtype']}: healthy after {server.start_s:.0f}s, "
+        f"serve_bench: {live.tag}: healthy after {server.start_s:.0f}s, "
         f"KV cache {info['kv_cache_tokens']} tokens {info['startup_phases']}",
         flush=True,
     )
 
 
-def server_failed(run: Run, server: Server, info: dict[str, Any], e: Exception) -> None:
-    info["error"] = str(e)[-1500:]
+def server_failed(run: Run, live: LiveServer, e: Exception) -> None:
+    live.info["error"] = str(e)[-1500:]
     run.failures += 1
-    cause = engine_error_from_log(server.tail(10**9))
+    cause = engine_error_from_log(live.server.tail(10**9))
     if cause:
-        info["engine_error"] = cause
-    tag = f"{info['model']}_{info['dtype']}"
-    print(f"serve_bench: {tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
+        live.info["engine_error"] = cause
+    print(f"serve_bench: {live.tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
 
 
-def server_stopped(run: Run, server: Server, info: dict[str, Any]) -> None:
-    info["shim_log"] = shim_lines(server.tail(10**9))
-    info["server_log_tail"] = server.tail(1500)
+def server_stopped(run: Run, live: LiveServer) -> None:
+    live.info["shim_log"] = shim_lines(live.server.tail(10**9))
+    live.info["server_log_tail"] = live.server.tail(1500)
     run.save()
 
 
-def measure_length(
-    run: Run,
-    server: Server,
-    info: dict[str, Any],
-    spec: ModelSpec,
-    dtype: str,
-    input_len: int,
-    budget: Budget,
-    vocab_size: int,
-) -> bool:
-    """The warm-up and every concurrency at one input length (``--rounds`` times); False when the
-    run must stop using this server (budget spent or server gone)."""
-    args = run.args
-    points = plan_points(
-        [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
-    )
-    if not warm_server(run, server, info, spec, dtype, input_len, budget, vocab_size):
-        return False
-    if args.profile_first:
-        profile_server(run, server, info, spec, dtype, input_len, budget)
-    for r in range(args.rounds):
-        for n, c, prompts in points:
-            if not point_may_run(run, server, info, budget):
-                return False
-            point_done(run, info, run_point(
-                run, server, info, spec, dtype, n, c, prompts, budget, r, 0
-            ))  # fmt: skip
-    if not args.profile_first:
-        profile_server(run, server, info, spec, dtype, input_len, budget)
-    return True
-
-
 def warm_server(
-    run: Run,
-    server: Server,
-    info: dict[str, Any],
-    spec: ModelSpec,
-    dtype: str,
-    input_len: int,
-    budget: Budget,
-    vocab_size: int,
+    run: Run, live: LiveServer, input_len: int, budget: Budget, vocab_size: int
 ) -> bool:
     """``--warmup-prompts`` requests at ``input_len``; False when the budget is spent (a failed
     warm-up is reported and the points still run, only less warm)."""
@@ -1139,57 +1114,45 @@ def warm_server(
         return True
     if budget.exhausted():
         return False
-    tag = f"{spec.name}_{dtype}"
     try:
         secs = warm_up(
-            server.base_url,
-            str(spec.path),
+            live.server.base_url,
+            str(live.spec.path),
             input_len,
             vocab_size,
             args.warmup_prompts,
             point_seed(args.seed, input_len, 0) + 7,
             budget.cap(args.point_timeout_s),
         )
-        info.setdefault("warmup_s", {})[str(input_len)] = round(secs, 1)
-        print(f"serve_bench: {tag}: warm-up at {input_len} took {secs:.1f}s", flush=True)
+        live.info.setdefault("warmup_s", {})[str(input_len)] = round(secs, 1)
+        print(f"serve_bench: {live.tag}: warm-up at {input_len} took {secs:.1f}s", flush=True)
     except Exception as e:
-        info.setdefault("warmup_error", {})[str(input_len)] = repr(e)[-500:]
-        print(f"serve_bench: {tag}: warm-up at {input_len} failed: {e!r}", flush=True)
+        live.info.setdefault("warmup_error", {})[str(input_len)] = repr(e)[-500:]
+        print(f"serve_bench: {live.tag}: warm-up at {input_len} failed: {e!r}", flush=True)
     return True
 
 
-def point_may_run(run: Run, server: Server, info: dict[str, Any], budget: Budget) -> bool:
-    """Whether a timed point may start: budget left and the server alive (noted if not)."""
-    if budget.exhausted():
-        print("serve_bench: time budget spent: no new points", flush=True)
-        return False
-    if not server.alive():
-        info["error"] = "vllm serve exited during the points"
+def point_may_run(run: Run, live: LiveServer) -> bool:
+    """Whether a timed point may start on ``live``: False (noted) once its server has exited."""
+    if not live.server.alive():
+        live.info["error"] = "vllm serve exited during the points"
         run.failures += 1
         return False
     return True
 
 
-def point_done(run: Run, info: dict[str, Any], point: dict[str, Any]) -> None:
-    info["points"].append(point)
+def point_done(run: Run, live: LiveServer, point: dict[str, Any]) -> None:
+    live.info["points"].append(point)
     if "error" in point:
         run.failures += 1
     run.save()
 
 
-def profile_server(
-    run: Run,
-    server: Server,
-    info: dict[str, Any],
-    spec: ModelSpec,
-    dtype: str,
-    input_len: int,
-    budget: Budget,
-) -> None:
+def profile_server(run: Run, live: LiveServer, input_len: int, budget: Budget) -> None:
     """The profiled point of ``--profile-concurrency`` at ``input_len``, if asked and possible."""
-    if run.args.profile_concurrency and not budget.exhausted() and server.alive():
-        profile = run_profiled_point(run, server, spec, dtype, input_len, budget)
-        info.setdefault("profiles", []).append(profile)
+    if run.args.profile_concurrency and not budget.exhausted() and live.server.alive():
+        profile = run_profiled_point(run, live, input_len, budget)
+        live.info.setdefault("profiles", []).append(profile)
         if "error" in profile:
             run.failures += 1
         run.save()
@@ -1268,12 +1231,13 @@ def profiled_prompts(args: argparse.Namespace) -> int:
 
 
 def run_profiled_point(
-    run: Run, server: Server, spec: ModelSpec, dtype: str, input_len: int, budget: Budget
+    run: Run, live: LiveServer, input_len: int, budget: Budget
 ) -> dict[str, Any]:
     """One more point at ``--profile-concurrency`` under the server's torch profiler (not a
     row: the profiler slows what it records), its traces summarised by
     ``benchmarks/profile_summary.py`` into ``PROFILE_DIR.summary.json``."""
     args = run.args
+    server, spec, dtype = live.server, live.spec, live.dtype
     c, prompts = args.profile_concurrency, profiled_prompts(args)
     trace_dir = profile_dir(args, spec, dtype)
     before = set(trace_dir.glob("*.json*")) if trace_dir.is_dir() else set()
@@ -1336,10 +1300,7 @@ def run_profiled_point(
 
 def run_point(
     run: Run,
-    server: Server,
-    info: Mapping[str, Any],
-    spec: ModelSpec,
-    dtype: str,
+    live: LiveServer,
     input_len: int,
     concurrency: int,
     num_prompts: int,
@@ -1350,6 +1311,7 @@ def run_point(
     """One timed point (round ``round_`` of ``--rounds``, the ``position``-th server of its
     round's order); its row goes into ``run.rows`` (over its rounds: :func:`rounds_row`)."""
     args = run.args
+    server, info, spec, dtype = live.server, live.info, live.spec, live.dtype
     name = point_name(spec, dtype, input_len, concurrency, _round_tag(args, round_))
     argv, result_path = point_argv(
         args, server, spec, dtype, input_len, concurrency, num_prompts, round_=round_
@@ -1434,16 +1396,9 @@ def run_point(
     return point
 
 
-# what differs from round to round of a point: kept per round, the figures also as their median
-ROUND_FIGURES = (
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "tpot_ms_p50",
-    "tpot_ms_p99",
-    "itl_ms_p50",
-    "itl_ms_p99",
-    "output_tok_s",
-)
+# what differs from round to round of a point: kept per round, the figures (a row's measured
+# ones, from TTFT to output tok/s) also as their median
+ROUND_FIGURES = tuple(ROW_KEYS[ROW_KEYS.index("ttft_ms_p50") : ROW_KEYS.index("output_tok_s") + 1])
 ROUND_FIELDS = (*ROUND_FIGURES, "jit_compiles", "server_metrics", "step_timing", "round",
                 "position")  # fmt: skip
 
