@@ -1247,12 +1247,19 @@ SERVING_TPOT_LONG_DEFAULT, SERVING_TPOT_ONE, SERVING_TTFT, SERVING_VS_UPSTREAM =
 SERVING_LONG_INPUT = 7936
 
 
-def _paired_ratio(ours: dict, base: dict, figure: str) -> tuple[float, int]:
-    """``ours[figure] / base[figure]`` and 0, or for two rows measured in rounds (``serve_bench
-    --rounds``) the median of the rounds' ratios, each round against the same round of ``base``,
-    and how many rounds were paired."""
+def _round_ratios(ours: dict, base: dict, figure: str) -> list[tuple[dict, float]]:
+    """For two rows measured in rounds (``serve_bench --rounds``): each round of ``ours`` that
+    ``base`` also has, with its ``figure`` over ``base``'s in the same round."""
     theirs = {r["round"]: r[figure] for r in base.get("rounds", ())}
-    pairs = [r[figure] / theirs[r["round"]] for r in ours.get("rounds", ()) if r["round"] in theirs]
+    return [
+        (r, r[figure] / theirs[r["round"]]) for r in ours.get("rounds", ()) if r["round"] in theirs
+    ]
+
+
+def _paired_ratio(ours: dict, base: dict, figure: str) -> tuple[float, int]:
+    """``ours[figure] / base[figure]`` and 0, or for two rows measured in rounds the median of
+    :func:`_round_ratios` and how many rounds were paired."""
+    pairs = [x for _, x in _round_ratios(ours, base, figure)]
     if pairs:
         return statistics.median(pairs), len(pairs)
     return ours[figure] / base[figure], 0
@@ -1339,17 +1346,14 @@ def serving_rounds_table(path: Path) -> str:
         base = rows.get((model, input_len, conc, "auto_fa2"))
         if dtype == "auto_fa2" or not base or "rounds" not in rows[key]:
             continue
-        theirs = {r["round"]: r for r in base["rounds"]}
         cells = []
         for figure in ("tpot_ms_p50", "ttft_ms_p50"):
-            ratios = [
-                (r[figure] / theirs[r["round"]][figure], r["position"] == 0)
-                for r in rows[key]["rounds"]
-                if r["round"] in theirs
-            ]
-            each = ", ".join(f"{x:.2f}x" + (" (1st)" if first else "") for x, first in ratios)
-            median, paired = _paired_ratio(rows[key], base, figure)
-            cells += [each or "n/a", f"{median:.2f}x" if paired else "n/a"]
+            ratios = _round_ratios(rows[key], base, figure)
+            each = ", ".join(
+                f"{x:.2f}x" + (" (1st)" if r["position"] == 0 else "") for r, x in ratios
+            )
+            median = f"{statistics.median(x for _, x in ratios):.2f}x" if ratios else "n/a"
+            cells += [each or "n/a", median]
         lines.append(
             f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
             + " | ".join(cells)
