@@ -54,7 +54,8 @@ on first use under ``--workdir``; or ``NAME=FOLDER``.
 
 ``--profile-concurrency C``: after the timed points of each input length (before them with
 ``--profile-first``), one more point at ``C`` under the server's torch profiler
-(``--profiler-config``, ``vllm bench serve --profile``), not a row;
+(``--profiler-config``, ``vllm bench serve --profile``; on ``--profile-dtypes``' servers only,
+though every server is started with the profiler configured), not a row;
 ``benchmarks/profile_summary.py`` sums its trace into a row of ``serving_profile.json`` (beside
 ``--out``) with the point's ``server_metrics``, and the raw trace is deleted unless
 ``--keep-traces``.
@@ -1148,9 +1149,15 @@ def point_done(run: Run, live: LiveServer, point: dict[str, Any]) -> None:
     run.save()
 
 
+def profiled(args: argparse.Namespace, dtype: str) -> bool:
+    """Whether ``dtype``'s server gets a profiled point (``--profile-concurrency``,
+    ``--profile-dtypes``)."""
+    return bool(args.profile_concurrency) and dtype in (args.profile_dtypes or args.dtypes)
+
+
 def profile_server(run: Run, live: LiveServer, input_len: int, budget: Budget) -> None:
     """The profiled point of ``--profile-concurrency`` at ``input_len``, if asked and possible."""
-    if run.args.profile_concurrency and not budget.exhausted() and live.server.alive():
+    if profiled(run.args, live.dtype) and not budget.exhausted() and live.server.alive():
         profile = run_profiled_point(run, live, input_len, budget)
         live.info.setdefault("profiles", []).append(profile)
         if "error" in profile:
@@ -1474,6 +1481,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--profile-prompts", type=int, default=0, help="default: as a timed point")
     p.add_argument(
+        "--profile-dtypes",
+        default="",
+        help="profile only these dtypes' servers (every server still runs with the profiler "
+        "configured, so that they stay alike); default: all",
+    )
+    p.add_argument(
         "--profile-first",
         action="store_true",
         help="run the profiled point right after the warm-up, before the timed points (where "
@@ -1526,6 +1539,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.dtypes = common.parse_list(args.dtypes)
         args.input_lens = [parse_len(t) for t in common.parse_list(args.input_lens)]
         args.concurrency = parse_ints(args.concurrency)
+        args.profile_dtypes = common.parse_list(args.profile_dtypes)
+        if not set(args.profile_dtypes) <= set(args.dtypes):
+            raise ValueError("--profile-dtypes must be among --dtypes")
         if not args.dtypes or not args.input_lens:
             raise ValueError("need at least one dtype and one input length")
         if min(args.output_len, args.prompts_per_concurrency, args.min_prompts) < 1:
@@ -1571,7 +1587,7 @@ def dry_run(args: argparse.Namespace, specs: Sequence[ModelSpec]) -> int:
                 for r in range(args.rounds):
                     argv = point_argv(args, server, spec, dtype, n, c, prompts, round_=r)[0]
                     print(shlex.join(argv))
-            if args.profile_concurrency:
+            if profiled(args, dtype):
                 c, prompts = args.profile_concurrency, profiled_prompts(args)
                 for n in lens:
                     argv = point_argv(args, server, spec, dtype, n, c, prompts, profiled=True)[0]

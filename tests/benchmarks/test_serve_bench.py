@@ -1016,6 +1016,31 @@ def test_profile_first_runs_the_profiled_point_before_the_timed_ones(
     assert len(json.loads((fake["tmp"] / "serving_profile.json").read_text())["rows"]) == 2
 
 
+def test_profile_dtypes_profiles_only_those_servers(fake: dict) -> None:
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8", "--input-lens", "1K", "--concurrency", "4"),
+            *("--profile-concurrency", "4", "--profile-dtypes", "int8", "--interleave"),
+            *("--profile-first", "--warmup-prompts", "0"),
+        )
+    )
+    assert rc == 0
+    recs = _records(fake)
+    serves = [r["argv"] for r in recs if r["argv"][0] == "serve"]
+    assert all("--profiler-config" in " ".join(a) for a in serves), serves
+    dtype_at = {
+        f"http://127.0.0.1:{_flag(a, '--port')}": _flag(a, "--kv-cache-dtype") for a in serves
+    }
+    benches = [r["argv"] for r in recs if r["argv"][:2] == ["bench", "serve"]]
+    profiled = [dtype_at[_flag(b, "--base-url")] for b in benches if "--profile" in b]
+    assert profiled == ["int8"]
+    rows = json.loads((fake["tmp"] / "serving_profile.json").read_text())["rows"]
+    assert [r["dtype"] for r in rows] == ["int8"]
+    with pytest.raises(SystemExit):
+        sb.parse_args(["--dtypes", "auto_fa2,int8", "--profile-dtypes", "int4"])
+
+
 def test_rounds_row_takes_the_median_of_each_figure() -> None:
     one = _row("m", "int8", 1024, 4, tpot=3.0) | {"jit_compiles": 0}
     assert sb.rounds_row([one]) == one  # one round, no rounds: the row as it is
