@@ -10,6 +10,9 @@ Reads the Chrome-trace JSON (``.json`` or ``.json.gz``) that vLLM's torch profil
   kernel to the last (idle time there is the host's, or a wait);
 * the host time of the operators vLLM calls (``cpu_op`` events, top ones by total time), the
   attention op among them, and the CUDA graph replays (``cudaGraphLaunch``);
+* inside each of vLLM's attention ops (:data:`OPENED_OPS`, run on the host in eager steps), what
+  its host time goes to, per call: the operators and CUDA calls it makes directly, and the rest
+  (``self``: the backend's Python, Triton's launcher among it);
 * where the trace has vLLM's step annotation (``gpu_model_runner: forward``, V1 model runner with
   ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``), or else the range ``serve_bench.py --step-timing`` puts
   around the V2 model runner's ``execute_model`` (``step_timing: execute_model``: it holds the
@@ -47,6 +50,10 @@ GRAPH_LAUNCH = "cudaGraphLaunch"
 # a record_function range on the host; the profiler also draws each one on the GPU's timeline
 # ("gpu_user_annotation", same name, from its first kernel to its last), which is no step
 HOST_RANGE = "user_annotation"
+# the attention layer's custom ops, whose host time is opened up into what they call
+OPENED_OPS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update")
+# host-side events that can nest inside an op (torch ops and CUDA runtime and driver calls)
+HOST_CALLS = ("cpu_op", "cuda_runtime", "cuda_driver")
 
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
@@ -105,7 +112,62 @@ def _ranked(totals: Mapping[str, list[float]], top: int, with_category: bool) ->
     return rows
 
 
-def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, Any]:
+def _direct_children(events: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
+    """Index of each event of :data:`OPENED_OPS` -> indices of the host calls it makes directly
+    (nested in it on the same thread, not inside another call of it)."""
+    threads: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    for i, e in enumerate(events):
+        if e.get("cat") in HOST_CALLS:
+            threads[e.get("pid"), e.get("tid")].append(i)
+    children: dict[int, list[int]] = {}
+    for idx in threads.values():
+        idx.sort(key=lambda i: (float(events[i]["ts"]), -float(events[i].get("dur", 0.0))))
+        stack: list[int] = []  # open calls, outermost first
+        for i in idx:
+            ts = float(events[i]["ts"])
+            while stack and ts >= _end(events[stack[-1]]):
+                stack.pop()
+            if stack and stack[-1] in children:
+                children[stack[-1]].append(i)
+            if events[i].get("name") in OPENED_OPS:
+                children[i] = []
+            stack.append(i)
+    return children
+
+
+def _end(e: Mapping[str, Any]) -> float:
+    return float(e["ts"]) + float(e.get("dur", 0.0))
+
+
+def opened_ops(events: Sequence[Mapping[str, Any]], top: int = 12) -> dict[str, Any]:
+    """Per op of :data:`OPENED_OPS`: calls, host µs a call, of it ``self_us`` (not in any call it
+    makes: Python), and the calls it makes directly, top ones by time, as count and µs a call."""
+    out: dict[str, Any] = {}
+    by_op: dict[str, list[tuple[int, list[int]]]] = defaultdict(list)
+    for i, kids in _direct_children(events).items():
+        by_op[str(events[i]["name"])].append((i, kids))
+    for name, calls in by_op.items():
+        n = len(calls)
+        total = sum(float(events[i].get("dur", 0.0)) for i, _ in calls)
+        inner: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for _, kids in calls:
+            for k in kids:
+                inner[str(events[k].get("name", ""))][0] += 1
+                inner[str(events[k].get("name", ""))][1] += float(events[k].get("dur", 0.0))
+        in_calls = sum(t for _, t in inner.values())
+        out[name] = {
+            "calls": n,
+            "us_per_call": round(total / n, 1),
+            "self_us_per_call": round((total - in_calls) / n, 1),
+            "calls_made": [
+                {"name": k[:160], "per_call": round(c / n, 2), "us_per_call": round(t / n, 1)}
+                for k, (c, t) in sorted(inner.items(), key=lambda kv: -kv[1][1])[:top]
+            ],
+        }
+    return out
+
+
+def summarize(events: Sequence[Mapping[str, Any]], top: int = 25) -> dict[str, Any]:
     """The summary of one trace's complete ("X") events (see the module docstring)."""
     ranges: dict[str, list[tuple[float, float]]] = {STEP_ANNOTATION: [], STEP_ANNOTATION_V2: []}
     launches: dict[int, tuple[float, str]] = {}  # correlation -> (host ts, runtime call)
@@ -183,6 +245,7 @@ def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, A
         "gpu_busy_fraction": round(busy / span, 4) if span else None,
         "graph_replays": sum(1 for _, n in launches.values() if n == GRAPH_LAUNCH),
         "host_attention_ops": _ranked(attention_ops, top, with_category=False),
+        "attention_ops_opened": opened_ops(events),
         "top_host_ops": _ranked(host_ops, top, with_category=False),
         "top_kernels": _ranked(totals, top, with_category=True),
         "steps": len(steps),

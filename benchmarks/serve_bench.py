@@ -1284,7 +1284,7 @@ def run_profiled_point(
     profile |= {"traces": [str(t) for t in traces], "summary": str(path)}
     # the engine worker's trace (the one with the GPU kernels) becomes a row of the profile file
     worker = max(summary.values(), key=lambda doc: doc["kernels"])
-    keep = {k: v for k, v in worker.items() if k != "top_host_ops"}
+    keep = dict(worker)
     if figures:
         keep["server_metrics"] = figures
     run.profiles = common.merge_rows(

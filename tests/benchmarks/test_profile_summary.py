@@ -105,6 +105,33 @@ def test_the_gpu_timeline_copy_of_a_step_range_is_no_step() -> None:
     assert doc["by_step_kind"] == ps.summarize(_trace())["by_step_kind"]
 
 
+def test_attention_ops_opened_into_the_calls_they_make() -> None:
+    op = "vllm::unified_attention_with_output"
+
+    def on(tid: int, e: dict) -> dict:
+        return e | {"pid": 1, "tid": tid}
+
+    events = [
+        on(7, _x(op, "cpu_op", 10, 30)),
+        on(7, _x("aten::empty", "cpu_op", 11, 2)),
+        on(7, _x("_vllm_fa2_C::varlen_fwd", "cpu_op", 14, 10)),
+        on(7, _x("cudaLaunchKernel", "cuda_runtime", 15, 3)),  # inside varlen_fwd: not direct
+        on(7, _x("cuLaunchKernelEx", "cuda_driver", 26, 2)),
+        on(7, _x("aten::add", "cpu_op", 45, 5)),  # after the op
+        on(8, _x("aten::mul", "cpu_op", 12, 4)),  # another thread, same time
+        on(7, _x(op, "cpu_op", 100, 6)),  # a second call that makes none
+    ]
+    opened = ps.summarize(events)["attention_ops_opened"]
+    assert list(opened) == [op]
+    assert opened[op]["calls"] == 2 and opened[op]["us_per_call"] == 18.0
+    assert opened[op]["self_us_per_call"] == (30 - 10 - 2 - 2 + 6) / 2
+    assert opened[op]["calls_made"] == [
+        {"name": "_vllm_fa2_C::varlen_fwd", "per_call": 0.5, "us_per_call": 5.0},
+        {"name": "aten::empty", "per_call": 0.5, "us_per_call": 1.0},
+        {"name": "cuLaunchKernelEx", "per_call": 0.5, "us_per_call": 1.0},
+    ]
+
+
 def test_summarize_without_steps_or_kernels() -> None:
     doc = ps.summarize([_x("aten::add", "cpu_op", 0, 3)])
     assert doc["steps"] == 0 and doc["by_step_kind"] == {}
