@@ -868,6 +868,8 @@ def dtype_choice_table(
 
 # The newest serving run of each model, and its section of docs/results.md: the headline quotes
 # them and the serving targets table judges them.
+# runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
+SERVING_PAIRED: tuple[Path, ...] = (RESULTS / "serving_smollm2_75eff26.json",)
 SERVING_NEWEST: tuple[tuple[Path, str], ...] = (
     (RESULTS / "serving_smollm2_dda1a88.json", "serving"),
     (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
@@ -1091,18 +1093,22 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
 
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
-        r = rows[key]
-        m = r.get("server_metrics") or {}
-        ours, base = engine_ms(r), engine_ms(rows.get((model, input_len, conc, "auto_fa2")))
-        vs = "reference" if dtype == "auto_fa2" else (
-            f"{ours / base:.2f}x" if ours is not None and base else "n/a"
-        )  # fmt: skip
-        lines.append(
-            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
-            f"{_num(m.get('ttft_ms_mean_server'), '.0f')} | {_num(m.get('queue_ms_mean'), '.0f')} "
-            f"| {_num(m.get('prefill_ms_mean'), '.0f')} | "
-            f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {vs} | {r['output_tok_s']:.0f} |"
-        )
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
+        for label, r in _round_points(rows[key]):
+            m = r.get("server_metrics") or {}
+            base = base_rounds.get(r["round"]) if "round" in r else base_row
+            ours, theirs = engine_ms(r), engine_ms(base)
+            vs = "reference" if dtype == "auto_fa2" else (
+                f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
+            )  # fmt: skip
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {_num(m.get('ttft_ms_mean_server'), '.0f')} "
+                f"| {_num(m.get('queue_ms_mean'), '.0f')} "
+                f"| {_num(m.get('prefill_ms_mean'), '.0f')} | "
+                f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {vs} | {r['output_tok_s']:.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -1269,8 +1275,12 @@ def serving_targets_table(*paths: Path) -> str:
     """Every serving point a target applies to, from each result file in ``paths``: ``int8``'s
     median TPOT and TTFT against FlashAttention-2's and its output tok/s against upstream's, each
     with the bound it must meet and whether it does."""
-    # by default also SmolLM2's H200 run, the only one with 128 requests
-    paths = paths or (*(path for path, _ in SERVING_NEWEST), RESULTS / "serving.json")
+    # by default also SmolLM2's H200 run, the only one with 128 requests, and the paired rounds
+    paths = paths or (
+        *(path for path, _ in SERVING_NEWEST),
+        RESULTS / "serving.json",
+        *SERVING_PAIRED,
+    )
     lines = [
         "| model | run | input | concurrency | target | wanted | measured | met |",
         "|---|---|---|---|---|---|---|---|",
@@ -1388,28 +1398,45 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
 
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
-        timing = rows[key].get("step_timing") or {}
-        phases = timing.get("phases") or {}
-        base = (rows.get((model, input_len, conc, "auto_fa2")) or {}).get("step_timing") or {}
-        step, base_step = (
-            (t.get("phases") or {}).get("engine_step", {}).get("ms_per_step") for t in (timing, base)
-        )  # fmt: skip
-        vs = "reference" if dtype == "auto_fa2" else (
-            f"{step / base_step:.2f}x" if step and base_step else "n/a"
-        )  # fmt: skip
-        syncs = (
-            str(sum(timing["syncs"].values())) if timing.get("sync_debug") else "not counted"
-        )  # fmt: skip
-        cells = " | ".join(
-            _num(phases.get(name, {}).get("ms_per_step"), ".3f") for name, _ in STEP_PHASES
-        )
-        lines.append(
-            f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | `{dtype}` | "
-            f"{rows[key]['tpot_ms_p50']:.2f} | {_num(timing.get('engine_steps'), 'd')} | {cells} "
-            f"| {per_call(phases, 'execute_model.decode')} "
-            f"| {per_call(phases, 'execute_model.prompt')} | {vs} | {syncs} |"
-        )
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
+        # a run in rounds: a line per round, against the baseline's same round
+        for label, point in _round_points(rows[key]):
+            base = base_rounds.get(point["round"], {}) if "round" in point else base_row
+            timing = point.get("step_timing") or {}
+            phases = timing.get("phases") or {}
+            step, base_step = (
+                ((t or {}).get("phases") or {}).get("engine_step", {}).get("ms_per_step")
+                for t in (timing, base.get("step_timing"))
+            )  # fmt: skip
+            vs = "reference" if dtype == "auto_fa2" else (
+                f"{step / base_step:.2f}x" if step and base_step else "n/a"
+            )  # fmt: skip
+            syncs = (
+                str(sum(timing["syncs"].values())) if timing.get("sync_debug") else "not counted"
+            )  # fmt: skip
+            cells = " | ".join(
+                _num(phases.get(name, {}).get("ms_per_step"), ".3f") for name, _ in STEP_PHASES
+            )
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {point['tpot_ms_p50']:.2f} "
+                f"| {_num(timing.get('engine_steps'), 'd')} | {cells} "
+                f"| {per_call(phases, 'execute_model.decode')} "
+                f"| {per_call(phases, 'execute_model.prompt')} | {vs} | {syncs} |"
+            )
     return "\n".join(lines)
+
+
+def _round_points(row: dict) -> list[tuple[str, dict]]:
+    """A serving row's points: the row itself, or for a run in rounds each round, labelled
+    ", round r" (and " (1st)" where this dtype's server ran the point first)."""
+    if not row.get("rounds"):
+        return [("", row)]
+    return [
+        (f", round {r['round']}{' (1st)' if r.get('position') == 0 else ''}", r)
+        for r in row["rounds"]
+    ]
 
 
 def _serving_line(path: Path, anchor: str = "serving") -> str:
@@ -1837,10 +1864,10 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
 
 def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
     """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
-    :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``),
-    ``serving_<kind>_<tag>``."""
+    :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``,
+    ``rounds``), ``serving_<kind>_<tag>``."""
     tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
-              "steps": serving_steps_table}  # fmt: skip
+              "steps": serving_steps_table, "rounds": serving_rounds_table}  # fmt: skip
     return {
         f"serving_{tag}": functools.partial(serving_table, path),
         **{f"serving_{kind}_{tag}": functools.partial(tables[kind], path) for kind in kinds},
@@ -1951,6 +1978,17 @@ TABLES = {
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
+    **serving_run_tables(
+        "smollm2_75eff26",
+        RESULTS / "serving_smollm2_75eff26.json",
+        "rounds",
+        "ttft",
+        "steps",
+        "starts",
+    ),
+    **serving_run_tables(
+        "gemma3_75eff26", RESULTS / "serving_gemma3_75eff26.json", "steps", "starts"
+    ),
     **serving_run_tables("gemma3", RESULTS / "serving_gemma3.json", "ttft", "starts", "steps"),
     **serving_run_tables("gemma3_auto_fa2_32k", RESULTS / "serving_gemma3_auto_fa2_32k.json"),
     **serving_run_tables("gemma3_h200", RESULTS / "serving_gemma3_h200_f7ff415.json", "steps"),
