@@ -138,6 +138,41 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
                         "**no**"]  # fmt: skip
 
 
+def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_same_round(
+    tmp_path: Path,
+) -> None:
+    def rounds(dtype: str, prefill: list[float], step_ms: list[float], first: int) -> dict:
+        each = [{"round": i, "position": int(i % 2 != first), "tpot_ms_p50": 5.0,
+                 "output_tok_s": 1000.0,
+                 "server_metrics": {"ttft_ms_mean_server": 300.0, "queue_ms_mean": 0.0,
+                                    "prefill_ms_mean": p, "ttft_frontend_ms_mean": 250.0},
+                 "step_timing": {"engine_steps": 100,
+                                 "phases": {"engine_step": {"ms_per_step": m}}}}
+                for i, (p, m) in enumerate(zip(prefill, step_ms, strict=True))]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --rounds 2 --interleave",
+        "rows": [rounds("auto_fa2", [40.0, 20.0], [5.0, 8.0], 0),
+                 rounds("int8", [20.0, 40.0], [4.0, 10.0], 1)],
+    })  # fmt: skip
+
+    def cells(table: str) -> list[list[str]]:
+        return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[4:]]
+
+    ttft = cells(report.serving_ttft_table(path))
+    assert [(c[3], c[8]) for c in ttft] == [
+        ("`auto_fa2`, round 0 (1st)", "reference"), ("`auto_fa2`, round 1", "reference"),
+        ("`int8`, round 0", "0.50x"), ("`int8`, round 1 (1st)", "2.00x"),
+    ]  # fmt: skip
+    steps = cells(report.serving_steps_table(path))
+    assert [(c[3], c[6], c[-2]) for c in steps] == [
+        ("`auto_fa2`, round 0 (1st)", "5.000", "reference"),
+        ("`auto_fa2`, round 1", "8.000", "reference"),
+        ("`int8`, round 0", "4.000", "0.80x"), ("`int8`, round 1 (1st)", "10.000", "1.25x"),
+    ]  # fmt: skip
+
+
 def test_serving_profile_steps_table_sets_gpu_time_against_host_time(tmp_path: Path) -> None:
     kinds = {"graph": {"steps": 10, "host_forward_us_p50": 400.0, "host_forward_us_mean": 500.0,
                        "gpu_us_mean": {"ours": 600.0, "flash_attention": 0.0, "gemm": 300.0,
