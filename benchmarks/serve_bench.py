@@ -65,7 +65,9 @@ speed (``benchmarks/step_timing.py``: the scheduler, the model runner's input pr
 metadata builds, forward and sampling, the wait for the sampled tokens), and each row gains
 ``step_timing``, the difference across its point: calls, µs a call and ms per engine step of each
 phase, the model runner's ``execute_model`` also apart for decode steps and for steps that carry a
-prompt chunk (``execute_model.decode``, ``execute_model.prompt``). ``--sync-debug`` (implies it)
+prompt chunk (``execute_model.decode``, ``execute_model.prompt``), and each layer's attention
+and cache update on the host, ours or FlashAttention-2's, by the kind of step they ran in
+(``attention_forward.prompt``, ``kv_cache_update.prompt``, ...). ``--sync-debug`` (implies it)
 also counts, by Python line, every synchronizing CUDA call the engine makes after its first steps
 (``torch.cuda.set_sync_debug_mode``).
 

@@ -5,7 +5,8 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 ``time.perf_counter`` instead: wrapt post-import hooks wrap, in whichever process imports them
 (the engine core holds the scheduler and, at TP=1, the model runner), the methods of
 :data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
-also by the kind of step, :func:`step_kind`). A daemon thread writes the running sums to
+also by the kind of step, :func:`step_kind`, and so for each layer's attention and cache update,
+ours and FlashAttention-2's, which run on the host in eager steps). A daemon thread writes the running sums to
 ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
 ``serve_bench.py --step-timing`` takes the difference across each timed point.
 
@@ -63,11 +64,24 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
         "prepare_attn",
         "build_attention_metadata",
     ),
+    # each layer's attention and cache update on the host (eager steps only: a CUDA graph
+    # replays them without a call), ours and FlashAttention-2's
+    ("int8kv_shim.attention_impl", "Int8KVAttentionImpl", "forward", "attention_forward"),
+    ("int8kv_shim.attention_impl", "Int8KVAttentionImpl", "do_kv_cache_update", "kv_cache_update"),
+    ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl", "forward", "attention_forward"),
+    (
+        "vllm.v1.attention.backends.flash_attn",
+        "FlashAttentionImpl",
+        "do_kv_cache_update",
+        "kv_cache_update",
+    ),
 )
 # Phases also summed by the kind of step they ran, as ``<phase>.<kind>`` (see :func:`step_kind`):
 # a step that carries a prompt chunk runs eagerly, outside CUDA graphs, and its host work is not
 # a decode step's.
 BY_STEP_KIND = frozenset({"execute_model"})
+# Phases called inside execute_model (once a layer), summed by the kind of the step that runs them
+PER_LAYER = frozenset({"attention_forward", "kv_cache_update"})
 # V2's model runner marks no step in a torch profiler trace (V1's "gpu_model_runner: forward"
 # range, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1): this range around its execute_model lets
 # benchmarks/profile_summary.py sum a profiled point by kind of step
@@ -93,12 +107,15 @@ class StepTimer:
         self.warmup_steps = warmup_steps
         self._sync_debug_on = False
         self._lock = threading.Lock()
+        self.step_kind: str | None = None  # of the execute_model running now, for PER_LAYER
 
     def timed(self, phase: str, step_range: bool = False) -> Callable[..., Any]:
         """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
-        :data:`BY_STEP_KIND`, to ``<phase>.<kind>`` too); with ``step_range``, each call is also a
-        :data:`STEP_RANGE` range for a torch profiler (a few µs a call when none records)."""
+        :data:`BY_STEP_KIND` or :data:`PER_LAYER`, to ``<phase>.<kind>`` too, the kind of the step
+        it runs in); with ``step_range``, each call is also a :data:`STEP_RANGE` range for a
+        torch profiler (a few µs a call when none records)."""
         by_kind = phase in BY_STEP_KIND
+        per_layer = phase in PER_LAYER
         scope: Callable[[str], Any] = contextlib.nullcontext
         if step_range:
             from torch.profiler import record_function
@@ -106,16 +123,19 @@ class StepTimer:
             scope = record_function
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-            kind = None
+            kind = self.step_kind if per_layer else None
             if by_kind:
                 kind = step_kind(kwargs["scheduler_output"] if "scheduler_output" in kwargs
                                  else args[0] if args else None)  # fmt: skip
+                self.step_kind = kind
             start = time.perf_counter()
             try:
                 with scope(STEP_RANGE):
                     return wrapped(*args, **kwargs)
             finally:
                 seconds = time.perf_counter() - start
+                if by_kind:
+                    self.step_kind = None
                 self.add(phase, seconds)
                 if kind is not None:
                     self.add(f"{phase}.{kind}", seconds)

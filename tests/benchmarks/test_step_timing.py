@@ -44,8 +44,16 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             time.sleep(0.002)
             return "stepped"
 
+    class Layer:
+        def forward(self) -> str:
+            return "attended"
+
     class Runner:
+        layers: tuple = ()
+
         def execute_model(self, scheduler_output: object) -> object:
+            for layer in self.layers:
+                layer.forward()
             # an int comes back plus one, anything else as it came
             if isinstance(scheduler_output, int):
                 return scheduler_output + 1
@@ -54,7 +62,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         def sample_tokens(self, scheduler_output: object) -> str:
             return "sampled"
 
-    mod.Engine, mod.Runner = Engine, Runner  # type: ignore[attr-defined]
+    mod.Engine, mod.Runner, mod.Layer = Engine, Runner, Layer  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(
         step_timing,
@@ -63,6 +71,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             (name, "Engine", "step", step_timing.ENGINE_STEP),
             (name, "Runner", "execute_model", "execute_model"),
             (name, "Runner", "sample_tokens", "sample_tokens"),
+            (name, "Layer", "forward", "attention_forward"),
             (name, "Missing", "nothing", "never"),
         ),
     )
@@ -124,6 +133,23 @@ def test_execute_model_is_also_timed_by_step_kind(fake_engine, tmp_path: Path) -
     assert calls["execute_model"] == 5
     assert calls["execute_model.decode"] == 2 and calls["execute_model.prompt"] == 2
     assert calls["sample_tokens"] == 1 and not any(k.startswith("sample_tokens.") for k in calls)
+
+
+def test_each_layers_attention_is_timed_by_the_kind_of_its_step(
+    fake_engine, tmp_path: Path
+) -> None:
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=60)
+    runner = fake_engine.Runner()
+    runner.layers = (fake_engine.Layer(), fake_engine.Layer())
+    runner.execute_model(scheduled(1, 1))
+    runner.execute_model(scheduled(1, 7))
+    runner.execute_model(scheduled(1, 7))
+    assert fake_engine.Layer().forward() == "attended"  # outside a step: the phase only
+    calls = timer.snapshot()["calls"]
+    assert calls["attention_forward"] == 7
+    assert calls["attention_forward.decode"] == 2 and calls["attention_forward.prompt"] == 4
+    assert timer.step_kind is None
 
 
 def test_v2_execute_model_is_a_step_range_for_the_profiler(
