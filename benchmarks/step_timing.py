@@ -5,8 +5,9 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 ``time.perf_counter`` instead: wrapt post-import hooks wrap, in whichever process imports them
 (the engine core holds the scheduler and, at TP=1, the model runner), the methods of
 :data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
-also by the kind of step, :func:`step_kind`, and so for each layer's attention and cache update,
-ours and FlashAttention-2's, which run on the host in eager steps). A daemon thread writes the running sums to
+also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
+layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
+steps). A daemon thread writes the running sums to
 ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
 ``serve_bench.py --step-timing`` takes the difference across each timed point.
 
@@ -108,14 +109,17 @@ class StepTimer:
         self._sync_debug_on = False
         self._lock = threading.Lock()
         self.step_kind: str | None = None  # of the execute_model running now, for PER_LAYER
+        self.last_step_kind: str | None = None  # of the last one in this engine step
 
     def timed(self, phase: str, step_range: bool = False) -> Callable[..., Any]:
         """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
         :data:`BY_STEP_KIND` or :data:`PER_LAYER`, to ``<phase>.<kind>`` too, the kind of the step
-        it runs in); with ``step_range``, each call is also a :data:`STEP_RANGE` range for a
-        torch profiler (a few µs a call when none records)."""
+        it runs in; for the engine step, the kind of the model step it ran); with
+        ``step_range``, each call is also a :data:`STEP_RANGE` range for a torch profiler (a few
+        µs a call when none records)."""
         by_kind = phase in BY_STEP_KIND
         per_layer = phase in PER_LAYER
+        engine_step = phase == ENGINE_STEP
         scope: Callable[[str], Any] = contextlib.nullcontext
         if step_range:
             from torch.profiler import record_function
@@ -127,7 +131,9 @@ class StepTimer:
             if by_kind:
                 kind = step_kind(kwargs["scheduler_output"] if "scheduler_output" in kwargs
                                  else args[0] if args else None)  # fmt: skip
-                self.step_kind = kind
+                self.step_kind = self.last_step_kind = kind
+            elif engine_step:
+                self.last_step_kind = None
             start = time.perf_counter()
             try:
                 with scope(STEP_RANGE):
@@ -136,6 +142,8 @@ class StepTimer:
                 seconds = time.perf_counter() - start
                 if by_kind:
                     self.step_kind = None
+                elif engine_step:  # the kind of the model step it ran, if it ran one
+                    kind = self.last_step_kind
                 self.add(phase, seconds)
                 if kind is not None:
                     self.add(f"{phase}.{kind}", seconds)

@@ -152,6 +152,27 @@ def test_each_layers_attention_is_timed_by_the_kind_of_its_step(
     assert timer.step_kind is None
 
 
+def test_an_engine_step_takes_the_kind_of_the_model_step_it_ran(
+    fake_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = fake_engine.Runner()
+
+    def step(self: object, out: object | None = None) -> str:
+        if out is not None:
+            runner.execute_model(out)
+        return "stepped"
+
+    monkeypatch.setattr(fake_engine.Engine, "step", step)
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=60)
+    engine = fake_engine.Engine()
+    for out in (scheduled(1, 1), scheduled(8), None, scheduled(1, 1)):
+        engine.step(out)
+    calls = timer.snapshot()["calls"]
+    assert calls[step_timing.ENGINE_STEP] == 4
+    assert calls["engine_step.decode"] == 2 and calls["engine_step.prompt"] == 1
+
+
 def test_v2_execute_model_is_a_step_range_for_the_profiler(
     fake_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
