@@ -868,13 +868,13 @@ def dtype_choice_table(
 
 # The newest serving run of each model, and its section of docs/results.md: the headline quotes
 # them and the serving targets table judges them.
-# runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
-SERVING_PAIRED: tuple[Path, ...] = (RESULTS / "serving_smollm2_75eff26.json",)
 SERVING_NEWEST: tuple[tuple[Path, str], ...] = (
     (RESULTS / "serving_smollm2_dda1a88.json", "serving"),
     (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
     (RESULTS / "serving_llama3_8b_shape.json", "serving-llama-3-8bs-attention-shape"),
 )
+# runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
+SERVING_PAIRED: tuple[Path, ...] = (RESULTS / "serving_smollm2_75eff26.json",)
 
 
 def headline(
