@@ -1178,6 +1178,29 @@ def serving_profile_steps_table(*paths: Path) -> str:
     return "\n".join(lines)
 
 
+def serving_attention_ops_table(*paths: Path) -> str:
+    """The profiled serving points whose summary opens the attention layer's ops
+    (``attention_ops_opened`` of ``benchmarks/profile_summary.py``): per op, its host time a call,
+    of it the Python between the calls it makes, and the calls it makes that take the most."""
+    lines = [
+        "| run | model | concurrency | dtype | op | calls | host µs a call | of it, Python µs "
+        "| largest calls it makes: µs a call (calls a call) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run, r in _profile_rows(paths):
+        for op, o in (r.get("attention_ops_opened") or {}).items():
+            made = ", ".join(
+                f"`{c['name']}` {c['us_per_call']:.1f} ({c['per_call']:g})"
+                for c in o["calls_made"][:4]
+            )
+            lines.append(
+                f"| {run} | {SERVING_MODEL_NAMES.get(r['model'], r['model'])} "
+                f"| {r['concurrency']} | `{r['dtype']}` | `{op}` | {o['calls']} "
+                f"| {o['us_per_call']:.1f} | {o['self_us_per_call']:.1f} | {made} |"
+            )
+    return "\n".join(lines)
+
+
 # profile_summary's kinds: a range with one graph replay is a captured whole step (vLLM captures
 # uniform decode batches); the others (prompt chunks, mixed and uncaptured batches) run eagerly
 STEP_KIND_NAMES = {"graph": "one CUDA graph replay", "eager": "eager or piecewise"}
@@ -1424,6 +1447,59 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
                 f"| {_num(timing.get('engine_steps'), 'd')} | {cells} "
                 f"| {per_call(phases, 'execute_model.decode')} "
                 f"| {per_call(phases, 'execute_model.prompt')} | {vs} | {syncs} |"
+            )
+    return "\n".join(lines)
+
+
+# the step timer's per-layer phases (benchmarks/step_timing.py PER_LAYER), as the table orders them
+LAYER_PHASES = ("attention_forward", "kv_cache_update")
+
+
+def serving_layer_host_table(path: Path) -> str:
+    """The engine's host time by kind of step (``serve_bench --step-timing``, from the step timer's
+    split of the engine step) and, in the steps that carry a prompt, each layer's attention and
+    cache update on the host (ours or FlashAttention-2's, µs a layer call), per point (per round
+    of a run in rounds, against the baseline's same round)."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Host time at "
+        "full speed, means over each point's calls; n/a: not timed.",
+        "",
+        "| model | input | concurrency | dtype | engine step ms: decode (steps) | with a prompt "
+        "chunk (steps) | in those steps, a layer's attention µs | its cache update µs | both "
+        "vs `auto_fa2` |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def phase(point: dict, name: str) -> dict:
+        return ((point.get("step_timing") or {}).get("phases") or {}).get(name) or {}
+
+    def layer_us(point: dict) -> float | None:
+        parts = [phase(point, f"{n}.prompt").get("us_per_call") for n in LAYER_PHASES]
+        return sum(parts) if all(p is not None for p in parts) else None
+
+    def step_ms(point: dict, kind: str) -> str:
+        p = phase(point, f"engine_step.{kind}")
+        return f"{p['us_per_call'] / 1000:.2f} ({p['calls']})" if p else "n/a"
+
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
+        for label, point in _round_points(rows[key]):
+            base = base_rounds.get(point["round"], {}) if "round" in point else base_row
+            ours, theirs = layer_us(point), layer_us(base)
+            vs = "reference" if dtype == "auto_fa2" else (
+                f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
+            )  # fmt: skip
+            cells = " | ".join(
+                _num(phase(point, f"{n}.prompt").get("us_per_call"), ".1f") for n in LAYER_PHASES
+            )
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {step_ms(point, 'decode')} | {step_ms(point, 'prompt')} "
+                f"| {cells} | {vs} |"
             )
     return "\n".join(lines)
 

@@ -173,6 +173,55 @@ def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_sam
     ]  # fmt: skip
 
 
+def test_serving_layer_host_table_sets_each_rounds_layer_time_against_the_baseline(
+    tmp_path: Path,
+) -> None:
+    from benchmarks import step_timing
+
+    assert set(report.LAYER_PHASES) == step_timing.PER_LAYER
+
+    def timing(attention_us: float, update_us: float) -> dict:
+        return {"engine_steps": 10, "phases": {
+            "engine_step.decode": {"calls": 9, "us_per_call": 3000.0},
+            "engine_step.prompt": {"calls": 1, "us_per_call": 24000.0},
+            "attention_forward.prompt": {"calls": 30, "us_per_call": attention_us},
+            "kv_cache_update.prompt": {"calls": 30, "us_per_call": update_us}}}  # fmt: skip
+
+    def rounds(dtype: str, layer: list[tuple[float, float]]) -> dict:
+        each = [{"round": i, "position": i, "tpot_ms_p50": 5.0, "step_timing": timing(*lu)}
+                for i, lu in enumerate(layer)]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    path = write(tmp_path, {"command": "x", "rows": [
+        rounds("auto_fa2", [(100.0, 20.0), (150.0, 30.0)]),
+        rounds("int8", [(200.0, 40.0), (150.0, 30.0)]),
+        serving_row("int4", 32, 100.0, None)]})  # fmt: skip
+    lines = report.serving_layer_host_table(path).splitlines()[4:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[3:] for c in cells] == [
+        ["`auto_fa2`, round 0 (1st)", "3.00 (9)", "24.00 (1)", "100.0", "20.0", "reference"],
+        ["`auto_fa2`, round 1", "3.00 (9)", "24.00 (1)", "150.0", "30.0", "reference"],
+        ["`int8`, round 0 (1st)", "3.00 (9)", "24.00 (1)", "200.0", "40.0", "2.00x"],
+        ["`int8`, round 1", "3.00 (9)", "24.00 (1)", "150.0", "30.0", "1.00x"],
+        ["`int4`", "n/a", "n/a", "n/a", "n/a", "n/a"],
+    ]
+
+
+def test_serving_attention_ops_table_lists_what_each_op_calls(tmp_path: Path) -> None:
+    opened = {"vllm::unified_attention_with_output": {
+        "calls": 60, "us_per_call": 300.0, "self_us_per_call": 180.0,
+        "calls_made": [{"name": "_vllm_fa2_C::varlen_fwd", "per_call": 1.0, "us_per_call": 60.0},
+                       {"name": "aten::empty", "per_call": 2.5, "us_per_call": 20.0}]}}  # fmt: skip
+    path = write(tmp_path, {"command": "x", "rows": [
+        {"model": "smollm2", "dtype": "int8", "concurrency": 32, "attention_ops_opened": opened},
+        {"model": "smollm2", "dtype": "auto_fa2", "concurrency": 32}]})  # fmt: skip
+    lines = report.serving_attention_ops_table(path).splitlines()[2:]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[3:] == ["`int8`", "`vllm::unified_attention_with_output`", "60", "300.0", "180.0",
+                         "`_vllm_fa2_C::varlen_fwd` 60.0 (1), `aten::empty` 20.0 (2.5)"]  # fmt: skip
+
+
 def test_serving_profile_steps_table_sets_gpu_time_against_host_time(tmp_path: Path) -> None:
     kinds = {"graph": {"steps": 10, "host_forward_us_p50": 400.0, "host_forward_us_mean": 500.0,
                        "gpu_us_mean": {"ours": 600.0, "flash_attention": 0.0, "gemm": 300.0,
