@@ -1073,7 +1073,8 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     """Where each point's time to first token went, by the server's own metrics
     (``server_metrics``, ``benchmarks/server_metrics.py``): the mean over the point's requests of
     the engine core's queue, of its prefill (first scheduled to first token) and of the rest,
-    outside the engine core (the API server's tokenising, IPC and output processing)."""
+    outside the engine core's queue and prefill (the API server's tokenising, IPC and output
+    processing, and the wait for the engine core to take the request in between two steps)."""
     result = _load(path)
     rows = _serving_rows(result)
     lines = [
@@ -1547,7 +1548,9 @@ def _serving_line(path: Path, anchor: str = "serving") -> str:
         share = top["ttft_frontend_ms_mean"] / top["ttft_ms_mean_server"]
         tail = (
             f"); at {concs[-1]}, {share:.0%} of its mean time to first token is spent outside "
-            f"the engine core (the API server's tokenising, IPC and output processing: {where})"
+            f"the engine core's queue and prefill (the API server's tokenising, IPC and output "
+            f"processing, and the wait for the engine core to take the request in between two "
+            f"steps: {where})"
         )
     else:
         tail = f"; {where})"

@@ -23,8 +23,10 @@ What the intervals are (``vllm/v1/metrics/stats.py``, ``update_from_finished_req
   gap between a request's consecutive tokens, over all gaps;
 - ``ttft_frontend_ms_mean``: ``ttft_ms_mean_server - queue_ms_mean - prefill_ms_mean``, TTFT spent
   outside the engine core's queue and prefill: the API server's work on the request before the
-  engine core queued it (rendering, tokenising, the IPC) and on the first token after the engine
-  core produced it (IPC, output processing);
+  engine core queued it (rendering, tokenising, the IPC), the request's wait in the engine core's
+  input queue (its scheduler takes new requests between steps, and stamps them queued then) and
+  the API server's work on the first token after the engine core produced it (IPC, output
+  processing);
 - ``requests``: requests that finished between the scrapes (the point's ``num_prompts`` when
   nothing else reached the server);
 - ``prompt_tokens``, ``generation_tokens``, ``preemptions``, ``prefix_cache_queries``,
