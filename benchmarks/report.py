@@ -1095,10 +1095,8 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
-        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
-        for label, r in _round_points(rows[key]):
+        for label, r, base in _round_points(rows[key], base_row):
             m = r.get("server_metrics") or {}
-            base = base_rounds.get(r["round"]) if "round" in r else base_row
             ours, theirs = engine_ms(r), engine_ms(base)
             vs = "reference" if dtype == "auto_fa2" else (
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
@@ -1423,10 +1421,8 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
-        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
         # a run in rounds: a line per round, against the baseline's same round
-        for label, point in _round_points(rows[key]):
-            base = base_rounds.get(point["round"], {}) if "round" in point else base_row
+        for label, point, base in _round_points(rows[key], base_row):
             timing = point.get("step_timing") or {}
             phases = timing.get("phases") or {}
             step, base_step = (
@@ -1487,9 +1483,7 @@ def serving_layer_host_table(path: Path) -> str:
     for key in _serving_keys(rows):
         model, input_len, conc, dtype = key
         base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
-        base_rounds = {r["round"]: r for r in base_row.get("rounds", ())}
-        for label, point in _round_points(rows[key]):
-            base = base_rounds.get(point["round"], {}) if "round" in point else base_row
+        for label, point, base in _round_points(rows[key], base_row):
             ours, theirs = layer_us(point), layer_us(base)
             vs = "reference" if dtype == "auto_fa2" else (
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
@@ -1505,15 +1499,19 @@ def serving_layer_host_table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def _round_points(row: dict) -> list[tuple[str, dict]]:
-    """A serving row's points: the row itself, or for a run in rounds each round, labelled
-    ", round r" (and " (1st)" where this dtype's server ran the point first)."""
+def _round_points(row: dict, base: dict) -> list[tuple[str, dict, dict]]:
+    """A serving row's points, each with its baseline: the row itself against ``base`` (the
+    baseline's row), or for a run in rounds each round, labelled ", round r" (and " (1st)" where
+    this dtype's server ran the point first), against the baseline's same round ({} if it has
+    none)."""
     if not row.get("rounds"):
-        return [("", row)]
+        return [("", row, base)]
+    theirs = {r["round"]: r for r in base.get("rounds", ())}
     return [
-        (f", round {r['round']}{' (1st)' if r.get('position') == 0 else ''}", r)
+        (f", round {r['round']}{' (1st)' if r.get('position') == 0 else ''}", r,
+         theirs.get(r["round"], {}))
         for r in row["rounds"]
-    ]
+    ]  # fmt: skip
 
 
 def _serving_line(path: Path, anchor: str = "serving") -> str:
