@@ -7,7 +7,8 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 :data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
 also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
 layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
-steps). A daemon thread writes the running sums to
+steps), and dates each new request as the engine core's input thread and then its scheduler take
+it (:data:`REQUEST_AGE`). A daemon thread writes the running sums to
 ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
 ``serve_bench.py --step-timing`` takes the difference across each timed point.
 
@@ -42,6 +43,10 @@ ENGINE_STEP = "engine_step"
 SITES: tuple[tuple[str, str, str, str], ...] = (
     ("vllm.v1.engine.core", "EngineCore", "step", ENGINE_STEP),
     ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue", ENGINE_STEP),
+    # a new request in the engine core: its preparation in the input thread (block hashes), and
+    # its hand-over to the scheduler between two steps (each also dated, REQUEST_AGE)
+    ("vllm.v1.engine.core", "EngineCore", "preprocess_add_request", "preprocess_add_request"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", "add_request"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "schedule"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output", "update_from_output"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", "execute_model"),
@@ -83,6 +88,14 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
 BY_STEP_KIND = frozenset({"execute_model"})
 # Phases called inside execute_model (once a layer), summed by the kind of the step that runs them
 PER_LAYER = frozenset({"attention_forward", "kv_cache_update"})
+# Phases whose call also dates the request it is handed, as ``<name>``: its age, the seconds since
+# the API server stamped its arrival (before tokenising it; one host, one clock). Reaching the
+# engine core's input thread, then vLLM's scheduler, which stamps it queued: of TTFT, the part
+# before the engine core's queue, where the server's metrics see none of it.
+REQUEST_AGE = {
+    "preprocess_add_request": "request_age_at_engine_core",
+    "add_request": "request_age_at_scheduler",
+}
 # V2's model runner marks no step in a torch profiler trace (V1's "gpu_model_runner: forward"
 # range, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1): this range around its execute_model lets
 # benchmarks/profile_summary.py sum a profiled point by kind of step
@@ -120,6 +133,7 @@ class StepTimer:
         by_kind = phase in BY_STEP_KIND
         per_layer = phase in PER_LAYER
         engine_step = phase == ENGINE_STEP
+        age = REQUEST_AGE.get(phase)
         scope: Callable[[str], Any] = contextlib.nullcontext
         if step_range:
             from torch.profiler import record_function
@@ -134,6 +148,8 @@ class StepTimer:
                 self.step_kind = self.last_step_kind = kind
             elif engine_step:
                 self.last_step_kind = None
+            if age is not None:
+                self.add_age(age, kwargs["request"] if "request" in kwargs else args[0])
             start = time.perf_counter()
             try:
                 with scope(STEP_RANGE):
@@ -149,6 +165,13 @@ class StepTimer:
                     self.add(f"{phase}.{kind}", seconds)
 
         return wrapper
+
+    def add_age(self, name: str, request: Any) -> None:
+        """Add the seconds since ``request``'s arrival to ``name`` (nothing without a float
+        ``arrival_time``)."""
+        arrival = getattr(request, "arrival_time", None)
+        if isinstance(arrival, float):
+            self.add(name, time.time() - arrival)
 
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:

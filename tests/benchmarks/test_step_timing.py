@@ -173,6 +173,34 @@ def test_an_engine_step_takes_the_kind_of_the_model_step_it_ran(
     assert calls["engine_step.decode"] == 2 and calls["engine_step.prompt"] == 1
 
 
+def test_a_new_request_is_dated_where_the_engine_core_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Besides the call's own time, the scheduler's add_request adds the request's age (seconds
+    since the API server stamped its arrival) to its REQUEST_AGE name."""
+    name = "fake_scheduler_for_step_timing"
+    mod = types.ModuleType(name)
+
+    class Scheduler:
+        def add_request(self, request: object) -> str:
+            return "added"
+
+    mod.Scheduler = Scheduler  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(step_timing, "SITES", ((name, "Scheduler", "add_request", "add_request"),))
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=60)
+    scheduler = Scheduler()
+    assert scheduler.add_request(types.SimpleNamespace(arrival_time=time.time() - 0.5)) == "added"
+    scheduler.add_request(request=types.SimpleNamespace(arrival_time=time.time() - 0.25))
+    scheduler.add_request(types.SimpleNamespace())  # no arrival stamp: the call's time only
+    snap = timer.snapshot()
+    age = step_timing.REQUEST_AGE["add_request"]
+    assert snap["calls"]["add_request"] == 3 and snap["calls"][age] == 2
+    assert 0.75 <= snap["seconds"][age] < 5
+    assert snap["seconds"]["add_request"] < 0.5  # the call itself is quick
+
+
 def test_v2_execute_model_is_a_step_range_for_the_profiler(
     fake_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
