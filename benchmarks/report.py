@@ -869,12 +869,16 @@ def dtype_choice_table(
 # The newest serving run of each model, and its section of docs/results.md: the headline quotes
 # them and the serving targets table judges them.
 SERVING_NEWEST: tuple[tuple[Path, str], ...] = (
-    (RESULTS / "serving_smollm2_dda1a88.json", "serving"),
+    (RESULTS / "serving_smollm2_dda1a88.json", "smollm2-from-1-to-128-requests"),
     (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
     (RESULTS / "serving_llama3_8b_shape.json", "serving-llama-3-8bs-attention-shape"),
 )
 # runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
-SERVING_PAIRED: tuple[Path, ...] = (RESULTS / "serving_smollm2_75eff26.json",)
+SERVING_PAIRED: tuple[Path, ...] = (
+    RESULTS / "serving_smollm2_75eff26.json",
+    RESULTS / "serving_smollm2_35ad204.json",
+    RESULTS / "serving_llama3_8b_shape_35ad204.json",
+)
 
 
 def headline(
@@ -1074,17 +1078,24 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     (``server_metrics``, ``benchmarks/server_metrics.py``): the mean over the point's requests of
     the engine core's queue, of its prefill (first scheduled to first token) and of the rest,
     outside the engine core's queue and prefill (the API server's tokenising, IPC and output
-    processing, and the wait for the engine core to take the request in between two steps)."""
+    processing, and the wait for the engine core to take the request in between two steps). With
+    the step timer's request ages (``benchmarks/step_timing.py`` ``REQUEST_AGE``), also how old a
+    request was when the engine core's input thread and then its scheduler took it."""
     result = _load(path)
     rows = _serving_rows(result)
+    points = [r for row in rows.values() for _, r, _ in _round_points(row, {})]
+    dated = any(_phase_us(r, a) is not None for r in points for a in REQUEST_AGE_PHASES)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Means over each "
         "point's requests, in ms, by the server's clock.",
         "",
         "| model | input | concurrency | dtype | TTFT | in the queue | prefill | outside the "
-        "engine core | queue + prefill vs `auto_fa2` | output tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "engine core | "
+        + ("of it, before the engine core's input thread | before its scheduler | " if dated
+           else "")
+        + "queue + prefill vs `auto_fa2` | output tok/s |",
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if dated else "") + "---|---|",
+    ]  # fmt: skip
 
     def engine_ms(row: dict | None) -> float | None:
         m = (row or {}).get("server_metrics") or {}
@@ -1101,14 +1112,30 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
             vs = "reference" if dtype == "auto_fa2" else (
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
             )  # fmt: skip
+            ages = "".join(
+                f"{_num(None if (us := _phase_us(r, a)) is None else us / 1e3, '.0f')} | "
+                for a in REQUEST_AGE_PHASES
+            ) if dated else ""  # fmt: skip
             lines.append(
                 f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
                 f"`{dtype}`{label} | {_num(m.get('ttft_ms_mean_server'), '.0f')} "
                 f"| {_num(m.get('queue_ms_mean'), '.0f')} "
                 f"| {_num(m.get('prefill_ms_mean'), '.0f')} | "
-                f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {vs} | {r['output_tok_s']:.0f} |"
+                f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {ages}{vs} "
+                f"| {r['output_tok_s']:.0f} |"
             )
     return "\n".join(lines)
+
+
+# the step timer's request ages (benchmarks/step_timing.py REQUEST_AGE), in the order a request
+# meets them
+REQUEST_AGE_PHASES = ("request_age_at_engine_core", "request_age_at_scheduler")
+
+
+def _phase_us(point: dict, phase: str) -> float | None:
+    """The step timer's mean µs a call of ``phase`` over ``point``, or None if not timed."""
+    p = ((point.get("step_timing") or {}).get("phases") or {}).get(phase) or {}
+    return p.get("us_per_call")
 
 
 def _profile_rows(paths: Sequence[Path]) -> Iterator[tuple[str, dict]]:
@@ -1514,10 +1541,13 @@ def _round_points(row: dict, base: dict) -> list[tuple[str, dict, dict]]:
     ]  # fmt: skip
 
 
-def _serving_line(path: Path, anchor: str = "serving") -> str:
+def _serving_line(
+    path: Path, anchor: str = "serving", paired: Sequence[Path] = SERVING_PAIRED
+) -> str:
     """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
     each concurrency both served, on the first model of ``SERVING_MODEL_NAMES`` measured and its
-    shortest input; ``anchor``: its section of docs/results.md."""
+    shortest input, then the same model's and input's runs in ``paired`` rounds; ``anchor``: its
+    section of docs/results.md."""
     result = _load(path)
     rows = _serving_rows(result)
     order = list(SERVING_MODEL_NAMES)
@@ -1561,7 +1591,33 @@ def _serving_line(path: Path, anchor: str = "serving") -> str:
         f"{input_len}-token prompts): `int8`'s median time per output token against "
         f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
         f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower{tail}.{against_upstream}"
+        + "".join(_paired_clause(p, model, input_len) for p in paired if p.exists())
     )
+
+
+def _paired_clause(path: Path, model: str, input_len: int) -> str:
+    """The headline's words for a run in paired rounds of ``model`` at ``input_len``: ``int8``'s
+    TPOT and TTFT against FlashAttention-2's in each round and their medians ("" if none)."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    parts = []
+    for m, n, conc, dtype in _serving_keys(rows):
+        base = rows.get((m, n, conc, "auto_fa2"))
+        if (m, n, dtype) != (model, input_len, "int8") or not base:
+            continue
+        figures, rounds = [], 0
+        for figure, name in (("tpot_ms_p50", "time per output token"), ("ttft_ms_p50", "TTFT")):
+            ratios = [x for _, x in _round_ratios(rows[m, n, conc, dtype], base, figure)]
+            if ratios:
+                each = ", ".join(f"{x:.2f}x" for x in ratios)
+                figures.append(f"{name} {statistics.median(ratios):.2f}x ({each})")
+                rounds = len(ratios)
+        if figures:
+            parts.append(
+                f" In {rounds} paired rounds at {conc} (both servers up at once, "
+                f"{_provenance(result)}): {' and '.join(figures)}."
+            )
+    return "".join(parts)
 
 
 def _calls_caption(result: dict) -> str:
@@ -1942,9 +1998,10 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
 def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
     """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
     :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``,
-    ``rounds``), ``serving_<kind>_<tag>``."""
+    ``rounds``, ``layers``), ``serving_<kind>_<tag>``."""
     tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
-              "steps": serving_steps_table, "rounds": serving_rounds_table}  # fmt: skip
+              "steps": serving_steps_table, "rounds": serving_rounds_table,
+              "layers": serving_layer_host_table}  # fmt: skip
     return {
         f"serving_{tag}": functools.partial(serving_table, path),
         **{f"serving_{kind}_{tag}": functools.partial(tables[kind], path) for kind in kinds},
@@ -2055,6 +2112,19 @@ TABLES = {
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
+    **serving_run_tables(
+        "smollm2_35ad204",
+        RESULTS / "serving_smollm2_35ad204.json",
+        *("rounds", "ttft", "steps", "layers", "starts"),
+    ),
+    **serving_run_tables(
+        "llama3_8b_shape_35ad204",
+        RESULTS / "serving_llama3_8b_shape_35ad204.json",
+        *("rounds", "ttft", "steps", "layers", "starts"),
+    ),
+    "serving_attention_ops": lambda: serving_attention_ops_table(
+        *sorted(RESULTS.glob("serving_*_profile.json"))
+    ),
     **serving_run_tables(
         "smollm2_75eff26",
         RESULTS / "serving_smollm2_75eff26.json",

@@ -49,25 +49,57 @@ def test_serving_ttft_table_splits_ttft_and_compares_the_engine_core(tmp_path: P
     ]
 
 
+def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_them(
+    tmp_path: Path,
+) -> None:
+    def dated(row: dict, at_core_us: float | None, at_scheduler_us: float) -> dict:
+        phases = {"request_age_at_scheduler": {"calls": 4, "us_per_call": at_scheduler_us}}
+        if at_core_us is not None:
+            phases["request_age_at_engine_core"] = {"calls": 4, "us_per_call": at_core_us}
+        return {**row, "step_timing": {"engine_steps": 10, "phases": phases}}
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --step-timing",
+        "rows": [dated(serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0)), 150e3, 240e3),
+                 dated(serving_row("auto_fa2", 32, 150.0, metrics(0.0, 24.0, 230.0)), None, 9e3)],
+    })  # fmt: skip
+    lines = report.serving_ttft_table(path).splitlines()
+    assert "| outside the engine core | of it, before the engine core's input thread | before " \
+        "its scheduler | queue + prefill" in lines[2]  # fmt: skip
+    assert lines[4:] == [
+        "| SmolLM2-135M-Instruct | 7936 | 32 | `auto_fa2` | 230 | 0 | 24 | 206 | n/a | 9 "
+        "| reference | 1000 |",
+        "| SmolLM2-135M-Instruct | 7936 | 32 | `int8` | 320 | 10 | 62 | 248 | 150 | 240 | 3.00x "
+        "| 1000 |",
+    ]
+    # without them, the table keeps its columns
+    assert "input thread" not in report.serving_ttft_table(
+        write(
+            tmp_path,
+            {"command": "x", "rows": [serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0))]},
+        )
+    )
+
+
 def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path: Path) -> None:
     rows = [serving_row("auto_fa2", c, 100.0, metrics(0.0, 20.0, 100.0)) for c in (1, 8)]
     rows += [serving_row("int8", 1, 50.0, None),
              serving_row("int8", 8, 400.0, metrics(0.0, 20.0, 400.0))]  # fmt: skip
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
     assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
     assert "at 8, 95% of its mean time to first token is spent outside the engine core" in line
     # without the server's metrics at the highest concurrency, no such clause
     rows[-1].pop("server_metrics")
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
     assert "outside the engine core" not in line
     assert line.endswith("above 1: slower; [where](docs/results.md#serving)).")
     # each file's line links its own section
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), "serving-x")
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), "serving-x", ())
     assert line.endswith("above 1: slower; [where](docs/results.md#serving-x)).")
     # a run that adds another model keeps the headline on SmolLM2
     rows += [{**serving_row("auto_fa2", 1, 10.0, None), "model": "gemma3"},
              {**serving_row("int8", 1, 10.0, None), "model": "gemma3"}]  # fmt: skip
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
     assert "SmolLM2-135M-Instruct, 7936-token prompts" in line
     assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
 
@@ -76,10 +108,10 @@ def test_headline_serving_line_adds_output_rate_against_upstream_where_served(
     tmp_path: Path,
 ) -> None:
     rows = [serving_row(d, 32, 100.0, None) for d in ("auto_fa2", "int8")]
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
     assert "upstream" not in line
     rows.append({**serving_row("int8_per_token_head", 32, 100.0, None), "output_tok_s": 400.0})
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}))
+    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
     assert line.endswith(
         "[where](docs/results.md#serving)). Its output tokens/s against upstream "
         "`int8_per_token_head`'s: 2.50x at 32."
@@ -136,6 +168,19 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
     tpot = [c.strip() for c in targets[0].strip("|").split("|")]
     assert tpot[4:] == ["TPOT p50 vs `auto_fa2`", "≤ 0.72x", "0.80x (median of 3 rounds)",
                         "**no**"]  # fmt: skip
+    # and the headline's line for the model adds the same medians, each round's ratio beside it
+    unpaired = tmp_path / "unpaired.json"
+    unpaired.write_text(json.dumps({**COMMON, "command": "x", "rows": [
+        serving_row(d, 1, 100.0, None) for d in ("auto_fa2", "int8")]}))  # fmt: skip
+    line = report._serving_line(unpaired, paired=(path,))
+    assert line.endswith(
+        "In 3 paired rounds at 32 (both servers up at once, 2026-12-05, commit `bbbbbbb`): time "
+        "per output token 0.80x (0.80x, 0.60x, 1.10x) and TTFT 1.00x (1.00x, 1.00x, 1.00x)."
+    )
+    # a run without rounds adds nothing
+    assert report._serving_line(unpaired, paired=(unpaired,)).endswith(
+        "(docs/results.md#serving))."
+    )
 
 
 def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_same_round(
