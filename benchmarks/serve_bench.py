@@ -41,6 +41,12 @@ the requests in between, their count, preemptions, tokens and prefix-cache hit r
 warning and the field, never the row; ``serve_bench_runs.json`` keeps why
 (``server_metrics_error``).
 
+``process_cpu`` says whether the server's processes ran out of CPU during the point: each role's
+CPU seconds across the timed ``vllm bench serve`` (``benchmarks/process_cpu.py``, from ``/proc``;
+no field off Linux), ``{"api_server" | "engine_core" | "other": {"cpu_s", "busy", "busy_run"}}``
+with ``busy`` the seconds over the command's wall time (its start-up included) and ``busy_run``
+over vLLM's ``duration`` (first request sent to last answer).
+
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.
 Raw ``vllm bench serve`` results, server and client logs and ``serve_bench_runs.json`` (commands,
@@ -71,14 +77,14 @@ and cache update on the host, ours or FlashAttention-2's, by the kind of step th
 also counts, by Python line, every synchronizing CUDA call the engine makes after its first steps
 (``torch.cuda.set_sync_debug_mode``).
 
-``--rounds R``: every point R times, each round with new prompts (the seeds of ``--seed`` + r);
-a row then holds each round's figures, server metrics and step timing under ``rounds`` and, as
-its figures, their medians. ``--interleave``: every dtype's server of a model starts (one after
-another) and stays up, each with an equal share of ``--gpu-memory-utilization`` (the rows'
+``--rounds R``: every point R times, each round with new prompts (the seeds of ``--seed`` + r); a
+row then holds each round's figures, server metrics, step timing and process CPU under ``rounds``
+and, as its figures, their medians. ``--interleave``: every dtype's server of a model starts (one
+after another) and stays up, each with an equal share of ``--gpu-memory-utilization`` (the rows'
 ``servers_at_once``; so their ``kv_cache_tokens`` are a share too), and each point runs on one
 server after the other, round r starting with the r-th: servers started minutes apart on a host
-whose speed drifts (FlashAttention-2's own median TPOT on Gemma 3 at 32 requests has moved by
-more than half from one H100 run to another) are then compared point by point (``python -m
+whose speed drifts (FlashAttention-2's own median TPOT on Gemma 3 at 32 requests has moved by more
+than half from one H100 run to another) are then compared point by point (``python -m
 benchmarks.report`` pairs each round with the baseline's same round).
 
 ``--time-budget-s``: no new point (or server) starts after it, nor a server whose start the rest
@@ -114,7 +120,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from benchmarks import common, profile_summary, server_metrics, soak, step_timing
+from benchmarks import common, process_cpu, profile_summary, server_metrics, soak, step_timing
 
 DEFAULT_OUT = common.RESULTS_DIR / "serving.json"
 DEFAULT_WORKDIR = Path("/tmp/int8kv-serve-bench")
@@ -1231,6 +1237,17 @@ def run_bench(
     return common.run_child(list(argv), env, budget.cap(args.point_timeout_s), log)
 
 
+def bench_with_cpu(
+    args: argparse.Namespace, argv: Sequence[str], name: str, budget: Budget, server_pid: int
+) -> tuple[tuple[int, float, str], tuple[process_cpu.Snapshot, process_cpu.Snapshot]]:
+    """:func:`run_bench` between two reads of the CPU time of the server's processes
+    (``benchmarks/process_cpu.py``), taken right around the command, so the ``/metrics`` scrapes
+    around it are outside: (rc, seconds, tail) and the snapshots before and after."""
+    before = process_cpu.snapshot(server_pid)
+    done = run_bench(args, argv, name, budget)
+    return done, (before, process_cpu.snapshot(server_pid))
+
+
 def profiled_prompts(args: argparse.Namespace) -> int:
     """Prompts of the profiled point: ``--profile-prompts``, else as many as a timed point."""
     c = args.profile_concurrency
@@ -1332,8 +1349,9 @@ def run_point(
     if timing_dir is not None:
         time.sleep(STEP_TIMING_SETTLE_S)
         steps_before = step_timing.read_snapshots(timing_dir)
-    (rc, secs, tail), figures, metrics_error = between_scrapes(
-        server.base_url, name, num_prompts, lambda: run_bench(args, argv, name, budget)
+    pid = server.proc.pid if server.proc is not None else 0
+    ((rc, secs, tail), cpu), figures, metrics_error = between_scrapes(
+        server.base_url, name, num_prompts, lambda: bench_with_cpu(args, argv, name, budget, pid)
     )
     steps = None
     if timing_dir is not None:
@@ -1390,6 +1408,11 @@ def run_point(
     if steps is not None:
         row["step_timing"] = steps
         msg += f" (host per engine step: {step_timing_line(steps)})"
+    run_s = result.get("duration")  # vLLM's: first request sent to last answer
+    busy = process_cpu.point_cpu(*cpu, secs, run_s if isinstance(run_s, int | float) else None)
+    if busy:
+        row["process_cpu"] = busy
+        msg += f" (CPU busy over the command/requests: {process_cpu.busy_line(busy)})"
     if "servers_at_once" in info:
         row["servers_at_once"] = info["servers_at_once"]
     if args.rounds > 1:
@@ -1408,8 +1431,8 @@ def run_point(
 # what differs from round to round of a point: kept per round, the figures (a row's measured
 # ones, from TTFT to output tok/s) also as their median
 ROUND_FIGURES = tuple(ROW_KEYS[ROW_KEYS.index("ttft_ms_p50") : ROW_KEYS.index("output_tok_s") + 1])
-ROUND_FIELDS = (*ROUND_FIGURES, "jit_compiles", "server_metrics", "step_timing", "round",
-                "position")  # fmt: skip
+ROUND_FIELDS = (*ROUND_FIGURES, "jit_compiles", "server_metrics", "step_timing", "process_cpu",
+                "round", "position")  # fmt: skip
 
 
 def _round_tag(args: argparse.Namespace, round_: int) -> int | None:
@@ -1419,8 +1442,9 @@ def _round_tag(args: argparse.Namespace, round_: int) -> int | None:
 def rounds_row(per_round: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The row of a point measured in rounds (rows with ``round``): each of
     :data:`ROUND_FIGURES` the median over the rounds, ``jit_compiles`` their sum, and ``rounds``,
-    each round's own figures, server metrics, step timing and ``position`` (0: its server ran
-    the point first in that round). A row without ``round`` is the point's only one, as it is."""
+    each round's own figures, server metrics, step timing, process CPU and ``position`` (0: its
+    server ran the point first in that round). A row without ``round`` is the point's only one,
+    as it is."""
     last = per_round[-1]
     if "round" not in last:
         return dict(last)

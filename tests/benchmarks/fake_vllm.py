@@ -15,6 +15,10 @@ fields vLLM writes, after sending ``--num-prompts`` completions of ``--random-in
 and ``--random-output-len`` tokens to ``--base-url`` and ``FAKE_BENCH_S`` seconds (with
 ``--profile``, between a POST of ``/start_profile`` and one of ``/stop_profile``).
 
+``serve`` also starts an idle child process titled as vLLM titles its engine core
+(``VLLM::EngineCore``, by ``setproctitle``), which ends once the server is gone: the process tree
+whose CPU time ``serve_bench.py`` reads (``benchmarks/process_cpu.py``).
+
 Every call appends ``{"argv", "pid", "shim"}`` to the JSON-lines file ``$FAKE_VLLM_RECORD``.
 
 Under ``serve_bench.py --step-timing`` (``SERVE_BENCH_STEP_TIMING_DIR`` set, its
@@ -27,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -193,7 +198,20 @@ def engine_for_step_timing() -> object | None:
     return EngineCore()
 
 
+ENGINE_CORE_CHILD = """
+import os, time, setproctitle
+setproctitle.setproctitle("VLLM::EngineCore")
+parent = os.getppid()
+while os.getppid() == parent:
+    time.sleep(0.2)
+"""
+
+
+CHILDREN: list[subprocess.Popen] = []
+
+
 def serve(argv: list[str]) -> None:
+    CHILDREN.append(subprocess.Popen([sys.executable, "-c", ENGINE_CORE_CHILD]))
     print("(EngineCore pid=1) INFO 01-01 00:00:00 [gpu_model_runner.py:5256] Model loading took "
           "0.27 GiB memory and 1.500000 seconds", flush=True)  # fmt: skip
     time.sleep(float(os.environ.get("FAKE_START_S", "0")))

@@ -822,7 +822,15 @@ def test_run_against_fake_server(fake: dict) -> None:
         (d, n, c, max(c, 2)) for d in ("auto_fa2", "int8") for n in (1024, 4080) for c in (1, 4)
     ]  # 8K cut to the fake model's 4096 positions - 16 output tokens
     for r in rows:
-        assert list(r) == [*sb.ROW_KEYS, "server_metrics"]
+        assert list(r) == [*sb.ROW_KEYS, "server_metrics", "process_cpu"]
+        # the fake server's tree: itself and its idle child titled as vLLM's engine core
+        cpu = r["process_cpu"]
+        assert list(cpu) == ["api_server", "engine_core"], cpu
+        assert all(list(f) == ["cpu_s", "busy", "busy_run"] for f in cpu.values()), cpu
+        assert all(f["busy"] >= 0 and f["busy_run"] >= 0 for f in cpu.values()), cpu
+        # busy_run: over the fake bench's own duration, 2 s
+        assert all(abs(f["busy_run"] - f["cpu_s"] / 2) < 0.004 for f in cpu.values()), cpu
+        assert cpu["engine_core"]["cpu_s"] < 0.1  # it sleeps
         assert r["kv_cache_tokens"] == 1234567 and r["engine_start_s"] > 0
         assert r["model"] == "fake" and r["output_len"] == 16
         assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
@@ -885,7 +893,8 @@ def test_point_without_metrics_keeps_its_row(
     argv = _argv(fake, "--dtypes", "int8", "--input-lens", "1K", "--concurrency", "1,2")
     assert sb.main([*argv, "--warmup-prompts", "0"]) == 0
     rows = json.loads(fake["out"].read_text())["rows"]
-    assert [(r["concurrency"], list(r)) for r in rows] == [(1, sb.ROW_KEYS), (2, sb.ROW_KEYS)]
+    keys = [*sb.ROW_KEYS, "process_cpu"]  # no server_metrics
+    assert [(r["concurrency"], list(r)) for r in rows] == [(1, keys), (2, keys)]
     runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
     errors = [p["server_metrics_error"] for p in runs["servers"][0]["points"]]
     assert errors == ["/metrics before the point: <HTTPError 404: 'Not Found'>"] * 2
@@ -990,7 +999,8 @@ def test_interleaved_rounds_run_every_point_on_every_server_in_turn(fake: dict) 
         assert [x["position"] for x in r["rounds"]] == [first, 1 - first]
         assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
         assert all(x["server_metrics"]["requests"] == r["num_prompts"] for x in r["rounds"])
-        assert "server_metrics" not in r
+        assert all(set(x["process_cpu"]) == {"api_server", "engine_core"} for x in r["rounds"])
+        assert "server_metrics" not in r and "process_cpu" not in r
 
 
 @pytest.mark.parametrize("interleave", [False, True])
@@ -1046,12 +1056,15 @@ def test_rounds_row_takes_the_median_of_each_figure() -> None:
     assert sb.rounds_row([one]) == one  # one round, no rounds: the row as it is
     rounds = [
         one | {"tpot_ms_p50": t, "output_tok_s": 10.0 * t, "round": i, "position": i % 2,
-               "jit_compiles": i, "step_timing": {"engine_steps": i}}
+               "jit_compiles": i, "step_timing": {"engine_steps": i},
+               "process_cpu": {"api_server": {"cpu_s": i, "busy": 0.5}}}
         for i, t in enumerate((3.0, 9.0, 4.0))
     ]  # fmt: skip
     row = sb.rounds_row(rounds)
     assert row["tpot_ms_p50"] == 4.0 and row["output_tok_s"] == 40.0
     assert row["jit_compiles"] == 3 and "step_timing" not in row and "round" not in row
+    assert "process_cpu" not in row
+    assert [x["process_cpu"]["api_server"]["cpu_s"] for x in row["rounds"]] == [0, 1, 2]
     assert [x["tpot_ms_p50"] for x in row["rounds"]] == [3.0, 9.0, 4.0]
     assert [x["step_timing"] for x in row["rounds"]] == [{"engine_steps": i} for i in range(3)]
     assert {k: row[k] for k in sb.ROW_KEY} == {k: one[k] for k in sb.ROW_KEY}
