@@ -1085,6 +1085,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     rows = _serving_rows(result)
     points = [r for row in rows.values() for _, r, _ in _round_points(row, {})]
     dated = any(_phase_us(r, a) is not None for r in points for a in REQUEST_AGE_PHASES)
+    cpu = any(r.get("process_cpu") for r in points)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Means over each "
         "point's requests, in ms, by the server's clock.",
@@ -1093,8 +1094,10 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
         "engine core | "
         + ("of it, before the engine core's input thread | before its scheduler | " if dated
            else "")
-        + "queue + prefill vs `auto_fa2` | output tok/s |",
-        "|---|---|---|---|---|---|---|---|" + ("---|---|" if dated else "") + "---|---|",
+        + "queue + prefill vs `auto_fa2` | output tok/s |"
+        + (" CPU busy while requests ran: API server / engine core |" if cpu else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if dated else "") + "---|---|"
+        + ("---|" if cpu else ""),
     ]  # fmt: skip
 
     def engine_ms(row: dict | None) -> float | None:
@@ -1122,7 +1125,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
                 f"| {_num(m.get('queue_ms_mean'), '.0f')} "
                 f"| {_num(m.get('prefill_ms_mean'), '.0f')} | "
                 f"{_num(m.get('ttft_frontend_ms_mean'), '.0f')} | {ages}{vs} "
-                f"| {r['output_tok_s']:.0f} |"
+                f"| {r['output_tok_s']:.0f} |" + (f" {_busy(r)} |" if cpu else "")
             )
     return "\n".join(lines)
 
@@ -1130,6 +1133,16 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
 # the step timer's request ages (benchmarks/step_timing.py REQUEST_AGE), in the order a request
 # meets them
 REQUEST_AGE_PHASES = ("request_age_at_engine_core", "request_age_at_scheduler")
+
+
+def _busy(point: dict) -> str:
+    """The API server's and the engine core's CPU seconds over the time the point's requests ran
+    (``process_cpu``'s ``busy_run``, ``benchmarks/process_cpu.py``): 1.00 is one core all the
+    time, the most one Python thread can take."""
+    cpu = point.get("process_cpu") or {}
+    return " / ".join(
+        _num((cpu.get(role) or {}).get("busy_run"), ".2f") for role in ("api_server", "engine_core")
+    )
 
 
 def _phase_us(point: dict, phase: str) -> float | None:

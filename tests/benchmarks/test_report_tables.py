@@ -72,6 +72,12 @@ def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_the
         "| SmolLM2-135M-Instruct | 7936 | 32 | `int8` | 320 | 10 | 62 | 248 | 150 | 240 | 3.00x "
         "| 1000 |",
     ]
+    # with the server processes' CPU time, their busy fractions while the requests ran
+    rows = [dated(serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0)), 150e3, 240e3)]
+    rows[0]["process_cpu"] = {"api_server": {"cpu_s": 4.0, "busy": 0.5, "busy_run": 0.98}}
+    lines = report.serving_ttft_table(write(tmp_path, {"command": "x", "rows": rows})).splitlines()
+    assert lines[2].endswith("| CPU busy while requests ran: API server / engine core |")
+    assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 / n/a |")
     # without them, the table keeps its columns
     assert "input thread" not in report.serving_ttft_table(
         write(
