@@ -9,7 +9,8 @@ child process, titled ``VLLM::EngineCore`` by vLLM) is read apart, so its own bu
 mistaken for the API server's.
 
 :func:`snapshot` reads every process of the tree once (``utime`` + ``stime`` of
-``/proc/PID/stat``, the process's threads together, not its waited-for children's);
+``/proc/PID/stat``, the process's threads together, not its waited-for children's, and of
+``/proc/PID/task/PID/stat``, its main thread's);
 :func:`point_cpu` turns two snapshots into each role's CPU seconds in between and their fraction
 of the wall time. A process that ends between two snapshots loses what it spent since the first
 (``/proc`` keeps nothing of it); one that starts in between counts from its start. Nothing here
@@ -33,8 +34,11 @@ ROLES = ("api_server", "engine_core", "other")
 ENGINE_CORE_TITLE = "EngineCor"
 API_SERVER_TITLE = "APIServer"  # "VLLM::APIServer_<i>" of a multi-API-server vllm serve
 
-# (pid, start time in clock ticks: tells a reused pid apart) -> (role, CPU seconds so far)
-Snapshot = dict[tuple[int, int], tuple[str, float]]
+# (pid, start time in clock ticks: tells a reused pid apart) -> (role, CPU seconds so far, of
+# them its main thread's, None where unreadable): a process's threads together can be busier
+# than one core while its main thread, which runs its event loop or busy loop, is not saturated,
+# and the other way round
+Snapshot = dict[tuple[int, int], tuple[str, float, float | None]]
 
 
 def _stat(proc_root: Path, pid: int) -> tuple[int, int, int]:
@@ -46,6 +50,16 @@ def _stat(proc_root: Path, pid: int) -> tuple[int, int, int]:
     text = (proc_root / str(pid) / "stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+
+
+def _main_thread_ticks(proc_root: Path, pid: int) -> int | None:
+    """utime + stime of ``pid``'s main thread (its task of the same id), None if unreadable."""
+    try:
+        text = (proc_root / str(pid) / "task" / str(pid) / "stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _role(proc_root: Path, pid: int, root_pid: int) -> str:
@@ -101,14 +115,15 @@ def snapshot(root_pid: int, proc_root: Path = PROC) -> Snapshot:
         except OSError:  # gone since its stat was read
             continue
         _, ticks, start = stats[pid]
-        out[(pid, start)] = (role, ticks / tick)
+        main = _main_thread_ticks(proc_root, pid)
+        out[(pid, start)] = (role, ticks / tick, None if main is None else main / tick)
     return out
 
 
-def by_role(snap: Mapping[tuple[int, int], tuple[str, float]]) -> dict[str, float]:
+def by_role(snap: Snapshot) -> dict[str, float]:
     """A snapshot's CPU seconds so far summed by role (only the roles it has)."""
     out: dict[str, float] = {}
-    for role, seconds in snap.values():
+    for role, seconds, _ in snap.values():
         out[role] = out.get(role, 0.0) + seconds
     return {role: out[role] for role in ROLES if role in out}
 
@@ -119,16 +134,17 @@ def cpu_seconds(root_pid: int, proc_root: Path = PROC) -> dict[str, float]:
 
 
 def point_cpu(
-    before: Mapping[tuple[int, int], tuple[str, float]],
-    after: Mapping[tuple[int, int], tuple[str, float]],
-    wall_s: float,
-    run_s: float | None = None,
+    before: Snapshot, after: Snapshot, wall_s: float, run_s: float | None = None
 ) -> dict[str, dict[str, float]]:
     """Each role's CPU seconds between two snapshots (``cpu_s``, 2 decimals) and their fraction
     of ``wall_s`` (``busy``, 3 decimals; above 1 where a role's threads or processes ran at
     once), and with ``run_s`` also of that (``busy_run``): the same seconds over a shorter span
     that holds the work, as ``vllm bench serve``'s own ``duration`` (first request sent to last
     answer) does inside the command's wall time, which also holds its start-up.
+
+    Also the busiest main thread of the role's processes: its seconds (``main_thread_cpu_s``)
+    and, with ``run_s``, their fraction of it (``main_thread_busy_run``; 1.0 is a saturated
+    thread), where every process of the role had its main thread read.
 
     A process counts what it spent after ``before`` (all it spent, if it started after); the
     role is its role in ``after``. ``{}`` when either snapshot is empty or ``wall_s`` is not
@@ -137,9 +153,14 @@ def point_cpu(
     if not before or not after or wall_s <= 0:
         return {}
     spent: dict[str, float] = {}
-    for key, (role, seconds) in after.items():
-        was = before[key][1] if key in before else 0.0
+    main: dict[str, float | None] = {}
+    for key, (role, seconds, main_s) in after.items():
+        was, was_main = before[key][1:] if key in before else (0.0, 0.0)
         spent[role] = spent.get(role, 0.0) + max(seconds - was, 0.0)
+        if main_s is None or was_main is None or main.get(role, 0.0) is None:
+            main[role] = None
+        else:
+            main[role] = max(main.get(role, 0.0) or 0.0, main_s - was_main, 0.0)
     out: dict[str, dict[str, float]] = {}
     for role in ROLES:
         if role not in spent:
@@ -147,16 +168,23 @@ def point_cpu(
         figures = {"cpu_s": round(spent[role], 2), "busy": round(spent[role] / wall_s, 3)}
         if run_s and run_s > 0:
             figures["busy_run"] = round(spent[role] / run_s, 3)
+        if (thread := main[role]) is not None:
+            figures["main_thread_cpu_s"] = round(thread, 2)
+            if run_s and run_s > 0:
+                figures["main_thread_busy_run"] = round(thread / run_s, 3)
         out[role] = figures
     return out
 
 
 def busy_line(figures: Mapping[str, Mapping[str, float]]) -> str:
-    """A point's :func:`point_cpu` in a few words: each role's ``busy`` (and ``busy_run``)."""
+    """A point's :func:`point_cpu` in a few words: each role's ``busy`` (and ``busy_run``, and
+    its main thread's)."""
     parts = []
     for role, f in figures.items():
         part = f"{role} {f['busy']:.2f}"
         if "busy_run" in f:
             part += f"/{f['busy_run']:.2f}"
+        if "main_thread_busy_run" in f:
+            part += f" (main thread {f['main_thread_busy_run']:.2f})"
         parts.append(part)
     return ", ".join(parts)

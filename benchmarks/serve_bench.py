@@ -43,9 +43,11 @@ warning and the field, never the row; ``serve_bench_runs.json`` keeps why
 
 ``process_cpu`` says whether the server's processes ran out of CPU during the point: each role's
 CPU seconds across the timed ``vllm bench serve`` (``benchmarks/process_cpu.py``, from ``/proc``;
-no field off Linux), ``{"api_server" | "engine_core" | "other": {"cpu_s", "busy", "busy_run"}}``
-with ``busy`` the seconds over the command's wall time (its start-up included) and ``busy_run``
-over vLLM's ``duration`` (first request sent to last answer).
+no field off Linux), ``{"api_server" | "engine_core" | "other": {"cpu_s", "busy", "busy_run",
+"main_thread_cpu_s", "main_thread_busy_run"}}`` with ``busy`` the seconds over the command's wall
+time (its start-up included), ``busy_run`` over vLLM's ``duration`` (first request sent to last
+answer), and the same for the role's busiest main thread (the API server's event loop, the engine
+core's busy loop).
 
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.

@@ -50,10 +50,13 @@ def test_this_process_is_the_api_server_and_its_cpu_counts() -> None:
     _burn(0.2)
     after = pc.snapshot(os.getpid())
     wall = time.monotonic() - t0
-    mine = [(role, s) for (pid, _), (role, s) in after.items() if pid == os.getpid()]
+    mine = [(role, s) for (pid, _), (role, s, _) in after.items() if pid == os.getpid()]
     assert len(mine) == 1 and mine[0][0] == "api_server"
-    figures = pc.point_cpu(before, after, wall_s=wall)
+    figures = pc.point_cpu(before, after, wall_s=wall, run_s=wall)
     assert figures["api_server"]["cpu_s"] >= 0.15 and figures["api_server"]["busy"] > 0.5
+    # this thread is the main one: it burnt the time
+    assert figures["api_server"]["main_thread_cpu_s"] >= 0.15
+    assert figures["api_server"]["main_thread_busy_run"] > 0.5
     assert pc.cpu_seconds(os.getpid())["api_server"] >= mine[0][1]
 
 
@@ -86,27 +89,35 @@ def test_children_that_burn_cpu_by_role() -> None:
 
 def test_point_figures_from_two_snapshots() -> None:
     before = {
-        (1, 10): ("api_server", 5.0),
-        (2, 11): ("engine_core", 3.0),
-        (3, 12): ("other", 1.0),  # ends before the second snapshot: its last part is lost
-        (5, 13): ("other", 2.0),
+        (1, 10): ("api_server", 5.0, 4.0),
+        (2, 11): ("engine_core", 3.0, 2.0),
+        (3, 12): ("other", 1.0, 1.0),  # ends before the second snapshot: its last part is lost
+        (5, 13): ("other", 2.0, 2.0),
     }
     after = {
-        (1, 10): ("api_server", 6.5),
-        (2, 11): ("engine_core", 5.0),
-        (3, 99): ("other", 0.5),  # pid 3 again, a new process: all of it is in the point
-        (4, 20): ("other", 0.25),  # started in between
-        (5, 13): ("other", 2.0),
+        (1, 10): ("api_server", 6.5, 4.9),
+        (2, 11): ("engine_core", 5.0, 3.5),
+        (3, 99): ("other", 0.5, 0.5),  # pid 3 again, a new process: all of it is in the point
+        (4, 20): ("other", 0.25, None),  # started in between; its main thread unread
+        (5, 13): ("other", 2.0, 2.0),
     }
+    # each role's main thread: the busiest of its processes' (none where one was unread)
     assert pc.point_cpu(before, after, wall_s=2.0, run_s=1.5) == {
-        "api_server": {"cpu_s": 1.5, "busy": 0.75, "busy_run": 1.0},
-        "engine_core": {"cpu_s": 2.0, "busy": 1.0, "busy_run": 1.333},
+        "api_server": {"cpu_s": 1.5, "busy": 0.75, "busy_run": 1.0, "main_thread_cpu_s": 0.9,
+                       "main_thread_busy_run": 0.6},
+        "engine_core": {"cpu_s": 2.0, "busy": 1.0, "busy_run": 1.333, "main_thread_cpu_s": 1.5,
+                        "main_thread_busy_run": 1.0},
         "other": {"cpu_s": 0.75, "busy": 0.375, "busy_run": 0.5},
-    }
+    }  # fmt: skip
+    two_api_servers = {**after, (6, 21): ("api_server", 1.2, 1.2)}
+    assert pc.point_cpu(before, two_api_servers, 2.0, 1.5)["api_server"]["main_thread_cpu_s"] == 1.2
     figures = pc.point_cpu(before, after, wall_s=3.0)
-    assert figures["api_server"] == {"cpu_s": 1.5, "busy": 0.5}  # no run_s: no busy_run
+    # no run_s: no busy_run
+    assert figures["api_server"] == {"cpu_s": 1.5, "busy": 0.5, "main_thread_cpu_s": 0.9}
     assert pc.busy_line(figures) == "api_server 0.50, engine_core 0.67, other 0.25"
-    assert pc.busy_line(pc.point_cpu(before, after, 2.0, 1.5)).startswith("api_server 0.75/1.00")
+    assert pc.busy_line(pc.point_cpu(before, after, 2.0, 1.5)).startswith(
+        "api_server 0.75/1.00 (main thread 0.60), engine_core"
+    )
     assert pc.by_role(after) == {"api_server": 6.5, "engine_core": 5.0, "other": 2.75}
     # no figures rather than wrong ones
     assert pc.point_cpu({}, after, 2.0) == {} and pc.point_cpu(before, {}, 2.0) == {}
@@ -142,17 +153,22 @@ def test_made_up_proc_tree_skips_what_is_gone_and_what_is_outside(tmp_path: Path
     _process(tmp_path, 105, "bash", 1, 5 * tick, "bash")  # not in the tree
     _process(tmp_path, 106, "VLLM::APIServer", 100, 6 * tick, "VLLM::APIServer_1")
     (tmp_path / "self").mkdir()
+    # the engine core's main thread, read from its task of the same id
+    (tmp_path / "101" / "task" / "101").mkdir(parents=True)
+    (tmp_path / "101" / "task" / "101" / "stat").write_text(
+        _stat(101, "VLLM::EngineCor", 100, tick // 2, tick // 2, 1101)
+    )
     snap = pc.snapshot(100, tmp_path)
     assert snap == {
-        (100, 1100): ("api_server", 2.0),
-        (101, 1101): ("engine_core", 4.0),
-        (102, 1102): ("other", 6.0),
-        (106, 1106): ("api_server", 12.0),
+        (100, 1100): ("api_server", 2.0, None),
+        (101, 1101): ("engine_core", 4.0, 1.0),
+        (102, 1102): ("other", 6.0, None),
+        (106, 1106): ("api_server", 12.0, None),
     }
     assert pc.cpu_seconds(100, tmp_path) == {"api_server": 14.0, "engine_core": 4.0, "other": 6.0}
     assert pc.snapshot(101, tmp_path) == {
-        (101, 1101): ("api_server", 4.0),  # the root is the API server, whatever its title
-        (102, 1102): ("other", 6.0),
+        (101, 1101): ("api_server", 4.0, 1.0),  # the root is the API server, whatever its title
+        (102, 1102): ("other", 6.0, None),
     }
     assert pc.snapshot(104, tmp_path) == {} and pc.snapshot(999, tmp_path) == {}
 

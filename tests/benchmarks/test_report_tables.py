@@ -74,10 +74,15 @@ def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_the
     ]
     # with the server processes' CPU time, their busy fractions while the requests ran
     rows = [dated(serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0)), 150e3, 240e3)]
-    rows[0]["process_cpu"] = {"api_server": {"cpu_s": 4.0, "busy": 0.5, "busy_run": 0.98}}
+    rows[0]["process_cpu"] = {
+        "api_server": {"cpu_s": 4.0, "busy": 0.5, "busy_run": 0.98, "main_thread_busy_run": 0.9},
+        "engine_core": {"cpu_s": 5.0, "busy": 0.6, "busy_run": 1.2},
+    }
     lines = report.serving_ttft_table(write(tmp_path, {"command": "x", "rows": rows})).splitlines()
-    assert lines[2].endswith("| CPU busy while requests ran: API server / engine core |")
-    assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 / n/a |")
+    assert lines[2].endswith(
+        "| CPU busy while requests ran: API server / engine core (main thread) |"
+    )
+    assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 (0.90) / 1.20 |")
     # without them, the table keeps its columns
     assert "input thread" not in report.serving_ttft_table(
         write(

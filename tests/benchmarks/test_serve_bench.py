@@ -826,7 +826,10 @@ def test_run_against_fake_server(fake: dict) -> None:
         # the fake server's tree: itself and its idle child titled as vLLM's engine core
         cpu = r["process_cpu"]
         assert list(cpu) == ["api_server", "engine_core"], cpu
-        assert all(list(f) == ["cpu_s", "busy", "busy_run"] for f in cpu.values()), cpu
+        assert all(
+            list(f) == ["cpu_s", "busy", "busy_run", "main_thread_cpu_s", "main_thread_busy_run"]
+            for f in cpu.values()
+        ), cpu
         assert all(f["busy"] >= 0 and f["busy_run"] >= 0 for f in cpu.values()), cpu
         # busy_run: over the fake bench's own duration, 2 s
         assert all(abs(f["busy_run"] - f["cpu_s"] / 2) < 0.004 for f in cpu.values()), cpu
