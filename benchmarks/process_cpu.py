@@ -10,11 +10,12 @@ mistaken for the API server's.
 
 :func:`snapshot` reads every process of the tree once (``utime`` + ``stime`` of
 ``/proc/PID/stat``, the process's threads together, not its waited-for children's, and of
-``/proc/PID/task/PID/stat``, its main thread's);
-:func:`point_cpu` turns two snapshots into each role's CPU seconds in between and their fraction
-of the wall time. A process that ends between two snapshots loses what it spent since the first
-(``/proc`` keeps nothing of it); one that starts in between counts from its start. Nothing here
-raises: off Linux, or where ``/proc`` cannot be read, a snapshot is ``{}`` and so is a point.
+``/proc/PID/task/PID/stat``, its main thread's); :func:`point_cpu` turns two snapshots into each
+role's CPU seconds in between and their fraction of the wall time; :func:`client_cpu` does the
+same for the benchmark's client, a child the caller waits for (``getrusage``). A process that ends
+between two snapshots loses what it spent since the first (``/proc`` keeps nothing of it); one
+that starts in between counts from its start. Nothing here raises: off Linux, or where ``/proc``
+cannot be read, a snapshot is ``{}`` and so is a point.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from pathlib import Path
 PROC = Path("/proc")
 # roles, in the order a row lists them: the launched process itself (plus any API server
 # process vLLM starts with --api-server-count > 1), the engine core(s), and every other
-# descendant (multiprocessing's resource tracker, tensor-parallel workers, ...)
+# descendant (multiprocessing's resource tracker, tensor-parallel workers, ...); then the
+# benchmark's client, which is not the server's (client_cpu)
 ROLES = ("api_server", "engine_core", "other")
+CLIENT_ROLE = "bench_client"
 # vLLM's set_process_title: "VLLM::EngineCore" (or EngineCore_DP<r>) in the command line;
 # the 15-byte comm keeps "VLLM::EngineCor", so the match is on that prefix
 ENGINE_CORE_TITLE = "EngineCor"
@@ -165,15 +168,46 @@ def point_cpu(
     for role in ROLES:
         if role not in spent:
             continue
-        figures = {"cpu_s": round(spent[role], 2), "busy": round(spent[role] / wall_s, 3)}
-        if run_s and run_s > 0:
-            figures["busy_run"] = round(spent[role] / run_s, 3)
+        figures = role_figures(spent[role], wall_s, run_s)
         if (thread := main[role]) is not None:
             figures["main_thread_cpu_s"] = round(thread, 2)
             if run_s and run_s > 0:
                 figures["main_thread_busy_run"] = round(thread / run_s, 3)
         out[role] = figures
     return out
+
+
+def role_figures(seconds: float, wall_s: float, run_s: float | None = None) -> dict[str, float]:
+    """``cpu_s`` (2 decimals), ``busy`` = over ``wall_s`` and, with ``run_s``, ``busy_run`` (3
+    decimals) of ``seconds`` of CPU time."""
+    figures = {"cpu_s": round(seconds, 2), "busy": round(seconds / wall_s, 3)}
+    if run_s and run_s > 0:
+        figures["busy_run"] = round(seconds / run_s, 3)
+    return figures
+
+
+def waited_children_cpu_s() -> float | None:
+    """CPU seconds so far of this process's ended and waited-for children (``getrusage``), None
+    where the platform has no such count: read around a child the caller waits for (``vllm bench
+    serve``, the client whose clock gives TTFT and TPOT), it is that child's CPU time."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def client_cpu(
+    before_s: float | None, after_s: float | None, wall_s: float, run_s: float | None = None
+) -> dict[str, float]:
+    """:func:`role_figures` of the client's CPU seconds between two
+    :func:`waited_children_cpu_s` (``{}`` without both or a positive ``wall_s``). One Python
+    process reads every streamed token of the point, so when it is busy all the time the
+    latencies it measures hold its own waits."""
+    if before_s is None or after_s is None or wall_s <= 0:
+        return {}
+    return role_figures(max(after_s - before_s, 0.0), wall_s, run_s)
 
 
 def busy_line(figures: Mapping[str, Mapping[str, float]]) -> str:

@@ -1095,7 +1095,8 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
         + ("of it, before the engine core's input thread | before its scheduler | " if dated
            else "")
         + "queue + prefill vs `auto_fa2` | output tok/s |"
-        + (" CPU busy while requests ran: API server / engine core (main thread) |" if cpu else ""),
+        + (" CPU busy while requests ran (main thread): API server / engine core / client |"
+           if cpu else ""),
         "|---|---|---|---|---|---|---|---|" + ("---|---|" if dated else "") + "---|---|"
         + ("---|" if cpu else ""),
     ]  # fmt: skip
@@ -1136,12 +1137,13 @@ REQUEST_AGE_PHASES = ("request_age_at_engine_core", "request_age_at_scheduler")
 
 
 def _busy(point: dict) -> str:
-    """The API server's and the engine core's CPU seconds over the time the point's requests ran
-    (``process_cpu``'s ``busy_run``, ``benchmarks/process_cpu.py``), each with its main thread's
-    in brackets: 1.00 is one core all the time, the most one thread can take."""
+    """The API server's, the engine core's and the benchmark client's CPU seconds over the time
+    the point's requests ran (``process_cpu``'s ``busy_run``, ``benchmarks/process_cpu.py``), each
+    with its main thread's in brackets where read: 1.00 is one core all the time, the most one
+    thread can take."""
     cpu = point.get("process_cpu") or {}
     cells = []
-    for role in ("api_server", "engine_core"):
+    for role in ("api_server", "engine_core", "bench_client"):
         f = cpu.get(role) or {}
         main = f.get("main_thread_busy_run")
         cells.append(_num(f.get("busy_run"), ".2f") + ("" if main is None else f" ({main:.2f})"))

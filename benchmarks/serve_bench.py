@@ -47,7 +47,8 @@ no field off Linux), ``{"api_server" | "engine_core" | "other": {"cpu_s", "busy"
 "main_thread_cpu_s", "main_thread_busy_run"}}`` with ``busy`` the seconds over the command's wall
 time (its start-up included), ``busy_run`` over vLLM's ``duration`` (first request sent to last
 answer), and the same for the role's busiest main thread (the API server's event loop, the engine
-core's busy loop).
+core's busy loop); ``"bench_client"``: the same (no main thread) for ``vllm bench serve`` itself,
+one Python process whose clock gives TTFT and TPOT.
 
 ``--append`` merges into an existing file (a row replaces one of the same model, dtype, input_len
 and concurrency) and refuses a file measured on another GPU, so one model per call works.
@@ -1243,13 +1244,16 @@ def run_bench(
 
 def bench_with_cpu(
     args: argparse.Namespace, argv: Sequence[str], name: str, budget: Budget, server_pid: int
-) -> tuple[tuple[int, float, str], tuple[process_cpu.Snapshot, process_cpu.Snapshot]]:
-    """:func:`run_bench` between two reads of the CPU time of the server's processes
-    (``benchmarks/process_cpu.py``), taken right around the command, so the ``/metrics`` scrapes
-    around it are outside: (rc, seconds, tail) and the snapshots before and after."""
-    before = process_cpu.snapshot(server_pid)
+) -> tuple[tuple[int, float, str], tuple[Any, ...]]:
+    """:func:`run_bench` between two reads of the CPU time of the server's processes and of
+    this process's waited-for children, the client among them (``benchmarks/process_cpu.py``),
+    taken right around the command, so the ``/metrics`` scrapes around it are outside: (rc,
+    seconds, tail) and (the server's snapshots before and after, the children's CPU seconds
+    before and after)."""
+    before, client_before = process_cpu.snapshot(server_pid), process_cpu.waited_children_cpu_s()
     done = run_bench(args, argv, name, budget)
-    return done, (before, process_cpu.snapshot(server_pid))
+    after, client_after = process_cpu.snapshot(server_pid), process_cpu.waited_children_cpu_s()
+    return done, (before, after, client_before, client_after)
 
 
 def profiled_prompts(args: argparse.Namespace) -> int:
@@ -1413,7 +1417,10 @@ def run_point(
         row["step_timing"] = steps
         msg += f" (host per engine step: {step_timing_line(steps)})"
     run_s = result.get("duration")  # vLLM's: first request sent to last answer
-    busy = process_cpu.point_cpu(*cpu, secs, run_s if isinstance(run_s, int | float) else None)
+    run_s = run_s if isinstance(run_s, int | float) else None
+    busy = process_cpu.point_cpu(cpu[0], cpu[1], secs, run_s)
+    if busy and (client := process_cpu.client_cpu(cpu[2], cpu[3], secs, run_s)):
+        busy[process_cpu.CLIENT_ROLE] = client
     if busy:
         row["process_cpu"] = busy
         msg += f" (CPU busy over the command/requests: {process_cpu.busy_line(busy)})"

@@ -180,3 +180,20 @@ def test_no_proc_gives_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert pc.snapshot(os.getpid(), tmp_path / "not_a_folder") == {}
     monkeypatch.setattr(sys, "platform", "darwin")
     assert pc.snapshot(os.getpid()) == {} and pc.cpu_seconds(os.getpid()) == {}
+
+
+def test_the_client_is_a_waited_for_child_and_its_cpu_counts() -> None:
+    before = pc.waited_children_cpu_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    after = pc.waited_children_cpu_s()
+    if before is None:  # no getrusage here
+        assert after is None and pc.client_cpu(before, after, 1.0) == {}
+        return
+    figures = pc.client_cpu(before, after, wall_s=1.0, run_s=0.5)
+    assert figures["cpu_s"] >= 0.25 and figures["busy_run"] == pytest.approx(
+        2 * figures["busy"], abs=0.002
+    )
+    # no figures rather than wrong ones
+    assert pc.client_cpu(None, after, 1.0) == {} and pc.client_cpu(before, after, 0.0) == {}
+    assert pc.client_cpu(2.0, 1.0, 1.0) == {"cpu_s": 0.0, "busy": 0.0}

@@ -80,9 +80,9 @@ def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_the
     }
     lines = report.serving_ttft_table(write(tmp_path, {"command": "x", "rows": rows})).splitlines()
     assert lines[2].endswith(
-        "| CPU busy while requests ran: API server / engine core (main thread) |"
+        "| CPU busy while requests ran (main thread): API server / engine core / client |"
     )
-    assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 (0.90) / 1.20 |")
+    assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 (0.90) / 1.20 / n/a |")
     # without them, the table keeps its columns
     assert "input thread" not in report.serving_ttft_table(
         write(

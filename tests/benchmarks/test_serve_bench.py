@@ -825,11 +825,14 @@ def test_run_against_fake_server(fake: dict) -> None:
         assert list(r) == [*sb.ROW_KEYS, "server_metrics", "process_cpu"]
         # the fake server's tree: itself and its idle child titled as vLLM's engine core
         cpu = r["process_cpu"]
-        assert list(cpu) == ["api_server", "engine_core"], cpu
+        assert list(cpu) == ["api_server", "engine_core", "bench_client"], cpu
         assert all(
             list(f) == ["cpu_s", "busy", "busy_run", "main_thread_cpu_s", "main_thread_busy_run"]
-            for f in cpu.values()
-        ), cpu
+            for role, f in cpu.items() if role != "bench_client"
+        ), cpu  # fmt: skip
+        # the fake client, a Python process of its own, spends some CPU (vLLM's: more)
+        assert list(cpu["bench_client"]) == ["cpu_s", "busy", "busy_run"]
+        assert cpu["bench_client"]["cpu_s"] > 0, cpu
         assert all(f["busy"] >= 0 and f["busy_run"] >= 0 for f in cpu.values()), cpu
         # busy_run: over the fake bench's own duration, 2 s
         assert all(abs(f["busy_run"] - f["cpu_s"] / 2) < 0.004 for f in cpu.values()), cpu
@@ -1002,7 +1005,10 @@ def test_interleaved_rounds_run_every_point_on_every_server_in_turn(fake: dict) 
         assert [x["position"] for x in r["rounds"]] == [first, 1 - first]
         assert r["tpot_ms_p50"] == round(2 * (1 + r["concurrency"] / 100), 3)
         assert all(x["server_metrics"]["requests"] == r["num_prompts"] for x in r["rounds"])
-        assert all(set(x["process_cpu"]) == {"api_server", "engine_core"} for x in r["rounds"])
+        assert all(
+            set(x["process_cpu"]) == {"api_server", "engine_core", "bench_client"}
+            for x in r["rounds"]
+        )
         assert "server_metrics" not in r and "process_cpu" not in r
 
 
