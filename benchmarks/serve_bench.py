@@ -78,7 +78,8 @@ prompt chunk (``execute_model.decode``, ``execute_model.prompt``), and each laye
 and cache update on the host, ours or FlashAttention-2's, by the kind of step they ran in
 (``attention_forward.prompt``, ``kv_cache_update.prompt``, ...), and each new request's age, since
 the API server stamped its arrival, when the engine core's input thread and then its scheduler
-took it (``request_age_at_engine_core``, ``request_age_at_scheduler``). ``--sync-debug`` (implies it)
+took it (``request_age_at_engine_core``, ``request_age_at_scheduler``), and the API server's
+processing of the engine's outputs (``process_outputs``). ``--sync-debug`` (implies it)
 also counts, by Python line, every synchronizing CUDA call the engine makes after its first steps
 (``torch.cuda.set_sync_debug_mode``).
 

@@ -8,9 +8,10 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
 layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
 steps), and dates each new request as the engine core's input thread and then its scheduler take
-it (:data:`REQUEST_AGE`). A daemon thread writes the running sums to
-``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a step has run), so
-``serve_bench.py --step-timing`` takes the difference across each timed point.
+it (:data:`REQUEST_AGE`), and in the API server its processing of the engine's outputs. A daemon
+thread writes each process's running sums to ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json``
+twice a second (only once a site has been called), so ``serve_bench.py --step-timing`` takes the
+difference across each timed point, summed over the processes.
 
 With ``SERVE_BENCH_SYNC_DEBUG=1`` it also turns on ``torch.cuda.set_sync_debug_mode("warn")`` after
 the first :data:`WARMUP_STEPS` engine steps and counts every synchronizing CUDA call by the Python
@@ -47,6 +48,9 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
     # its hand-over to the scheduler between two steps (each also dated, REQUEST_AGE)
     ("vllm.v1.engine.core", "EngineCore", "preprocess_add_request", "preprocess_add_request"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", "add_request"),
+    # in the API server: its turning of each batch of engine outputs into the requests' outputs
+    # (detokenizing, per-request queues), on the event loop that also takes new requests
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs", "process_outputs"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "schedule"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output", "update_from_output"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", "execute_model"),
