@@ -50,16 +50,20 @@ def _stat(proc_root: Path, pid: int) -> tuple[int, int, int]:
     The fields after the command name, which may hold spaces and parentheses, are counted from
     its last ``)``: the state is field 3, the parent 4, utime and stime 14 and 15, the start 22.
     """
-    text = (proc_root / str(pid) / "stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
+    fields = _stat_fields(proc_root / str(pid) / "stat")
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+
+
+def _stat_fields(path: Path) -> list[str]:
+    """A ``stat`` file's fields from the state on (field 3 of ``proc(5)`` is index 0)."""
+    text = path.read_text()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _main_thread_ticks(proc_root: Path, pid: int) -> int | None:
     """utime + stime of ``pid``'s main thread (its task of the same id), None if unreadable."""
     try:
-        text = (proc_root / str(pid) / "task" / str(pid) / "stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
+        fields = _stat_fields(proc_root / str(pid) / "task" / str(pid) / "stat")
         return int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None

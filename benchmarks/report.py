@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import config_for
 from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
+from benchmarks.step_timing import REQUEST_AGE
 from int8kv_kernels.catalogue import CATALOGUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -1084,7 +1085,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     result = _load(path)
     rows = _serving_rows(result)
     points = [r for row in rows.values() for _, r, _ in _round_points(row, {})]
-    dated = any(_phase_us(r, a) is not None for r in points for a in REQUEST_AGE_PHASES)
+    dated = any(_phase(r, a) for r in points for a in REQUEST_AGE_PHASES)
     cpu = any(r.get("process_cpu") for r in points)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Means over each "
@@ -1116,10 +1117,8 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
             vs = "reference" if dtype == "auto_fa2" else (
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
             )  # fmt: skip
-            ages = "".join(
-                f"{_num(None if (us := _phase_us(r, a)) is None else us / 1e3, '.0f')} | "
-                for a in REQUEST_AGE_PHASES
-            ) if dated else ""  # fmt: skip
+            age_us = [_phase(r, a).get("us_per_call") for a in REQUEST_AGE_PHASES] if dated else []
+            ages = "".join(f"{_num(None if us is None else us / 1e3, '.0f')} | " for us in age_us)
             lines.append(
                 f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
                 f"`{dtype}`{label} | {_num(m.get('ttft_ms_mean_server'), '.0f')} "
@@ -1131,9 +1130,8 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
-# the step timer's request ages (benchmarks/step_timing.py REQUEST_AGE), in the order a request
-# meets them
-REQUEST_AGE_PHASES = ("request_age_at_engine_core", "request_age_at_scheduler")
+# the step timer's request ages, in the order a request meets them
+REQUEST_AGE_PHASES = tuple(REQUEST_AGE.values())
 
 
 def _busy(point: dict) -> str:
@@ -1150,10 +1148,9 @@ def _busy(point: dict) -> str:
     return " / ".join(cells)
 
 
-def _phase_us(point: dict, phase: str) -> float | None:
-    """The step timer's mean µs a call of ``phase`` over ``point``, or None if not timed."""
-    p = ((point.get("step_timing") or {}).get("phases") or {}).get(phase) or {}
-    return p.get("us_per_call")
+def _phase(point: dict, name: str) -> dict:
+    """The step timer's figures of phase ``name`` over ``point`` (``{}`` if not timed)."""
+    return ((point.get("step_timing") or {}).get("phases") or {}).get(name) or {}
 
 
 def _profile_rows(paths: Sequence[Path]) -> Iterator[tuple[str, dict]]:
@@ -1514,15 +1511,12 @@ def serving_layer_host_table(path: Path) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def phase(point: dict, name: str) -> dict:
-        return ((point.get("step_timing") or {}).get("phases") or {}).get(name) or {}
-
     def layer_us(point: dict) -> float | None:
-        parts = [phase(point, f"{n}.prompt").get("us_per_call") for n in LAYER_PHASES]
+        parts = [_phase(point, f"{n}.prompt").get("us_per_call") for n in LAYER_PHASES]
         return sum(parts) if all(p is not None for p in parts) else None
 
     def step_ms(point: dict, kind: str) -> str:
-        p = phase(point, f"engine_step.{kind}")
+        p = _phase(point, f"engine_step.{kind}")
         return f"{p['us_per_call'] / 1000:.2f} ({p['calls']})" if p else "n/a"
 
     for key in _serving_keys(rows):
@@ -1534,7 +1528,7 @@ def serving_layer_host_table(path: Path) -> str:
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
             )  # fmt: skip
             cells = " | ".join(
-                _num(phase(point, f"{n}.prompt").get("us_per_call"), ".1f") for n in LAYER_PHASES
+                _num(_phase(point, f"{n}.prompt").get("us_per_call"), ".1f") for n in LAYER_PHASES
             )
             lines.append(
                 f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "

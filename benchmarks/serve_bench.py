@@ -1419,8 +1419,9 @@ def run_point(
         msg += f" (host per engine step: {step_timing_line(steps)})"
     run_s = result.get("duration")  # vLLM's: first request sent to last answer
     run_s = run_s if isinstance(run_s, int | float) else None
-    busy = process_cpu.point_cpu(cpu[0], cpu[1], secs, run_s)
-    if busy and (client := process_cpu.client_cpu(cpu[2], cpu[3], secs, run_s)):
+    server_before, server_after, client_before, client_after = cpu
+    busy = process_cpu.point_cpu(server_before, server_after, secs, run_s)
+    if busy and (client := process_cpu.client_cpu(client_before, client_after, secs, run_s)):
         busy[process_cpu.CLIENT_ROLE] = client
     if busy:
         row["process_cpu"] = busy
