@@ -879,6 +879,8 @@ SERVING_PAIRED: tuple[Path, ...] = (
     RESULTS / "serving_smollm2_75eff26.json",
     RESULTS / "serving_smollm2_35ad204.json",
     RESULTS / "serving_llama3_8b_shape_35ad204.json",
+    RESULTS / "serving_llama3_8b_shape_18280da.json",
+    RESULTS / "serving_gemma3_18280da.json",
 )
 
 
@@ -1376,7 +1378,10 @@ def serving_targets_table(*paths: Path) -> str:
                                True))  # fmt: skip
             for what, (value, rounds), bound, at_least in checks:
                 met = value >= bound if at_least else value <= bound
-                paired = f" (median of {rounds} rounds)" if rounds else ""
+                paired = (
+                    f" (median of {rounds} rounds)" if rounds > 1
+                    else " (one paired round)" if rounds else ""
+                )  # fmt: skip
                 lines.append(
                     f"| {SERVING_MODEL_NAMES.get(model, model)} | {run} | {input_len} | {conc} | "
                     f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x{paired} | "
@@ -1621,12 +1626,20 @@ def _paired_clause(path: Path, model: str, input_len: int) -> str:
         for figure, name in (("tpot_ms_p50", "time per output token"), ("ttft_ms_p50", "TTFT")):
             ratios = [x for _, x in _round_ratios(rows[m, n, conc, dtype], base, figure)]
             if ratios:
-                each = ", ".join(f"{x:.2f}x" for x in ratios)
-                figures.append(f"{name} {statistics.median(ratios):.2f}x ({each})")
+                each = f" ({', '.join(f'{x:.2f}x' for x in ratios)})" if len(ratios) > 1 else ""
+                figures.append(f"{name} {statistics.median(ratios):.2f}x{each}")
                 rounds = len(ratios)
         if figures:
+            at_once = rows[m, n, conc, dtype].get("servers_at_once", 2)
+            servers = "both servers" if at_once == 2 else f"{at_once} servers"
+            paired = "one paired round" if rounds == 1 else f"{rounds} paired rounds"
+            # a server started for a profiled point keeps the profiler configured for every point
+            profiled = (
+                ", every server with vLLM's torch profiler configured"
+                if re.search(r"--profile-concurrency [1-9]", result["command"]) else ""
+            )  # fmt: skip
             parts.append(
-                f" In {rounds} paired rounds at {conc} (both servers up at once, "
+                f" In {paired} at {conc} ({servers} up at once{profiled}, "
                 f"{_provenance(result)}): {' and '.join(figures)}."
             )
     return "".join(parts)
@@ -2124,6 +2137,20 @@ TABLES = {
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
+    "int4_decode_head64": lambda: int4_decode_table(
+        RESULTS / "kernels_int4_head64.json", "int4_sink_tail2"
+    ),
+    "throughput_int4": lambda: throughput_table(RESULTS / "throughput_int4.json"),
+    **serving_run_tables(
+        "llama3_8b_shape_18280da",
+        RESULTS / "serving_llama3_8b_shape_18280da.json",
+        *("rounds", "ttft", "steps", "layers", "starts"),
+    ),
+    **serving_run_tables(
+        "gemma3_18280da",
+        RESULTS / "serving_gemma3_18280da.json",
+        *("rounds", "ttft", "steps", "layers", "starts"),
+    ),
     **serving_run_tables(
         "smollm2_35ad204",
         RESULTS / "serving_smollm2_35ad204.json",

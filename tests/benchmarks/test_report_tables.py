@@ -194,6 +194,45 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
     )
 
 
+def test_headline_clause_names_one_round_its_servers_and_a_configured_profiler(
+    tmp_path: Path,
+) -> None:
+    def rounds(dtype: str, tpots: list[float]) -> dict:
+        each = [{"round": i, "position": i, "tpot_ms_p50": t, "ttft_ms_p50": 100.0}
+                for i, t in enumerate(tpots)]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each, "servers_at_once": 3}
+
+    def run(command: str) -> Path:
+        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    **COMMON,
+                    "command": command,
+                    "rows": [
+                        rounds("auto_fa2", [5.0, 4.0]),
+                        rounds("int8", [4.0]),
+                        rounds("int4", [6.0]),
+                    ],
+                }
+            )
+        )
+        return path  # fmt: skip
+
+    plain = run("python -m benchmarks.serve_bench --rounds 2 --interleave")
+    assert report._paired_clause(plain, "smollm2", 7936) == (
+        " In one paired round at 32 (3 servers up at once, 2026-12-05, commit `bbbbbbb`): time "
+        "per output token 0.80x and TTFT 1.00x."
+    )
+    profiled = run("python -m benchmarks.serve_bench --rounds 2 --interleave "
+                   "--profile-concurrency 32")  # fmt: skip
+    assert "(3 servers up at once, every server with vLLM's torch profiler configured, " in (
+        report._paired_clause(profiled, "smollm2", 7936)
+    )
+    no_profile = run("python -m benchmarks.serve_bench --rounds 2 --profile-concurrency 0")
+    assert "profiler" not in report._paired_clause(no_profile, "smollm2", 7936)
+
+
 def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_same_round(
     tmp_path: Path,
 ) -> None:
