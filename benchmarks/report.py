@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import config_for
 from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
-from benchmarks.step_timing import REQUEST_AGE
+from benchmarks.step_timing import RENDER, REQUEST_MILESTONES
 from int8kv_kernels.catalogue import CATALOGUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -1082,12 +1082,13 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     the engine core's queue, of its prefill (first scheduled to first token) and of the rest,
     outside the engine core's queue and prefill (the API server's tokenising, IPC and output
     processing, and the wait for the engine core to take the request in between two steps). With
-    the step timer's request ages (``benchmarks/step_timing.py`` ``REQUEST_AGE``), also how old a
-    request was when the engine core's input thread and then its scheduler took it."""
+    the step timer's request ages (``benchmarks/step_timing.py`` ``REQUEST_MILESTONES``), also how
+    old a request was when the API server had tokenised it and sent it to the engine core, and
+    when the engine core's input thread and then its scheduler took it (each run's own)."""
     result = _load(path)
     rows = _serving_rows(result)
     points = [r for row in rows.values() for _, r, _ in _round_points(row, {})]
-    dated = any(_phase(r, a) for r in points for a in REQUEST_AGE_PHASES)
+    dated = [a for a in REQUEST_MILESTONES if any(_phase(r, a) for r in points)]
     cpu = any(r.get("process_cpu") for r in points)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Means over each "
@@ -1095,12 +1096,12 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
         "",
         "| model | input | concurrency | dtype | TTFT | in the queue | prefill | outside the "
         "engine core | "
-        + ("of it, before the engine core's input thread | before its scheduler | " if dated
-           else "")
+        + "".join(f"{'of it, ' if i == 0 else ''}{REQUEST_MILESTONE_COLUMNS[a]} | "
+                  for i, a in enumerate(dated))
         + "queue + prefill vs `auto_fa2` | output tok/s |"
         + (" CPU busy while requests ran (main thread): API server / engine core / client |"
            if cpu else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|---|" if dated else "") + "---|---|"
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(dated) + "---|---|"
         + ("---|" if cpu else ""),
     ]  # fmt: skip
 
@@ -1119,7 +1120,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
             vs = "reference" if dtype == "auto_fa2" else (
                 f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
             )  # fmt: skip
-            age_us = [_phase(r, a).get("us_per_call") for a in REQUEST_AGE_PHASES] if dated else []
+            age_us = [_phase(r, a).get("us_per_call") for a in dated]
             ages = "".join(f"{_num(None if us is None else us / 1e3, '.0f')} | " for us in age_us)
             lines.append(
                 f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
@@ -1133,7 +1134,14 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
 
 
 # the step timer's request ages, in the order a request meets them
-REQUEST_AGE_PHASES = tuple(REQUEST_AGE.values())
+# The TTFT table's column for each request age the step timer records, in the order a request
+# passes them (benchmarks/step_timing.py REQUEST_MILESTONES)
+REQUEST_MILESTONE_COLUMNS = {
+    RENDER: "until tokenised",
+    "request_age_at_handover": "until sent to the engine core",
+    "request_age_at_engine_core": "before the engine core's input thread",
+    "request_age_at_scheduler": "before its scheduler",
+}
 
 
 def _busy(point: dict) -> str:

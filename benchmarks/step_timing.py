@@ -7,8 +7,9 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 :data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
 also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
 layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
-steps), and dates each new request as the engine core's input thread and then its scheduler take
-it (:data:`REQUEST_AGE`), and in the API server its processing of the engine's outputs. A daemon
+steps), and dates each new request as the API server hands it to the engine core and the engine
+core's input thread and then its scheduler take it (:data:`REQUEST_AGE`), and in the API server
+its tokenising of each prompt and its processing of the engine's outputs. A daemon
 thread writes each process's running sums to ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json``
 twice a second (only once a site has been called), so ``serve_bench.py --step-timing`` takes the
 difference across each timed point, summed over the processes.
@@ -25,6 +26,7 @@ server; does nothing without ``SERVE_BENCH_STEP_TIMING_DIR``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import threading
@@ -39,6 +41,7 @@ STEP_TIMING_DIR = "SERVE_BENCH_STEP_TIMING_DIR"
 SYNC_DEBUG = "SERVE_BENCH_SYNC_DEBUG"
 
 ENGINE_STEP = "engine_step"
+RENDER = "render"
 # (module, class, method, phase): the V1 engine core's step (with or without the batch queue of
 # asynchronous scheduling), the scheduler, and both model runners' per-step methods
 SITES: tuple[tuple[str, str, str, str], ...] = (
@@ -51,6 +54,12 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
     # in the API server: its turning of each batch of engine outputs into the requests' outputs
     # (detokenizing, per-request queues), on the event loop that also takes new requests
     ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs", "process_outputs"),
+    # in the API server, before the engine core: a request's rendering, which stamps its arrival
+    # and then tokenises its prompt (so a call's time is the request's age once tokenised), and
+    # its sending to the engine core (dated, REQUEST_AGE)
+    ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async", RENDER),
+    ("vllm.renderers.base", "BaseRenderer", "render_chat_async", RENDER),
+    ("vllm.v1.engine.core_client", "AsyncMPClient", "add_request_async", "send_request"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "schedule"),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output", "update_from_output"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", "execute_model"),
@@ -93,13 +102,17 @@ BY_STEP_KIND = frozenset({"execute_model"})
 # Phases called inside execute_model (once a layer), summed by the kind of the step that runs them
 PER_LAYER = frozenset({"attention_forward", "kv_cache_update"})
 # Phases whose call also dates the request it is handed, as ``<name>``: its age, the seconds since
-# the API server stamped its arrival (before tokenising it; one host, one clock). Reaching the
-# engine core's input thread, then vLLM's scheduler, which stamps it queued: of TTFT, the part
-# before the engine core's queue, where the server's metrics see none of it.
+# the API server stamped its arrival (before tokenising it; one host, one clock). Sent by the API
+# server, reaching the engine core's input thread, then vLLM's scheduler, which stamps it queued:
+# of TTFT, the part before the engine core's queue, where the server's metrics see none of it.
 REQUEST_AGE = {
+    "send_request": "request_age_at_handover",
     "preprocess_add_request": "request_age_at_engine_core",
     "add_request": "request_age_at_scheduler",
 }
+# A request's age at each point it passes before the engine core's queue, in that order: RENDER's
+# own time (arrival to tokenised), then each REQUEST_AGE
+REQUEST_MILESTONES = (RENDER, *REQUEST_AGE.values())
 # V2's model runner marks no step in a torch profiler trace (V1's "gpu_model_runner: forward"
 # range, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1): this range around its execute_model lets
 # benchmarks/profile_summary.py sum a profiled point by kind of step
@@ -128,12 +141,17 @@ class StepTimer:
         self.step_kind: str | None = None  # of the execute_model running now, for PER_LAYER
         self.last_step_kind: str | None = None  # of the last one in this engine step
 
-    def timed(self, phase: str, step_range: bool = False) -> Callable[..., Any]:
+    def timed(
+        self, phase: str, step_range: bool = False, asynchronous: bool = False
+    ) -> Callable[..., Any]:
         """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
         :data:`BY_STEP_KIND` or :data:`PER_LAYER`, to ``<phase>.<kind>`` too, the kind of the step
         it runs in; for the engine step, the kind of the model step it ran); with
         ``step_range``, each call is also a :data:`STEP_RANGE` range for a torch profiler (a few
-        µs a call when none records)."""
+        µs a call when none records). ``asynchronous``: the method is a coroutine function, timed
+        until its coroutine returns (an API server method; no step kind, no range)."""
+        if asynchronous:
+            return self._timed_coroutine(phase)
         by_kind = phase in BY_STEP_KIND
         per_layer = phase in PER_LAYER
         engine_step = phase == ENGINE_STEP
@@ -167,6 +185,22 @@ class StepTimer:
                 self.add(phase, seconds)
                 if kind is not None:
                     self.add(f"{phase}.{kind}", seconds)
+
+        return wrapper
+
+    def _timed_coroutine(self, phase: str) -> Callable[..., Any]:
+        age = REQUEST_AGE.get(phase)
+
+        async def wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+        ) -> Any:
+            if age is not None:
+                self.add_age(age, kwargs["request"] if "request" in kwargs else args[0])
+            start = time.perf_counter()
+            try:
+                return await wrapped(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - start)
 
         return wrapper
 
@@ -264,7 +298,9 @@ def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_
                 cls = getattr(module, cls_name, None)
                 if cls is not None and method in vars(cls):
                     ranged = (module_name, cls_name, method) in STEP_RANGE_SITES
-                    wrapt.wrap_function_wrapper(cls, method, timer.timed(phase, ranged))
+                    asynchronous = inspect.iscoroutinefunction(vars(cls)[method])
+                    wrapper = timer.timed(phase, ranged, asynchronous)
+                    wrapt.wrap_function_wrapper(cls, method, wrapper)
 
         return apply
 

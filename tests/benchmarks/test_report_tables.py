@@ -83,6 +83,18 @@ def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_the
         "| CPU busy while requests ran (main thread): API server / engine core / client |"
     )
     assert lines[4].endswith("| 240 | n/a | 1000 | 0.98 (0.90) / 1.20 / n/a |")
+    # with the API server's milestones too, a column for each, in the order a request passes them
+    rows = [dated(serving_row("int8", 32, 300.0, metrics(10.0, 62.0, 320.0)), 150e3, 240e3)]
+    rows[0]["step_timing"]["phases"] |= {
+        "render": {"calls": 4, "us_per_call": 40e3},
+        "request_age_at_handover": {"calls": 4, "us_per_call": 120e3},
+    }
+    lines = report.serving_ttft_table(write(tmp_path, {"command": "x", "rows": rows})).splitlines()
+    assert "| outside the engine core | of it, until tokenised | until sent to the engine core | " \
+        "before the engine core's input thread | before its scheduler | queue + prefill" \
+        in lines[2]  # fmt: skip
+    assert lines[3].count("|") == lines[2].count("|")
+    assert lines[4].endswith("| 248 | 40 | 120 | 150 | 240 | n/a | 1000 |")
     # without them, the table keeps its columns
     assert "input thread" not in report.serving_ttft_table(
         write(

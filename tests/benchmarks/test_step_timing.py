@@ -28,7 +28,11 @@ def test_every_site_is_a_method_of_vllm_0_24() -> None:
         tree = ast.parse(Path(spec.origin).read_text())
         classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         assert cls_name in classes, f"{module}.{cls_name}"
-        methods = {n.name for n in classes[cls_name].body if isinstance(n, ast.FunctionDef)}
+        methods = {
+            n.name
+            for n in classes[cls_name].body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
         assert method in methods, f"{module}.{cls_name}.{method}"
     assert step_timing.STEP_RANGE_SITES <= {site[:3] for site in step_timing.SITES}
 
@@ -199,6 +203,47 @@ def test_a_new_request_is_dated_where_the_engine_core_takes_it(
     assert snap["calls"]["add_request"] == 3 and snap["calls"][age] == 2
     assert 0.75 <= snap["seconds"][age] < 5
     assert snap["seconds"]["add_request"] < 0.5  # the call itself is quick
+
+
+def test_an_api_server_coroutine_is_timed_until_it_returns_and_dates_its_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coroutine method (the API server's rendering and sending of a request) is timed until its
+    coroutine returns, not until it is created, and the send dates the request it is handed."""
+    import asyncio
+
+    name = "fake_api_server_for_step_timing"
+    mod = types.ModuleType(name)
+
+    class Renderer:
+        async def render_cmpl_async(self, prompts: list) -> list:
+            await asyncio.sleep(0.2)
+            return prompts
+
+    class Client:
+        async def add_request_async(self, request: object) -> None:
+            await asyncio.sleep(0)
+
+    mod.Renderer, mod.Client = Renderer, Client  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(step_timing, "SITES", (
+        (name, "Renderer", "render_cmpl_async", step_timing.RENDER),
+        (name, "Client", "add_request_async", "send_request"),
+    ))  # fmt: skip
+    timer = step_timing.StepTimer()
+    step_timing.install(timer, tmp_path, dump_every_s=60)
+
+    async def serve() -> list:
+        rendered = await Renderer().render_cmpl_async(["p"])
+        await Client().add_request_async(types.SimpleNamespace(arrival_time=time.time() - 0.5))
+        return rendered
+
+    assert asyncio.run(serve()) == ["p"]
+    snap = timer.snapshot()
+    assert 0.2 <= snap["seconds"][step_timing.RENDER] < 5
+    age = step_timing.REQUEST_AGE["send_request"]
+    assert snap["calls"]["send_request"] == 1 and 0.5 <= snap["seconds"][age] < 5
+    assert step_timing.REQUEST_MILESTONES[0] == step_timing.RENDER
 
 
 def test_v2_execute_model_is_a_step_range_for_the_profiler(
