@@ -1133,7 +1133,6 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
     return "\n".join(lines)
 
 
-# the step timer's request ages, in the order a request meets them
 # The TTFT table's column for each request age the step timer records, in the order a request
 # passes them (benchmarks/step_timing.py REQUEST_MILESTONES)
 REQUEST_MILESTONE_COLUMNS = {
