@@ -1014,6 +1014,10 @@ def run_interleaved(
             server_stopped(run, live)
 
 
+# A round starts only if the time budget's rest covers this many times the round before it
+ROUND_MARGIN = 1.25
+
+
 def run_points(
     run: Run,
     servers: Sequence[LiveServer],
@@ -1023,8 +1027,10 @@ def run_points(
 ) -> None:
     """Per input length: every server's warm-up (and profiled point, with ``--profile-first``),
     then ``--rounds`` rounds of every concurrency, each point on every server in turn (round r
-    starts with the r-th server), then the profiled points. Stops when the budget is spent; a
-    server that exits is left out from then on."""
+    starts with the r-th server), then the profiled points. Stops when the budget is spent, and
+    starts no round that the budget's rest would not cover, with :data:`ROUND_MARGIN` to spare,
+    if it took as long as the one before (a round cut short pairs nothing); a server that exits
+    is left out from then on."""
     args = run.args
     gone: set[str] = set()
     for input_len in input_lens:
@@ -1038,7 +1044,16 @@ def run_points(
         points = plan_points(
             [input_len], args.concurrency, args.prompts_per_concurrency, args.min_prompts
         )
+        round_s = 0.0
         for r in range(args.rounds):
+            if r and not budget.fits(ROUND_MARGIN * round_s):
+                print(
+                    f"serve_bench: round {r + 1} of {args.rounds} not started: the one before "
+                    f"took {round_s:.0f} s, {max(budget.left(), 0):.0f} s of the time budget left",
+                    flush=True,
+                )
+                return
+            round_start = time.monotonic()
             k = r % max(len(servers), 1)
             for n, c, prompts in points:
                 for position, live in enumerate([*servers[k:], *servers[:k]]):
@@ -1053,6 +1068,7 @@ def run_points(
                     point_done(run, live, run_point(
                         run, live, n, c, prompts, budget, r, position
                     ))  # fmt: skip
+            round_s = time.monotonic() - round_start
         if not args.profile_first:
             for live in servers:
                 profile_server(run, live, input_len, budget)

@@ -930,6 +930,28 @@ def test_time_budget_stops_new_points_and_keeps_rows(
     _assert_all_gone(recs)
 
 
+def test_no_round_starts_that_the_budget_would_cut_short(
+    fake: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A round cut short pairs nothing: a round starts only if the budget's rest covers the time
+    the round before it took (with ROUND_MARGIN to spare), so every server ends with the same
+    rounds."""
+    monkeypatch.setenv("FAKE_BENCH_S", "2")
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8", "--input-lens", "1K", "--concurrency", "1"),
+            *("--interleave", "--rounds", "4", "--time-budget-s", "14", "--warmup-prompts", "0"),
+        )
+    )
+    assert rc == 1  # the budget was hit
+    assert "of 4 not started: the one before took" in capsys.readouterr().out
+    rows = json.loads(fake["out"].read_text())["rows"]
+    rounds = [[x["round"] for x in r["rounds"]] for r in rows]
+    assert len(rows) == 2 and rounds[0] == rounds[1] and 1 <= len(rounds[0]) < 4, rounds
+    _assert_all_gone(_records(fake))
+
+
 def test_no_server_starts_that_the_budget_cannot_see_healthy() -> None:
     """A server killed by the budget while it starts measures nothing: none starts unless the
     budget's rest covers the longest start so far."""
