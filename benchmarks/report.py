@@ -1994,9 +1994,11 @@ def tail_pool_capacity_table(path: Path = RESULTS / "tail_pool_capacity.json") -
         defaults.setdefault(key, {})[r["kv_gib"]] = r
     for (model, pages), by_gib in defaults.items():
         first = next(iter(by_gib.values()))
+        # files from before the default counted max_model_len's sequences name none
+        length = f", {first['max_model_len']}-token sequences" if first.get("max_model_len") else ""
         lines.append(
-            f"| {model} | {slot(pages)} | the shim's default for vLLM's {first['vllm_default']} "
-            "| - |"
+            f"| {model} | {slot(pages)} | the shim's default for vLLM's {first['vllm_default']}"
+            f"{length} | - |"
             + "".join(
                 f" {by_gib[g]['int4_vs_bf16']:.2f}x ({by_gib[g]['max_num_seqs']}) |" for g in gibs
             )

@@ -34,6 +34,14 @@ MODELS = {
     "SmolLM2-135M": (30, 3, 64),
     "Gemma 3 270M": (18, 1, 256),
 }
+# the longest sequence each serves by default (max_position_embeddings), which the shim's default
+# max_num_seqs lets the cache hold as many of as it can
+MAX_MODEL_LEN = {
+    "Llama-3-8B": 8192,
+    "Qwen2.5-7B": 32768,
+    "SmolLM2-135M": 8192,
+    "Gemma 3 270M": 32768,
+}
 KV_GIB = (4, 8, 16, 32, 64)
 MAX_NUM_SEQS = (16, 64, 256, 1024)
 # BF16 pages a tail slot holds in every layer (int8kv_shim/tail_pool_memory.pages_per_slot)
@@ -87,22 +95,25 @@ def default_rows(
     slot_pages: Sequence[int] = tuple(SLOT_PAGES),
 ) -> list[dict[str, Any]]:
     """What the shim's default max_num_seqs (vLLM's ``vllm_default`` lowered until the pool fits
-    its share, ``int8kv_shim/tail_pool_memory.py``) leaves int4 with each count of BF16 pages a
-    slot, where its estimate of the KV memory is right."""
+    its share, but not below the model's :data:`MAX_MODEL_LEN`-token sequences the cache holds,
+    ``int8kv_shim/tail_pool_memory.py``) leaves int4 with each count of BF16 pages a slot, where
+    its estimate of the KV memory is right."""
     int4 = get_dtype("int4")
     out = []
     for model, (layers, nkv, d) in models.items():
         for pages in slot_pages:
             for gib in kv_gib:
                 seqs = capped_max_num_seqs(
-                    "int4", vllm_default, gib * GIB, layers, nkv, d, 2, pages=pages
-                )
+                    "int4", vllm_default, gib * GIB, layers, nkv, d, 2, pages=pages,
+                    max_model_len=MAX_MODEL_LEN.get(model),
+                )  # fmt: skip
                 seqs = vllm_default if seqs is None else seqs
                 tokens = int4.tokens_with_tail(
                     gib * GIB, layers, nkv, d, seqs, pages_per_slot=pages
                 )
                 out.append({
                     "model": model, "kv_gib": gib, "pages_per_slot": pages,
+                    "max_model_len": MAX_MODEL_LEN.get(model),
                     "vllm_default": vllm_default, "max_num_seqs": seqs,
                     "int4_vs_bf16": round(tokens / bf16_tokens(gib * GIB, layers, nkv, d), 2),
                 })  # fmt: skip

@@ -11,7 +11,10 @@ a few GiB (an 8B model on a 24 GB card at vLLM's default of 256 sequences) it ta
   :func:`capped_max_num_seqs` lowers vLLM's default to the largest power of two whose pool fits
   ``GOAL_SHARE`` of the KV memory, estimated as GPU memory x ``--gpu-memory-utilization`` minus the
   rank's share of the weight files (activations are not known yet, so the estimate is high and the
-  cap errs towards more sequences), never below ``MIN_CAPPED_SEQS``; a warning says so;
+  cap errs towards more sequences), never below ``MIN_CAPPED_SEQS``, and never below the number of
+  ``max_model_len``-token sequences the cache holds beside their slots: fewer slots than that would
+  leave cache memory that no running sequence can fill (at 8K on SmolLM2, 256 slots used a third
+  of an ``int4`` cache); a warning says so;
 * once the engine core has sized the cache (patch P13), :func:`report` logs the cache's bytes and
   the pool's, the tokens per byte against a BF16 cache of the same memory, and, when the pool takes
   more than ``WARN_SHARE`` of it, the ``--max-num-seqs`` that would bring it within ``GOAL_SHARE``.
@@ -179,18 +182,41 @@ def capped_max_num_seqs(
     elem_bytes: int,
     share: float = GOAL_SHARE,
     pages: int | None = None,
+    max_model_len: int | None = None,
 ) -> int | None:
     """The largest power of two (at least ``MIN_CAPPED_SEQS``) whose tail pool of ``layers``
-    layers fits ``share`` of ``kv_memory_estimate`` bytes, when it is below ``vllm_default``;
-    None to keep vLLM's default (no tail, or the default already fits). A slot holds ``pages``
-    BF16 pages a layer, by default this process's (``pages_per_slot``)."""
+    layers fits ``share`` of ``kv_memory_estimate`` bytes, or, when more, the number of
+    ``max_model_len``-token sequences the cache holds beside their slots
+    (:func:`full_length_seqs`), when it is below ``vllm_default``; None to keep vLLM's default
+    (no tail, or the default already fits). A slot holds ``pages`` BF16 pages a layer, by
+    default this process's (``pages_per_slot``)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
     slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes, pages)
     fits = int(share * kv_memory_estimate // slot)
     cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
+    if max_model_len:
+        cap = max(cap, full_length_seqs(kv_dtype, kv_memory_estimate, layers, num_kv_heads,
+                                        head_size, max_model_len, slot))  # fmt: skip
     return cap if cap < vllm_default else None
+
+
+def full_length_seqs(
+    kv_dtype: str,
+    kv_memory: float,
+    layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    max_model_len: int,
+    slot: int,
+) -> int:
+    """How many sequences of ``max_model_len`` tokens ``kv_memory`` bytes hold, each with its
+    ``slot`` bytes of tail pool: more slots than this only serve shorter sequences, fewer leave
+    cache memory that no running sequence fills."""
+    entry = load_catalogue().get_dtype(kv_dtype)
+    token = layers * num_kv_heads * entry.bytes_per_token_head(head_size)
+    return int(kv_memory // (max_model_len * token + slot))
 
 
 def weight_bytes(model: str, revision: str | None = None) -> int | None:
@@ -248,17 +274,32 @@ def default_max_num_seqs(
     kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / (tp * pp)
     layers = max(1, model_config.get_total_num_hidden_layers() // pp)
     kv_heads = max(1, model_config.get_total_num_kv_heads() // tp)
+    head_size, elem_bytes = model_config.get_head_size(), model_config.dtype.itemsize
+    max_model_len = getattr(model_config, "max_model_len", None)
     cap = capped_max_num_seqs(
-        kv_dtype, vllm_default, kv_memory, layers, kv_heads, model_config.get_head_size(),
-        model_config.dtype.itemsize,
+        kv_dtype, vllm_default, kv_memory, layers, kv_heads, head_size, elem_bytes,
+        max_model_len=max_model_len,
     )  # fmt: skip
     if cap is None:
         return None
-    slot_mib = slot_bytes(kv_dtype, layers, kv_heads, model_config.get_head_size(),
-                          model_config.dtype.itemsize) / 2**20  # fmt: skip
+    slot = slot_bytes(kv_dtype, layers, kv_heads, head_size, elem_bytes)
+    memory = f"about {kv_memory / GIB:.1f} GiB: GPU memory x --gpu-memory-utilization - weights"
+    full = (
+        full_length_seqs(kv_dtype, kv_memory, layers, kv_heads, head_size, max_model_len, slot)
+        if max_model_len else 0
+    )  # fmt: skip
+    if cap == full and cap * slot > GOAL_SHARE * kv_memory:  # max_model_len's sequences decided
+        why = (
+            f"as many slots as the cache holds sequences of {max_model_len} tokens "
+            f"(max_model_len); its tail pool ({slot / 2**20:.1f} MiB a sequence) takes about "
+            f"{cap * slot / kv_memory:.0%} of the KV memory ({memory})"
+        )
+    else:
+        why = (
+            f"so that its tail pool ({slot / 2**20:.1f} MiB a sequence) stays within "
+            f"{GOAL_SHARE:.0%} of the KV memory ({memory})"
+        )
     return cap, (
         f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "
-        f"{vllm_default}, so that its tail pool ({slot_mib:.1f} MiB a sequence) stays within "
-        f"{GOAL_SHARE:.0%} of the KV memory (about {kv_memory / GIB:.1f} GiB: GPU memory x "
-        f"--gpu-memory-utilization - weights); give --max-num-seqs to choose"
+        f"{vllm_default}, {why}; give --max-num-seqs to choose"
     )

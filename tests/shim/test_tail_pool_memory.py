@@ -204,6 +204,27 @@ def test_the_cap_is_the_largest_power_of_two_whose_pool_fits() -> None:
     assert cap("int8", 256, GIB, 32, 8, 128, 2) is None
 
 
+def test_the_cap_never_leaves_cache_that_full_length_sequences_cannot_fill() -> None:
+    """Never fewer slots than the sequences of max_model_len tokens the cache holds beside them:
+    SmolLM2 at 8K on an H100 at 0.5 of its memory got 256 slots, a third of its int4 cache."""
+    cap = tail_pool_memory.capped_max_num_seqs
+    smol = ("int4", 1024, 39.6 * GIB, 30, 3, 64, 2)  # SmolLM2's 30 layers of 3 x 64
+    assert cap(*smol, pages=3) == 256  # 4% of the memory: 256 slots
+    seqs = cap(*smol, pages=3, max_model_len=8192)
+    assert seqs == 739
+    slot = tail_pool_memory.slot_bytes("int4", 30, 3, 64, 2, pages=3)
+    token = 30 * 3 * INT4.bytes_per_token_head(64)
+    # the cache holds that many 8192-token sequences with their slots, and not one more
+    assert seqs * (8192 * token + slot) <= 39.6 * GIB < (seqs + 1) * (8192 * token + slot)
+    assert seqs == tail_pool_memory.full_length_seqs("int4", 39.6 * GIB, 30, 3, 64, 8192, slot)
+    # long sequences: the 4% goal decides; short ones: vLLM's default already fits them
+    assert cap(*smol, pages=3, max_model_len=131072) == 256
+    assert cap(*smol, pages=3, max_model_len=2048) is None
+    # an 8B model on a 24 GB card at 8K: 22 sequences fill the cache, where 4% holds 8
+    llama = ("int4", 256, 6.6 * GIB, 32, 8, 128, 2)
+    assert cap(*llama, pages=3) == 8 and cap(*llama, pages=3, max_model_len=8192) == 22
+
+
 def _weights(folder, sizes: dict[str, int]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, size in sizes.items():
@@ -288,6 +309,27 @@ def test_an_8b_model_on_a_24gb_card_gets_fewer_sequences(tmp_path) -> None:
         "memory: vLLM's default max_num_seqs 256 stays (a line after the cache is sized says what "
         "the tail pool takes)"
     ]
+
+
+def test_the_warning_says_when_max_model_len_sets_the_cap(tmp_path, monkeypatch) -> None:
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "2")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    args = _engine_args(tmp_path)
+    args.create_model_config().max_model_len = 8192
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    # 6.6 GiB: 8 slots of 24 MiB fit 4%; 22 sequences of 8192 tokens fit the cache
+    assert seqs == 22
+    assert warning == (
+        "int8kv-shim: --kv-cache-dtype int4: max_num_seqs 22 instead of vLLM's default 256, as "
+        "many slots as the cache holds sequences of 8192 tokens (max_model_len); its tail pool "
+        "(24.0 MiB a sequence) takes about 8% of the KV memory (about 6.6 GiB: GPU memory x "
+        "--gpu-memory-utilization - weights); give --max-num-seqs to choose"
+    )
+    # with sequences of 128K tokens the 4% goal decides, and the warning says that
+    args.create_model_config().max_model_len = 131072
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    assert seqs == 8 and "stays within 4% of the KV memory" in warning
 
 
 def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -> None:
