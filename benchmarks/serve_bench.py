@@ -477,12 +477,11 @@ class Server(soak.VllmServer):
         self.argv = [*vllm_cmd, *self.argv[3:]]
         self.env = dict(env)
 
-    def __enter__(self) -> Server:
+    def spawn(self) -> None:
         if not port_is_free(self.port):
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is taken: not starting vllm serve")
         LIVE.add(self)
-        super().__enter__()
-        return self
+        super().spawn()
 
     def stop(self) -> None:
         super().stop()
@@ -854,6 +853,8 @@ def make_server(
 ) -> Server:
     env = vllm_serve_dtype_env(dtype, not args.shim_only_where_needed)
     extra = ["--jit-monitor-verbose", *args.serve_args]
+    if args.kv_cache_memory_gib:
+        extra += ["--kv-cache-memory-bytes", str(int(args.kv_cache_memory_gib * 2**30))]
     if args.profile_concurrency:
         extra += profiler_args(profile_dir(args, spec, dtype))
         # vLLM's step ranges in the trace (V1 model runner); no cost when not profiling
@@ -990,16 +991,21 @@ def run_interleaved(
     ones before it as used memory)."""
     args = run.args
     share = args.gpu_memory_utilization / len(args.dtypes)
+    max_len = max(input_lens) + args.output_len
     started: list[LiveServer] = []
     try:
         with contextlib.ExitStack() as stack:
-            for dtype in args.dtypes:
+            if args.start_together:
+                if budget.exhausted() or not budget.fits(run.longest_start_s()):
+                    print(f"serve_bench: {spec.name}: no server started, time budget", flush=True)
+                else:
+                    lives = [new_server(run, spec, d, max_len, budget, share) for d in args.dtypes]
+                    started = start_together(run, lives, stack)
+            for dtype in [] if args.start_together else args.dtypes:
                 if budget.exhausted() or not budget.fits(run.longest_start_s()):
                     print(f"serve_bench: {spec.name}_{dtype}: not started, time budget", flush=True)
                     break
-                live = new_server(
-                    run, spec, dtype, max(input_lens) + args.output_len, budget, share
-                )
+                live = new_server(run, spec, dtype, max_len, budget, share)
                 try:
                     stack.enter_context(live.server)
                 except RuntimeError as e:
@@ -1016,6 +1022,45 @@ def run_interleaved(
 
 # A round starts only if the time budget's rest covers this many times the round before it
 ROUND_MARGIN = 1.25
+
+
+def start_together(
+    run: Run, lives: Sequence[LiveServer], stack: contextlib.ExitStack
+) -> list[LiveServer]:
+    """``--start-together``: every server of ``lives`` spawned at once, then each polled until it
+    serves (its start time its own); those that came up, in ``lives``' order, each stopped when
+    ``stack`` closes."""
+    pending = []
+    for live in lives:
+        try:
+            live.server.spawn()
+        except RuntimeError as e:
+            server_failed(run, live, e)
+            server_stopped(run, live)
+            continue
+        stack.push(live.server)  # its __exit__ stops it
+        pending.append(live)
+    up: list[LiveServer] = []
+    while pending:
+        for live in list(pending):
+            try:
+                ready = live.server.healthy()
+            except RuntimeError as e:
+                live.server.stop()
+                server_failed(run, live, e)
+                server_stopped(run, live)
+                ready = True
+            else:
+                if ready:
+                    up.append(live)
+            if ready:
+                pending.remove(live)
+        if pending:
+            time.sleep(2.0)
+    started = [live for live in lives if live in up]
+    for live in started:
+        server_started(live)
+    return started
 
 
 def run_points(
@@ -1572,6 +1617,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gpu-memory-utilization) and run each point on one after the other, the order "
         "rotated every round",
     )
+    p.add_argument(
+        "--kv-cache-memory-gib",
+        type=float,
+        default=0.0,
+        help="every server's KV cache, in GiB (vLLM's --kv-cache-memory-bytes: the same memory "
+        "for every dtype, and no memory profile sizing it); 0: vLLM sizes it from "
+        "--gpu-memory-utilization",
+    )
+    p.add_argument(
+        "--start-together",
+        action="store_true",
+        help="with --interleave and --kv-cache-memory-gib: start every server at once instead "
+        "of one after another (vLLM's memory profile assumes no other process changes its "
+        "memory meanwhile, so only with the cache's size given)",
+    )
     p.add_argument("--keep-traces", action="store_true", help="keep the raw profiler traces")
     p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` flags")
@@ -1608,6 +1668,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.interleave and (len(args.dtypes) < 2 or args.port):
             raise ValueError("--interleave runs two or more dtypes' servers at once, each on "
                              "a free port: give two dtypes or more and no --port")  # fmt: skip
+        if args.kv_cache_memory_gib < 0:
+            raise ValueError("--kv-cache-memory-gib must be >= 0")
+        if args.start_together and not (args.interleave and args.kv_cache_memory_gib):
+            raise ValueError("--start-together needs --interleave and --kv-cache-memory-gib: "
+                             "vLLM sizes a cache from a memory profile that other servers "
+                             "starting at the same time would distort")  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     args.vllm = shlex.split(args.vllm)

@@ -672,11 +672,26 @@ class VllmServer:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_s = 0.0
+        self._spawned_at = 0.0
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def __enter__(self) -> VllmServer:
+        self.spawn()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def spawn(self) -> None:
+        """Start the process (from the thread that will outlive it: its death signal follows the
+        thread that spawned it); :meth:`healthy` then says when it serves."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             # own session: stop() can kill the API server, engine core and workers as one group
@@ -688,31 +703,27 @@ class VllmServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        t0 = time.monotonic()
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.monotonic() - t0
-        return self
+        self._spawned_at = time.monotonic()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def healthy(self) -> bool:
+        """Whether ``/health`` answers 200 now (``start_s`` set the first time); a RuntimeError
+        once the process has exited or ``startup_timeout_s`` has passed since :meth:`spawn`."""
+        if not self.alive():
+            raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
+                if r.status == 200:
+                    self.start_s = self.start_s or time.monotonic() - self._spawned_at
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() - self._spawned_at > self.startup_timeout_s:
+            raise RuntimeError(f"vllm serve not healthy after {self.startup_timeout_s:.0f}s")
+        return False
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+        while not self.healthy():
             time.sleep(2.0)
-        raise RuntimeError(f"vllm serve not healthy after {self.startup_timeout_s:.0f}s")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

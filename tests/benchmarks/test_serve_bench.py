@@ -1034,6 +1034,42 @@ def test_interleaved_rounds_run_every_point_on_every_server_in_turn(fake: dict) 
         assert "server_metrics" not in r and "process_cpu" not in r
 
 
+def test_start_together_starts_every_server_at_once_with_the_cache_size_given(
+    fake: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """--start-together: the servers' starts overlap (each takes FAKE_START_S), every server gets
+    the same --kv-cache-memory-bytes, and the points run as with servers started in turn."""
+    monkeypatch.setenv("FAKE_START_S", "3")
+    rc = sb.main(
+        _argv(
+            fake,
+            *("--dtypes", "auto_fa2,int8,int4", "--input-lens", "1K", "--concurrency", "1"),
+            *("--interleave", "--start-together", "--kv-cache-memory-gib", "1.5"),
+            *("--warmup-prompts", "0"),
+        )
+    )
+    assert rc == 0
+    # every server spawned before the first one served, each its own start time
+    said = [
+        line.split(": ", 2)[2]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("serve_bench: fake_") and ("starting" in line or "healthy" in line)
+    ]
+    assert [w.split()[0] for w in said] == ["starting"] * 3 + ["healthy"] * 3, said
+    serves = [r["argv"] for r in _records(fake) if r["argv"][0] == "serve"]
+    assert [_flag(a, "--kv-cache-dtype") for a in serves] and len(serves) == 3
+    assert {_flag(a, "--kv-cache-memory-bytes") for a in serves} == {str(3 * 2**29)}
+    rows = json.loads(fake["out"].read_text())["rows"]
+    assert sorted(r["dtype"] for r in rows) == ["auto_fa2", "int4", "int8"]
+    runs = json.loads((fake["tmp"] / "logs" / "serve_bench_runs.json").read_text())
+    assert all(s["engine_start_s"] >= 3 for s in runs["servers"])
+    _assert_all_gone(_records(fake))
+    # only with --interleave and the cache's size given
+    for extra in (["--interleave"], ["--kv-cache-memory-gib", "2"]):
+        with pytest.raises(SystemExit):
+            sb.parse_args(["--dtypes", "auto_fa2,int8", "--start-together", *extra])
+
+
 @pytest.mark.parametrize("interleave", [False, True])
 def test_profile_first_runs_the_profiled_point_before_the_timed_ones(
     fake: dict, interleave: bool
