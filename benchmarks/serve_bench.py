@@ -988,7 +988,7 @@ def run_interleaved(
     ``--gpu-memory-utilization``, and each point run on one after the other, the order rotated
     every round, so that a host that drifts between servers started minutes apart weighs on
     every dtype alike. Servers start one after another (each engine's memory profile sees the
-    ones before it as used memory)."""
+    ones before it as used memory), or with ``--start-together`` all at once (:func:`start_together`)."""
     args = run.args
     share = args.gpu_memory_utilization / len(args.dtypes)
     max_len = max(input_lens) + args.output_len
