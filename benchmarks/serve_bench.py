@@ -993,27 +993,32 @@ def run_interleaved(
     share = args.gpu_memory_utilization / len(args.dtypes)
     max_len = max(input_lens) + args.output_len
     started: list[LiveServer] = []
+
+    def may_start(what: str) -> bool:
+        if budget.exhausted() or not budget.fits(run.longest_start_s()):
+            print(f"serve_bench: {what}: not started, time budget", flush=True)
+            return False
+        return True
+
     try:
         with contextlib.ExitStack() as stack:
             if args.start_together:
-                if budget.exhausted() or not budget.fits(run.longest_start_s()):
-                    print(f"serve_bench: {spec.name}: no server started, time budget", flush=True)
-                else:
+                if may_start(f"{spec.name}'s servers"):
                     lives = [new_server(run, spec, d, max_len, budget, share) for d in args.dtypes]
                     started = start_together(run, lives, stack)
-            for dtype in [] if args.start_together else args.dtypes:
-                if budget.exhausted() or not budget.fits(run.longest_start_s()):
-                    print(f"serve_bench: {spec.name}_{dtype}: not started, time budget", flush=True)
-                    break
-                live = new_server(run, spec, dtype, max_len, budget, share)
-                try:
-                    stack.enter_context(live.server)
-                except RuntimeError as e:
-                    server_failed(run, live, e)
-                    server_stopped(run, live)
-                    continue
-                server_started(live)
-                started.append(live)
+            else:
+                for dtype in args.dtypes:
+                    if not may_start(f"{spec.name}_{dtype}"):
+                        break
+                    live = new_server(run, spec, dtype, max_len, budget, share)
+                    try:
+                        stack.enter_context(live.server)
+                    except RuntimeError as e:
+                        server_failed(run, live, e)
+                        server_stopped(run, live)
+                        continue
+                    server_started(live)
+                    started.append(live)
             run_points(run, started, input_lens, budget, vocab_size)
     finally:
         for live in started:
@@ -1044,17 +1049,14 @@ def start_together(
     while pending:
         for live in list(pending):
             try:
-                ready = live.server.healthy()
-            except RuntimeError as e:
+                if not live.server.healthy():
+                    continue
+                up.append(live)
+            except RuntimeError as e:  # exited, or not healthy in time
                 live.server.stop()
                 server_failed(run, live, e)
                 server_stopped(run, live)
-                ready = True
-            else:
-                if ready:
-                    up.append(live)
-            if ready:
-                pending.remove(live)
+            pending.remove(live)
         if pending:
             time.sleep(2.0)
     started = [live for live in lives if live in up]

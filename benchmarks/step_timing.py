@@ -171,7 +171,7 @@ class StepTimer:
             elif engine_step:
                 self.last_step_kind = None
             if age is not None:
-                self.add_age(age, kwargs["request"] if "request" in kwargs else args[0])
+                self.add_age(age, _handed_request(args, kwargs))
             start = time.perf_counter()
             try:
                 with scope(STEP_RANGE):
@@ -195,7 +195,7 @@ class StepTimer:
             wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
         ) -> Any:
             if age is not None:
-                self.add_age(age, kwargs["request"] if "request" in kwargs else args[0])
+                self.add_age(age, _handed_request(args, kwargs))
             start = time.perf_counter()
             try:
                 return await wrapped(*args, **kwargs)
@@ -255,6 +255,12 @@ class StepTimer:
                 "syncs": dict(self.syncs),
                 "sync_stacks": {k: list(v) for k, v in self.sync_stacks.items()},
             }
+
+
+def _handed_request(args: tuple, kwargs: dict) -> Any:
+    """The request a :data:`REQUEST_AGE` site's method is handed: its ``request`` argument, by
+    name or first by position."""
+    return kwargs["request"] if "request" in kwargs else args[0]
 
 
 def step_kind(scheduler_output: Any) -> str | None:
