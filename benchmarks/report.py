@@ -1022,6 +1022,25 @@ SERVING_MODEL_NAMES = {
 }
 
 
+# serve_bench's default --llama-layers: a run that names another count says so beside the name
+SERVING_LLAMA_LAYERS = 2
+
+
+def _layers_note(model: str, result: dict) -> str:
+    """The words "N layers" where ``result``'s run gave the Llama shape ``--llama-layers`` N
+    other than the default, else ""."""
+    layers = re.search(r"--llama-layers[= ](\d+)", result["command"])
+    if model == "llama3-8b-shape" and layers and int(layers[1]) != SERVING_LLAMA_LAYERS:
+        return f"{layers[1]} layers"
+    return ""
+
+
+def _serving_model_name(model: str, result: dict) -> str:
+    """``model``'s name in ``result``'s tables, with ``_layers_note``."""
+    note = _layers_note(model, result)
+    return SERVING_MODEL_NAMES.get(model, model) + (f", {note}" if note else "")
+
+
 # vLLM's own INT8 cache, the upstream row of every comparison
 UPSTREAM = "int8_per_token_head"
 
@@ -1390,7 +1409,7 @@ def serving_targets_table(*paths: Path) -> str:
                     else " (one paired round)" if rounds else ""
                 )  # fmt: skip
                 lines.append(
-                    f"| {SERVING_MODEL_NAMES.get(model, model)} | {run} | {input_len} | {conc} | "
+                    f"| {_serving_model_name(model, result)} | {run} | {input_len} | {conc} | "
                     f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x{paired} | "
                     f"{'yes' if met else '**no**'} |"
                 )
@@ -1645,8 +1664,9 @@ def _paired_clause(path: Path, model: str, input_len: int) -> str:
                 ", every server with vLLM's torch profiler configured"
                 if re.search(r"--profile-concurrency [1-9]", result["command"]) else ""
             )  # fmt: skip
+            layers = _layers_note(m, result)
             parts.append(
-                f" In {paired} at {conc} ({servers} up at once{profiled}, "
+                f" In {paired} at {conc} ({layers + ', ' if layers else ''}{servers} up at once{profiled}, "
                 f"{_provenance(result)}): {' and '.join(figures)}."
             )
     return "".join(parts)

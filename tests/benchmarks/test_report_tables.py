@@ -245,6 +245,34 @@ def test_headline_clause_names_one_round_its_servers_and_a_configured_profiler(
     assert "profiler" not in report._paired_clause(no_profile, "smollm2", 7936)
 
 
+def test_a_llama_run_with_other_than_two_layers_says_how_many(tmp_path: Path) -> None:
+    def row(dtype: str, tpot: float) -> dict:
+        return {**serving_row(dtype, 32, 100.0, None), "model": "llama3-8b-shape",
+                "input_len": 8192, "tpot_ms_p50": tpot,
+                "rounds": [{"round": 0, "position": 0, "tpot_ms_p50": tpot,
+                            "ttft_ms_p50": 100.0}]}  # fmt: skip
+
+    def run(command: str) -> Path:
+        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}.json"
+        rows = [row("auto_fa2", 5.0), row("int8", 4.0)]
+        path.write_text(json.dumps({**COMMON, "command": command, "rows": rows}))
+        return path
+
+    four = run("python -m benchmarks.serve_bench --llama-layers 4 --rounds 1 --interleave")
+    two = run("python -m benchmarks.serve_bench --llama-layers 2 --rounds 1 --interleave")
+    default = run("python -m benchmarks.serve_bench --rounds 1 --interleave")
+    names = {
+        p: {line.split("|")[1].strip() for line in report.serving_targets_table(p).splitlines()[2:]}
+        for p in (four, two, default)
+    }
+    assert names[four] == {"Llama-3-8B's shape, random weights, 4 layers"}
+    assert names[two] == names[default] == {"Llama-3-8B's shape, random weights"}
+    assert report._paired_clause(four, "llama3-8b-shape", 8192).startswith(
+        " In one paired round at 32 (4 layers, both servers up at once, "
+    )
+    assert "layers" not in report._paired_clause(default, "llama3-8b-shape", 8192)
+
+
 def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_same_round(
     tmp_path: Path,
 ) -> None:
