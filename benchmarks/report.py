@@ -867,12 +867,12 @@ def dtype_choice_table(
     return "\n\n".join([caption, "\n".join(lines), *notes])
 
 
-# The newest serving run of each model, and its section of docs/results.md: the headline quotes
-# them and the serving targets table judges them.
-SERVING_NEWEST: tuple[tuple[Path, str], ...] = (
-    (RESULTS / "serving_smollm2_dda1a88.json", "smollm2-from-1-to-128-requests"),
-    (RESULTS / "serving_gemma3.json", "serving-gemma-3-270m"),
-    (RESULTS / "serving_llama3_8b_shape.json", "serving-llama-3-8bs-attention-shape"),
+# The newest serving run of each model: the README's serving table quotes them and the serving
+# targets table judges them.
+SERVING_NEWEST: tuple[Path, ...] = (
+    RESULTS / "serving_smollm2_dda1a88.json",
+    RESULTS / "serving_gemma3.json",
+    RESULTS / "serving_llama3_8b_shape.json",
 )
 # runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
 SERVING_PAIRED: tuple[Path, ...] = (
@@ -892,7 +892,7 @@ def headline(
         RESULTS / "accuracy_gemma3_chunk16.json",
         RESULTS / "accuracy_gemma3.json",
     ),
-    serving: tuple[tuple[Path, str], ...] = SERVING_NEWEST,
+    serving: tuple[Path, ...] = SERVING_NEWEST,
 ) -> str:
     """The README's measured headline for ``int8``, each figure with its model and GPU."""
     acc = _load(accuracy_path)
@@ -932,7 +932,10 @@ def headline(
         "fresh BF16 K/V on FlashAttention-2, exactly as with a BF16 cache, and only its earlier "
         f"chunks come from the pages; so measured, perplexity moves {pct(bf16_prefill)} "
         f"(`{bf16_prefill['label']}`, same run{chunks}).",
-        *(_serving_line(path, anchor) for path, anchor in serving if path.exists()),
+        *([f"- **Serving** (`vllm serve` + `vllm bench serve`, {_count_models(serving)}): "
+           "`int8`'s time per output token and to first token against FlashAttention-2's, by "
+           "model and concurrency, in [the serving table](#serving)."] if any(
+            path.exists() for path in serving) else []),  # fmt: skip
         f"- **Decode attention:** {statistics.median(vs_fa2):.2f}x FlashAttention-2 on BF16 "
         f"(median of {len(vs_fa2)} points at ≥ 8K context and batch ≥ 8, "
         f"{min(vs_fa2):.2f}-{max(vs_fa2):.2f}x) and {vs_upstream:.2f}x upstream's INT8 kernel "
@@ -1369,7 +1372,7 @@ def serving_targets_table(*paths: Path) -> str:
     with the bound it must meet and whether it does."""
     # by default also SmolLM2's H200 run, the only one with 128 requests, and the paired rounds
     paths = paths or (
-        *(path for path, _ in SERVING_NEWEST),
+        *SERVING_NEWEST,
         RESULTS / "serving.json",
         *SERVING_PAIRED,
     )
@@ -1584,92 +1587,59 @@ def _round_points(row: dict, base: dict) -> list[tuple[str, dict, dict]]:
     ]  # fmt: skip
 
 
-def _serving_line(
-    path: Path, anchor: str = "serving", paired: Sequence[Path] = SERVING_PAIRED
+def _count_models(runs: Sequence[Path]) -> str:
+    models = {r["model"] for path in runs if path.exists() for r in _load(path)["rows"]}
+    return f"{len(models)} model{'s' if len(models) != 1 else ''}"
+
+
+def serving_summary_table(
+    newest: Sequence[Path] = SERVING_NEWEST, paired: Sequence[Path] = SERVING_PAIRED
 ) -> str:
-    """The headline's serving line: ``int8``'s median TPOT and TTFT against FlashAttention-2's at
-    each concurrency both served, on the first model of ``SERVING_MODEL_NAMES`` measured and its
-    shortest input, then the same model's and input's runs in ``paired`` rounds; ``anchor``: its
-    section of docs/results.md."""
-    result = _load(path)
-    rows = _serving_rows(result)
-    order = list(SERVING_MODEL_NAMES)
-    model, input_len = min(
-        ((k[0], k[1]) for k in rows),
-        key=lambda m: (order.index(m[0]) if m[0] in order else len(order), m),
-    )
-    concs = sorted(
-        c for (m, n, c, d) in rows
-        if (m, n, d) == (model, input_len, "int8") and (m, n, c, "auto_fa2") in rows
-    )  # fmt: skip
+    """The README's serving table: per model, ``int8``'s median TPOT and TTFT against
+    FlashAttention-2's and its output tok/s against upstream's at each point of its newest run,
+    then at each point of its newest run in paired rounds (the median of the rounds' ratios)."""
+    lines = [
+        "| model | prompt tokens | requests | time per output token | time to first token "
+        f"| output tok/s vs `{UPSTREAM}` | measured | GPU, run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
 
-    def ratios(key: str, base: str = "auto_fa2") -> str:
-        """``int8``'s ``key`` over ``base``'s at each concurrency both served ("" if none)."""
-        parts = [
-            f"{_ratio(rows[model, input_len, c, 'int8'], rows[model, input_len, c, base], key)}"
-            f" at {c}"
-            for c in concs
-            if (model, input_len, c, base) in rows
+    def of_model(paths: Sequence[Path], model: str) -> list[Path]:
+        return [
+            p for p in paths if p.exists() and any(r["model"] == model for r in _load(p)["rows"])
         ]
-        return ", ".join(parts)
 
-    top = rows[model, input_len, concs[-1], "int8"].get("server_metrics") or {}
-    where = f"[where](docs/results.md#{anchor})"
-    if top.get("ttft_frontend_ms_mean") is not None and top.get("ttft_ms_mean_server"):
-        share = top["ttft_frontend_ms_mean"] / top["ttft_ms_mean_server"]
-        tail = (
-            f"); at {concs[-1]}, {share:.0%} of its mean time to first token is spent outside "
-            f"the engine core's queue and prefill (the API server's tokenising, IPC and output "
-            f"processing, and the wait for the engine core to take the request in between two "
-            f"steps: {where})"
-        )
-    else:
-        tail = f"; {where})"
-    upstream = ratios("output_tok_s", UPSTREAM)
-    against_upstream = (
-        f" Its output tokens/s against upstream `{UPSTREAM}`'s: {upstream}." if upstream else ""
-    )
-    return (
-        f"- **Serving** (`vllm serve` + `vllm bench serve`, {SERVING_MODEL_NAMES.get(model, model)}, "
-        f"{input_len}-token prompts): `int8`'s median time per output token against "
-        f"FlashAttention-2's is {ratios('tpot_ms_p50')} concurrent requests, its time to first "
-        f"token {ratios('ttft_ms_p50')} ({result['gpu']}; above 1: slower{tail}.{against_upstream}"
-        + "".join(_paired_clause(p, model, input_len) for p in paired if p.exists())
-    )
-
-
-def _paired_clause(path: Path, model: str, input_len: int) -> str:
-    """The headline's words for a run in paired rounds of ``model`` at ``input_len``: ``int8``'s
-    TPOT and TTFT against FlashAttention-2's in each round and their medians ("" if none)."""
-    result = _load(path)
-    rows = _serving_rows(result)
-    parts = []
-    for m, n, conc, dtype in _serving_keys(rows):
-        base = rows.get((m, n, conc, "auto_fa2"))
-        if (m, n, dtype) != (model, input_len, "int8") or not base:
-            continue
-        figures, rounds = [], 0
-        for figure, name in (("tpot_ms_p50", "time per output token"), ("ttft_ms_p50", "TTFT")):
-            ratios = [x for _, x in _round_ratios(rows[m, n, conc, dtype], base, figure)]
-            if ratios:
-                each = f" ({', '.join(f'{x:.2f}x' for x in ratios)})" if len(ratios) > 1 else ""
-                figures.append(f"{name} {statistics.median(ratios):.2f}x{each}")
-                rounds = len(ratios)
-        if figures:
-            at_once = rows[m, n, conc, dtype].get("servers_at_once", 2)
-            servers = "both servers" if at_once == 2 else f"{at_once} servers"
-            paired = "one paired round" if rounds == 1 else f"{rounds} paired rounds"
+    for model in SERVING_MODEL_NAMES:
+        runs = [*of_model(newest, model)[:1], *of_model(paired, model)[-1:]]
+        for path in runs:
+            result = _load(path)
+            rows = _serving_rows(result)
             # a server started for a profiled point keeps the profiler configured for every point
             profiled = (
-                ", every server with vLLM's torch profiler configured"
-                if re.search(r"--profile-concurrency [1-9]", result["command"]) else ""
+                ", servers profiled" if re.search(r"--profile-concurrency [1-9]", result["command"])
+                else ""
             )  # fmt: skip
-            layers = _layers_note(m, result)
-            parts.append(
-                f" In {paired} at {conc} ({layers + ', ' if layers else ''}{servers} up at once{profiled}, "
-                f"{_provenance(result)}): {' and '.join(figures)}."
-            )
-    return "".join(parts)
+            for m, input_len, conc, dtype in _serving_keys(rows):
+                fa2 = rows.get((m, input_len, conc, "auto_fa2"))
+                if m != model or dtype != "int8" or not fa2:
+                    continue
+                ours = rows[m, input_len, conc, dtype]
+                tpot, n = _paired_ratio(ours, fa2, "tpot_ms_p50")
+                ttft, _ = _paired_ratio(ours, fa2, "ttft_ms_p50")
+                upstream = rows.get((m, input_len, conc, UPSTREAM))
+                tok_s = (
+                    f"{_paired_ratio(ours, upstream, 'output_tok_s')[0]:.2f}x" if upstream else "-"
+                )
+                how = (
+                    f"median of {n} paired rounds" if n > 1 else "one paired round" if n
+                    else "one pass"
+                )  # fmt: skip
+                lines.append(
+                    f"| {_serving_model_name(m, result)} | {input_len} | {conc} | {tpot:.2f}x | "
+                    f"{ttft:.2f}x | {tok_s} | {how}{profiled} | {result['gpu']}, "
+                    f"{_provenance(result)} |"
+                )
+    return "\n".join(lines)
 
 
 def _calls_caption(result: dict) -> str:
@@ -2099,6 +2069,7 @@ TABLES = {
     "serving_starts": serving_starts_table,
     "serving_ttft": serving_ttft_table,
     "serving_targets": serving_targets_table,
+    "serving_summary": serving_summary_table,
     "decode_ab_head256": decode_ab_table,
     "serving_profile_steps": lambda: serving_profile_steps_table(
         *sorted(RESULTS.glob("serving_*_profile.json"))

@@ -22,6 +22,7 @@ README, RESULTS, HISTORY = "README.md", "docs/results.md", "docs/measurement-his
 WHERE = {
     "headline": README,
     "dtype_choice": README,
+    "serving_summary": README,
     "accuracy": RESULTS,
     "accuracy_gemma3": RESULTS,
     "accuracy_chunk16": RESULTS,

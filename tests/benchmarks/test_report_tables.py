@@ -1,4 +1,4 @@
-"""benchmarks/report.py's serving TTFT table, the headline's serving line, the kernel A/B table,
+"""benchmarks/report.py's serving TTFT table, the README's serving table, the kernel A/B table,
 the int4 decode table and the note on int4's default decode, on small result files made here (the
 committed files are pinned by tests/test_readme_results.py)."""
 
@@ -104,41 +104,60 @@ def test_serving_ttft_table_adds_the_request_ages_where_the_step_timer_dated_the
     )
 
 
-def test_headline_serving_line_names_the_share_outside_the_engine_core(tmp_path: Path) -> None:
-    rows = [serving_row("auto_fa2", c, 100.0, metrics(0.0, 20.0, 100.0)) for c in (1, 8)]
-    rows += [serving_row("int8", 1, 50.0, None),
-             serving_row("int8", 8, 400.0, metrics(0.0, 20.0, 400.0))]  # fmt: skip
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
-    assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
-    assert "at 8, 95% of its mean time to first token is spent outside the engine core" in line
-    # without the server's metrics at the highest concurrency, no such clause
-    rows[-1].pop("server_metrics")
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
-    assert "outside the engine core" not in line
-    assert line.endswith("above 1: slower; [where](docs/results.md#serving)).")
-    # each file's line links its own section
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), "serving-x", ())
-    assert line.endswith("above 1: slower; [where](docs/results.md#serving-x)).")
-    # a run that adds another model keeps the headline on SmolLM2
-    rows += [{**serving_row("auto_fa2", 1, 10.0, None), "model": "gemma3"},
-             {**serving_row("int8", 1, 10.0, None), "model": "gemma3"}]  # fmt: skip
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
-    assert "SmolLM2-135M-Instruct, 7936-token prompts" in line
-    assert "time to first token 0.50x at 1, 4.00x at 8 (NVIDIA H200" in line
+def summary_cells(newest: list[Path], paired: list[Path]) -> list[list[str]]:
+    lines = report.serving_summary_table(newest, paired).splitlines()[2:]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
 
 
-def test_headline_serving_line_adds_output_rate_against_upstream_where_served(
+def test_serving_summary_puts_each_models_newest_run_before_its_newest_paired_run(
     tmp_path: Path,
 ) -> None:
-    rows = [serving_row(d, 32, 100.0, None) for d in ("auto_fa2", "int8")]
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
-    assert "upstream" not in line
-    rows.append({**serving_row("int8_per_token_head", 32, 100.0, None), "output_tok_s": 400.0})
-    line = report._serving_line(write(tmp_path, {"command": "x", "rows": rows}), paired=())
-    assert line.endswith(
-        "[where](docs/results.md#serving)). Its output tokens/s against upstream "
-        "`int8_per_token_head`'s: 2.50x at 32."
-    )
+    def run(name: str, model: str, ttfts: tuple[float, float], *extra: dict) -> Path:
+        rows = [{**serving_row(d, 32, t, None), "model": model}
+                for d, t in zip(("auto_fa2", "int8"), ttfts, strict=True)]  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**COMMON, "command": "x", "rows": [*rows, *extra]}))
+        return path
+
+    smol_old = run("smol_old", "smollm2", (100.0, 300.0))
+    smol_new = run("smol_new", "smollm2", (100.0, 50.0))
+    gemma = run("gemma", "gemma3", (100.0, 200.0),
+                {**serving_row("int8_per_token_head", 32, 1.0, None), "model": "gemma3",
+                 "output_tok_s": 400.0})  # fmt: skip
+    cells = summary_cells([gemma, smol_new, smol_old], [])
+    # models in the headline's order, each by its first run in the list only
+    assert [(c[0], c[4], c[5]) for c in cells] == [
+        ("SmolLM2-135M-Instruct", "0.50x", "-"),
+        ("gemma-3-270m", "2.00x", "2.50x"),
+    ]
+    assert cells[0][6:] == ["one pass", "NVIDIA H200, 2026-12-05, commit `bbbbbbb`"]
+
+
+def test_serving_summary_gives_paired_rounds_their_median_and_a_configured_profiler(
+    tmp_path: Path,
+) -> None:
+    def rounds(dtype: str, tpots: list[float]) -> dict:
+        each = [{"round": i, "position": i % 2, "tpot_ms_p50": t, "ttft_ms_p50": 100.0}
+                for i, t in enumerate(tpots)]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    def run(command: str, fa2: list[float], int8: list[float]) -> Path:
+        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}.json"
+        rows = [rounds("auto_fa2", fa2), rounds("int8", int8)]
+        path.write_text(json.dumps({**COMMON, "command": command, "rows": rows}))
+        return path
+
+    older = run("python -m benchmarks.serve_bench --rounds 1 --interleave", [5.0], [5.0])
+    # paired by round: 0.80x, 0.60x, 1.10x, median 0.80x (the ratio of medians would be 0.88x)
+    three = run("python -m benchmarks.serve_bench --rounds 3 --interleave",
+                [5.0, 10.0, 4.0], [4.0, 6.0, 4.4])  # fmt: skip
+    cells = summary_cells([], [older, three])
+    assert [c[3:7] for c in cells] == [["0.80x", "1.00x", "-", "median of 3 paired rounds"]]
+    profiled = run("python -m benchmarks.serve_bench --rounds 3 --interleave "
+                   "--profile-concurrency 32", [5.0], [4.0])  # fmt: skip
+    assert summary_cells([], [profiled])[0][6] == "one paired round, servers profiled"
+    no_profile = run("python -m benchmarks.serve_bench --profile-concurrency 0", [5.0], [4.0])
+    assert summary_cells([], [no_profile])[0][6] == "one paired round"
 
 
 def test_serving_targets_table_judges_each_point_by_its_bound(tmp_path: Path) -> None:
@@ -191,58 +210,6 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
     tpot = [c.strip() for c in targets[0].strip("|").split("|")]
     assert tpot[4:] == ["TPOT p50 vs `auto_fa2`", "≤ 0.72x", "0.80x (median of 3 rounds)",
                         "**no**"]  # fmt: skip
-    # and the headline's line for the model adds the same medians, each round's ratio beside it
-    unpaired = tmp_path / "unpaired.json"
-    unpaired.write_text(json.dumps({**COMMON, "command": "x", "rows": [
-        serving_row(d, 1, 100.0, None) for d in ("auto_fa2", "int8")]}))  # fmt: skip
-    line = report._serving_line(unpaired, paired=(path,))
-    assert line.endswith(
-        "In 3 paired rounds at 32 (both servers up at once, 2026-12-05, commit `bbbbbbb`): time "
-        "per output token 0.80x (0.80x, 0.60x, 1.10x) and TTFT 1.00x (1.00x, 1.00x, 1.00x)."
-    )
-    # a run without rounds adds nothing
-    assert report._serving_line(unpaired, paired=(unpaired,)).endswith(
-        "(docs/results.md#serving))."
-    )
-
-
-def test_headline_clause_names_one_round_its_servers_and_a_configured_profiler(
-    tmp_path: Path,
-) -> None:
-    def rounds(dtype: str, tpots: list[float]) -> dict:
-        each = [{"round": i, "position": i, "tpot_ms_p50": t, "ttft_ms_p50": 100.0}
-                for i, t in enumerate(tpots)]  # fmt: skip
-        return {**serving_row(dtype, 32, 100.0, None), "rounds": each, "servers_at_once": 3}
-
-    def run(command: str) -> Path:
-        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    **COMMON,
-                    "command": command,
-                    "rows": [
-                        rounds("auto_fa2", [5.0, 4.0]),
-                        rounds("int8", [4.0]),
-                        rounds("int4", [6.0]),
-                    ],
-                }
-            )
-        )
-        return path  # fmt: skip
-
-    plain = run("python -m benchmarks.serve_bench --rounds 2 --interleave")
-    assert report._paired_clause(plain, "smollm2", 7936) == (
-        " In one paired round at 32 (3 servers up at once, 2026-12-05, commit `bbbbbbb`): time "
-        "per output token 0.80x and TTFT 1.00x."
-    )
-    profiled = run("python -m benchmarks.serve_bench --rounds 2 --interleave "
-                   "--profile-concurrency 32")  # fmt: skip
-    assert "(3 servers up at once, every server with vLLM's torch profiler configured, " in (
-        report._paired_clause(profiled, "smollm2", 7936)
-    )
-    no_profile = run("python -m benchmarks.serve_bench --rounds 2 --profile-concurrency 0")
-    assert "profiler" not in report._paired_clause(no_profile, "smollm2", 7936)
 
 
 def test_a_llama_run_with_other_than_two_layers_says_how_many(tmp_path: Path) -> None:
@@ -267,10 +234,8 @@ def test_a_llama_run_with_other_than_two_layers_says_how_many(tmp_path: Path) ->
     }
     assert names[four] == {"Llama-3-8B's shape, random weights, 4 layers"}
     assert names[two] == names[default] == {"Llama-3-8B's shape, random weights"}
-    assert report._paired_clause(four, "llama3-8b-shape", 8192).startswith(
-        " In one paired round at 32 (4 layers, both servers up at once, "
-    )
-    assert "layers" not in report._paired_clause(default, "llama3-8b-shape", 8192)
+    four_cells = summary_cells([], [four])
+    assert four_cells[0][0] == "Llama-3-8B's shape, random weights, 4 layers"
 
 
 def test_serving_ttft_and_steps_tables_give_each_round_against_the_baselines_same_round(
