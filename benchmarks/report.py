@@ -1017,7 +1017,7 @@ def throughput_table(path: Path = RESULTS / "throughput.json") -> str:
 # --------------------------------------------------------------------------------------------
 # serving.json: vllm bench serve against vllm serve (benchmarks/serve_bench.py)
 
-# serve_bench's model names, in the order the headline prefers them
+# serve_bench's model names, in the order the README's serving table gives them
 SERVING_MODEL_NAMES = {
     "smollm2": "SmolLM2-135M-Instruct",
     "gemma3": "gemma-3-270m",
