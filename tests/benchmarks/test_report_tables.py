@@ -131,6 +131,12 @@ def test_serving_summary_puts_each_models_newest_run_before_its_newest_paired_ru
         ("gemma-3-270m", "2.00x", "2.50x"),
     ]
     assert cells[0][6:] == ["one pass", "NVIDIA H200, 2026-12-05, commit `bbbbbbb`"]
+    # servers up at once, one round and no rounds recorded: still a paired round
+    at_once = tmp_path / "at_once.json"
+    at_once.write_text(json.dumps({**COMMON, "command": "x", "rows": [
+        {**serving_row(d, 32, 100.0, None), "servers_at_once": 2}
+        for d in ("auto_fa2", "int8")]}))  # fmt: skip
+    assert summary_cells([at_once], [])[0][6] == "one paired round"
 
 
 def test_serving_summary_gives_paired_rounds_their_median_and_a_configured_profiler(
