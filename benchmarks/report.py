@@ -1030,19 +1030,23 @@ SERVING_MODEL_NAMES = {
 SERVING_LLAMA_LAYERS = 2
 
 
-def _layers_note(model: str, result: dict) -> str:
-    """The words "N layers" where ``result``'s run gave the Llama shape ``--llama-layers`` N
-    other than the default, else ""."""
+def _serving_model_name(model: str, result: dict) -> str:
+    """``model``'s name in ``result``'s tables, with the Llama shape's layer count where the run
+    gave ``--llama-layers`` other than the default."""
+    name = SERVING_MODEL_NAMES.get(model, model)
     layers = re.search(r"--llama-layers[= ](\d+)", result["command"])
     if model == "llama3-8b-shape" and layers and int(layers[1]) != SERVING_LLAMA_LAYERS:
-        return f"{layers[1]} layers"
-    return ""
+        name += f", {layers[1]} layers"
+    return name
 
 
-def _serving_model_name(model: str, result: dict) -> str:
-    """``model``'s name in ``result``'s tables, with ``_layers_note``."""
-    note = _layers_note(model, result)
-    return SERVING_MODEL_NAMES.get(model, model) + (f", {note}" if note else "")
+def _pairing(rounds: int, row: dict) -> str:
+    """How ``row``'s ratios were paired, from ``rounds`` (:func:`_paired_ratio`'s count): "median
+    of N paired rounds", "one paired round" (also a run of servers up at once, each point on each
+    in turn, that recorded no rounds), or "" (one server after another)."""
+    if rounds > 1:
+        return f"median of {rounds} paired rounds"
+    return "one paired round" if rounds or row.get("servers_at_once", 1) > 1 else ""
 
 
 # vLLM's own INT8 cache, the upstream row of every comparison
@@ -1408,11 +1412,8 @@ def serving_targets_table(*paths: Path) -> str:
                                True))  # fmt: skip
             for what, (value, rounds), bound, at_least in checks:
                 met = value >= bound if at_least else value <= bound
-                paired = (
-                    f" (median of {rounds} rounds)" if rounds > 1
-                    else " (one paired round)" if rounds or ours.get("servers_at_once", 1) > 1
-                    else ""
-                )  # fmt: skip
+                pairing = _pairing(rounds, ours)
+                paired = f" ({pairing})" if pairing else ""
                 lines.append(
                     f"| {_serving_model_name(model, result)} | {run} | {input_len} | {conc} | "
                     f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x{paired} | "
@@ -1632,12 +1633,7 @@ def serving_summary_table(
                 tok_s = (
                     f"{_paired_ratio(ours, upstream, 'output_tok_s')[0]:.2f}x" if upstream else "-"
                 )
-                # servers up at once took each point on each in turn: a round, if one only
-                in_turn = n or ours.get("servers_at_once", 1) > 1
-                how = (
-                    f"median of {n} paired rounds" if n > 1 else "one paired round" if in_turn
-                    else "one pass"
-                )  # fmt: skip
+                how = _pairing(n, ours) or "one pass"
                 lines.append(
                     f"| {_serving_model_name(m, result)} | {input_len} | {conc} | {tpot:.2f}x | "
                     f"{ttft:.2f}x | {tok_s} | {how}{profiled} | {result['gpu']}, "

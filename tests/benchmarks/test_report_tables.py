@@ -214,7 +214,7 @@ def test_serving_rounds_table_pairs_each_round_with_its_baseline(tmp_path: Path)
     # the targets table judges such a point by the same paired median
     targets = report.serving_targets_table(path).splitlines()[2:]
     tpot = [c.strip() for c in targets[0].strip("|").split("|")]
-    assert tpot[4:] == ["TPOT p50 vs `auto_fa2`", "≤ 0.72x", "0.80x (median of 3 rounds)",
+    assert tpot[4:] == ["TPOT p50 vs `auto_fa2`", "≤ 0.72x", "0.80x (median of 3 paired rounds)",
                         "**no**"]  # fmt: skip
 
 
