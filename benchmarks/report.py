@@ -1607,15 +1607,14 @@ def serving_summary_table(
         "|---|---|---|---|---|---|---|---|",
     ]
 
-    def of_model(paths: Sequence[Path], model: str) -> list[Path]:
-        return [
-            p for p in paths if p.exists() and any(r["model"] == model for r in _load(p)["rows"])
-        ]
+    docs = {p: _load(p) for p in (*newest, *paired) if p.exists()}
+
+    def of_model(paths: Sequence[Path], model: str) -> list[dict]:
+        return [docs[p] for p in paths if p in docs and any(
+            r["model"] == model for r in docs[p]["rows"])]  # fmt: skip
 
     for model in SERVING_MODEL_NAMES:
-        runs = [*of_model(newest, model)[:1], *of_model(paired, model)[-1:]]
-        for path in runs:
-            result = _load(path)
+        for result in [*of_model(newest, model)[:1], *of_model(paired, model)[-1:]]:
             rows = _serving_rows(result)
             # a server started for a profiled point keeps the profiler configured for every point
             profiled = (

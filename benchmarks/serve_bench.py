@@ -1014,8 +1014,7 @@ def run_interleaved(
                     try:
                         stack.enter_context(live.server)
                     except RuntimeError as e:
-                        server_failed(run, live, e)
-                        server_stopped(run, live)
+                        server_not_started(run, live, e)
                         continue
                     server_started(live)
                     started.append(live)
@@ -1040,8 +1039,7 @@ def start_together(
         try:
             live.server.spawn()
         except RuntimeError as e:
-            server_failed(run, live, e)
-            server_stopped(run, live)
+            server_not_started(run, live, e)
             continue
         stack.push(live.server)  # its __exit__ stops it
         pending.append(live)
@@ -1054,8 +1052,7 @@ def start_together(
                 up.append(live)
             except RuntimeError as e:  # exited, or not healthy in time
                 live.server.stop()
-                server_failed(run, live, e)
-                server_stopped(run, live)
+                server_not_started(run, live, e)
             pending.remove(live)
         if pending:
             time.sleep(2.0)
@@ -1174,6 +1171,12 @@ def server_failed(run: Run, live: LiveServer, e: Exception) -> None:
     if cause:
         live.info["engine_error"] = cause
     print(f"serve_bench: {live.tag}: {cause or str(e)[-600:]}", file=sys.stderr, flush=True)
+
+
+def server_not_started(run: Run, live: LiveServer, e: Exception) -> None:
+    """A server that did not come up: :func:`server_failed`, then :func:`server_stopped`."""
+    server_failed(run, live, e)
+    server_stopped(run, live)
 
 
 def server_stopped(run: Run, live: LiveServer) -> None:
