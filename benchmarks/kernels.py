@@ -10,7 +10,8 @@ One decode point off the matrix (here SmolLM2's heads with 1024 sequences at 1K 
 Impls: ``bf16_fa2`` (FlashAttention-2 paged, vllm.vllm_flash_attn, fa_version=2), ``bf16`` (vLLM's
 Triton unified_attention, BF16 cache), ``upstream_int8_pth`` (the same kernel with vLLM's
 int8_per_token_head cache), and ours: ``int8``, ``int8_static``, ``int4``; for prefill also
-``int8_fa2`` / ``int8_static_fa2``, the context gather + FlashAttention-2 the shim runs there; on
+``int8_fa2`` / ``int8_static_fa2`` / ``int4_sink_tail2_fa2``, the context gather +
+FlashAttention-2 the shim runs there; on
 request (``--impls int4_tail2``, not in the default list) ``int4`` with a tail of two pages, each
 sequence's page before the newest read from the tail too, and ``int4_sink_tail2``, ``int4`` as it
 ships: also a sink page, each sequence's first 64 keys read in BF16 instead of from int4 page 0
@@ -70,7 +71,8 @@ IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
 # Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
 # (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
 # FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
-VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static"}
+VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static",
+           "int4_sink_tail2_fa2": "int4_sink_tail2"}  # fmt: skip
 # Prefill only: our kernel with every key of a query block in one program (num_splits=1), as every
 # prefill launch ran before short continuations split their keys across programs (b686a4c).
 UNSPLIT = {"int8_unsplit": "int8", "int4_sink_tail2_unsplit": "int4_sink_tail2"}
@@ -81,9 +83,14 @@ TAIL_PAGES = {"int4_tail2": 2, "int4_sink_tail2": 2, "int4_sink_tail2_unsplit": 
 SINK_IMPLS = {"int4_sink_tail2", "int4_sink_tail2_unsplit"}
 
 
+def our_impl(impl: str) -> str:
+    """The impl of our kernels whose cache a prefill-only variant reads."""
+    return VIA_FA2.get(impl, UNSPLIT.get(impl, impl))
+
+
 def kv_dtype(impl: str) -> str:
-    impl = UNSPLIT.get(impl, impl)
-    return "int4" if impl in TAIL_PAGES else VIA_FA2.get(impl, impl)
+    impl = our_impl(impl)
+    return "int4" if impl in TAIL_PAGES else impl
 
 
 def has_tail(impl: str) -> bool:
@@ -162,14 +169,14 @@ class Cache:
             self.raw[:, lay.k_sz :].view(torch.float16).uniform_(0.005, 0.02)  # scales, zeros
             self.sk = self.sv = None  # no static scales
             # the pool of unfinished pages: one slot per sequence, its own pages' tokens
-            self.pages = TAIL_PAGES.get(impl, 1)
+            self.pages = TAIL_PAGES.get(our_impl(impl), 1)
             slots = max(num_slots, 1)
             shape, held = tail_pool_shapes(slots, nkv, d, self.pages, lay.block_size)
             self.tail = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
             self.tail_page = torch.full(held, -1, dtype=torch.int32, device=DEV)
             # the sink pool: one sink page per sequence, K and V of its first page
             self.sink = self.sink_of_seq = None
-            if impl in SINK_IMPLS:
+            if our_impl(impl) in SINK_IMPLS:
                 sink_shape = (slots, 2, nkv, lay.block_size, d)
                 self.sink = torch.randn(sink_shape, device=DEV, dtype=torch.bfloat16)
                 self.sink_of_seq = torch.arange(slots, dtype=torch.int32, device=DEV)
@@ -219,6 +226,14 @@ def attention_fn(
             kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD if quant else KVQuantMode.NONE,
             k_scale_cache=cache.ks if quant else None, v_scale_cache=cache.vs if quant else None,
         )  # fmt: skip
+    tail = {}
+    if has_tail(impl):
+        slots = torch.arange(seq_lens.shape[0], dtype=torch.int32, device=DEV)
+        tail = dict(tail=cache.tail, slot_of_seq=slots, tail_page=cache.tail_page)
+        if cache.pages == 2:  # each slot holds its sequence's newest page and the one before
+            cache.tail_page[: seq_lens.shape[0]].copy_(tail_halves(bt, seq_lens, block_size(impl)))
+        if cache.sink is not None:
+            tail |= dict(sink=cache.sink, sink_of_seq=cache.sink_of_seq)
     if impl in VIA_FA2:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
@@ -230,9 +245,9 @@ def attention_fn(
 
         def via_fa2() -> None:
             k, v = K.gather_kv_context(
-                cache.raw, new_k, new_v, kv_dtype=kv_dtype(impl), block_size=BLOCK,
+                cache.raw, new_k, new_v, kv_dtype=kv_dtype(impl), block_size=block_size(impl),
                 block_table=bt, cu_seqlens_q=qsl, cu_seqlens_k=cu_k, max_seqlen_k=max_s,
-                num_k_tokens=total, k_scale=cache.sk, v_scale=cache.sv,
+                num_k_tokens=total, k_scale=cache.sk, v_scale=cache.sv, **tail,
             )  # fmt: skip
             flash_attn_varlen_func(
                 q, k, v, out=out, cu_seqlens_q=qsl, max_seqlen_q=max_q, cu_seqlens_k=cu_k,
@@ -241,14 +256,6 @@ def attention_fn(
 
         return via_fa2
     ws = K.make_workspace(q.shape[0], q.shape[1], d, device=DEV)
-    tail = {}
-    if has_tail(impl):
-        slots = torch.arange(seq_lens.shape[0], dtype=torch.int32, device=DEV)
-        tail = dict(tail=cache.tail, slot_of_seq=slots, tail_page=cache.tail_page)
-        if cache.pages == 2:  # each slot holds its sequence's newest page and the one before
-            cache.tail_page[: seq_lens.shape[0]].copy_(tail_halves(bt, seq_lens, block_size(impl)))
-        if cache.sink is not None:
-            tail |= dict(sink=cache.sink, sink_of_seq=cache.sink_of_seq)
     return lambda: K.paged_attention(
         q, cache.raw, out, kv_dtype=kv_dtype(impl), block_size=block_size(impl), num_kv_heads=cache.nkv,
         query_start_loc=qsl, seq_lens=seq_lens, block_table=bt, max_query_len=max_q,

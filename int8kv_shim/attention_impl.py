@@ -175,8 +175,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         self.sinks = sink_pages.manager() if self.slots is not None else None
         # Decided once per builder, like the impl's own choice (same cached function).
         self.flash_prefill = flash_attention(model_config.get_head_size()) is not None
-        # Continuations need their context dequantized into BF16 (int8 / int8_static only: part
-        # of an int4 context lives in the tail), within CONTEXT_BUFFER_BYTES per layer call.
+        # Continuations need their context dequantized into BF16, within CONTEXT_BUFFER_BYTES
+        # per layer call.
         self.max_context_tokens = (
             CONTEXT_BUFFER_BYTES
             // context_bytes_per_token(self.num_kv_heads, model_config.get_head_size())
@@ -577,6 +577,7 @@ class Int8KVAttentionImpl(AttentionImpl):
                 block_table=s.block_table, cu_seqlens_q=s.query_start_loc,
                 cu_seqlens_k=s.key_start_loc, max_seqlen_k=s.max_key_len,
                 num_k_tokens=s.num_key_tokens, **self._kernel_scales(),
+                **self._pool_args(s.slot_of_seq, s.sink_of_seq),
             )  # fmt: skip
 
         def paged(q: torch.Tensor, out: torch.Tensor, s: Subset) -> None:
@@ -605,12 +606,6 @@ class Int8KVAttentionImpl(AttentionImpl):
         """Our kernels over the quantized pages, for the sequences these tensors describe
         (``slot_of_seq``: their tail slots, for dtypes with a tail pool; ``sink_of_seq``: their
         sink pages, for int4 with sink pages)."""
-        tail = {}
-        if self.uses_tail:
-            tail = {"tail": self._attention_tail(), "slot_of_seq": slot_of_seq,
-                    "tail_page": self.tail_page}  # fmt: skip
-            if sink_of_seq is not None:
-                tail.update(sink=self._attention_sink(), sink_of_seq=sink_of_seq)
         paged_attention(
             query,
             kv_cache,
@@ -628,9 +623,22 @@ class Int8KVAttentionImpl(AttentionImpl):
             soft_cap=self.logits_soft_cap,
             workspace=md.workspace,
             num_splits=md.num_splits,
-            **tail,
+            **self._pool_args(slot_of_seq, sink_of_seq),
             **self._kernel_scales(),
         )
+
+    def _pool_args(
+        self, slot_of_seq: torch.Tensor | None, sink_of_seq: torch.Tensor | None
+    ) -> dict[str, Any]:
+        """The tail pool and sink pages of dtypes that have them (int4), for the sequences
+        whose tail slots and sink rows these are: the keywords of our attention and gather."""
+        if not self.uses_tail:
+            return {}
+        pools = {"tail": self._attention_tail(), "tail_page": self.tail_page,
+                 "slot_of_seq": slot_of_seq}  # fmt: skip
+        if sink_of_seq is not None:
+            pools.update(sink=self._attention_sink(), sink_of_seq=sink_of_seq)
+        return pools
 
     def _attention_sink(self) -> torch.Tensor:
         """This layer's sink pool, or, for a layer reading another layer's cache, that layer's."""

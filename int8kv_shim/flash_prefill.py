@@ -16,9 +16,9 @@ A sequence that brings more than one new token attends with FlashAttention-2 ("f
   position ctx + i sees keys <= ctx + i, exactly our kernels' rule; the sliding window likewise
   (``window_size=[w - 1, 0]``). vLLM's own TurboQuant backend attends continuations this way. The
   context reads the same quantized values our kernels would; the new tokens are unquantized, as
-  for a first chunk. ``int4`` continuations stay on our kernels (the newest part of their
-  context is in the tail pool, not the pages), and so does a continuation whose context would
-  push the batch's buffers past ``CONTEXT_BUFFER_BYTES``.
+  for a first chunk. For ``int4`` the gather reads each context key where our int4 attention
+  reads it (the sequence's tail slot or sink page, else its int4 page). A continuation whose
+  context would push the batch's buffers past ``CONTEXT_BUFFER_BYTES`` stays on our kernels.
 
 Every other query token -- decodes, speculative-decode verifications, short continuations --
 attends over the quantized pages with our kernels. The new tokens' K/V are written into the cache
@@ -68,7 +68,8 @@ CONTEXT_BUFFER_BYTES = 256 << 20
 # our kernel 20-62 us against 142 us for the gather + FlashAttention-2 at SmolLM2's 9/3 heads of
 # 64, and 31-61 us against 232 us at Gemma 3's 4/1 heads of 256; at 2048 new tokens the gather +
 # FlashAttention-2 is the faster (kernels.json: 219 against 441 us at 9/3 heads on an H200). Between
-# 256 and 2048 is not measured: continuations of up to 256 new tokens stay on ours.
+# 256 and 2048 is not measured: continuations of up to 256 new tokens stay on ours. The same
+# threshold serves int4 (measured on int8).
 MIN_CONTINUATION_TOKENS = 257
 
 

@@ -218,6 +218,16 @@ def _launch_all_int4(key: WarmupKey, softmax_scale: float, device: torch.device)
             seq_lens=torch.tensor([_PREFILL_LEN], dtype=torch.int32, device=device), num_seqs=1,
         )  # fmt: skip
         launches += 1
+    if key.gather:
+        new = torch.zeros(_PREFILL_LEN, hk, d, dtype=key.model_dtype, device=device)
+        gather_kv_context(
+            kv_cache, new, new, kv_dtype=key.kv_dtype, block_size=b, block_table=block_table,
+            cu_seqlens_q=torch.tensor([0, _PREFILL_LEN], dtype=torch.int32, device=device),
+            cu_seqlens_k=torch.tensor([0, seq_len], dtype=torch.int32, device=device),
+            max_seqlen_k=seq_len, num_k_tokens=seq_len, tail=tail, tail_page=tail_page,
+            slot_of_seq=slot_of_seq, **sinks,
+        )  # fmt: skip
+        launches += 1
     return launches + _attention_launches(
         key, kv_cache, block_table, softmax_scale, device, tail=tail, tail_page=tail_page,
         slot_of_seq=slot_of_seq, **sinks,

@@ -67,7 +67,7 @@ from .attention_plan import (
     store_split_stats,
     visible_keys,
 )
-from .cache_write_int4 import check_sink, check_tail, tail_entry
+from .cache_write_int4 import check_sink, check_tail, exact_keys_start
 from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_int4_layout, next_power_of_2
 
@@ -543,13 +543,6 @@ def _decode_pages(
 
 
 @triton.jit
-def _tail_holds(tail_page_ptr, bt_row, slot, pg, TAIL_PAGES: tl.constexpr):
-    """Whether the slot's tail holds the sequence's page ``pg``: its ``tail_page`` entry names
-    the block of the sequence's block-table row ``bt_row``."""
-    return tl.load(tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES)) == tl.load(bt_row + pg)
-
-
-@triton.jit
 def _exact_page(
     row, stride_kv, key, key_ok, q_lo, q_hi, score_scale, pos, window, soft_cap, m_i, l_i, acc_lo,
     acc_hi, az_lo, az_hi, HEAD_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr,
@@ -665,19 +658,10 @@ def _attn_int4_fwd(
     key_lo, key_hi = visible_keys(ctx, seq_len, qb, window, split, num_splits, BLOCK_Q,
                                   BLOCK_SIZE, TILE_N, USE_WINDOW, SPLIT)  # fmt: skip
     score_scale = score_scale_of(softmax_scale, USE_SOFTCAP)
-    full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE  # keys below it are read from int4 pages
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     slot = tl.load(slot_of_seq_ptr + seq).to(tl.int64)
-    # a last page completed by the last step is still the tail's (split boundaries stay at pages);
-    # with two pages a slot, then the page before the newest when its half names its block
-    if (full == seq_len) & (full > 0) & (slot >= 0):
-        if _tail_holds(tail_page_ptr, bt_row, tl.maximum(slot, 0), full // BLOCK_SIZE - 1,
-                       TAIL_PAGES):  # fmt: skip
-            full = full - BLOCK_SIZE
-    if TAIL_PAGES == 2:
-        if (full > 0) & (full < seq_len) & (slot >= 0):
-            if _tail_holds(tail_page_ptr, bt_row, slot, full // BLOCK_SIZE - 1, TAIL_PAGES):
-                full = full - BLOCK_SIZE
+    # keys below it are read from int4 pages (split boundaries stay at pages)
+    full = exact_keys_start(tail_page_ptr, bt_row, slot, seq_len, BLOCK_SIZE, TAIL_PAGES)
     page_hi = tl.minimum(key_hi, full)
 
     # rows scaled by a power of two to max |q| <= 2^Q_EXP (q * s then fits fp16, see the docstring)

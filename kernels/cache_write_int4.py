@@ -281,6 +281,28 @@ def tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES: tl.constexpr):
     return tail_page_ptr + slot * TAIL_PAGES + tail_half(pg, TAIL_PAGES)
 
 
+@triton.jit
+def exact_keys_start(tail_page_ptr, bt_row, slot, seq_len, BLOCK_SIZE: tl.constexpr,
+                     TAIL_PAGES: tl.constexpr):  # fmt: skip
+    """The first key a sequence reads from its slot's tail, in the model's dtype (a page start;
+    keys below it come from int4 pages): its partial last page; a complete last page the step
+    left in the tail (its entry names the block of the sequence's block-table row ``bt_row``);
+    with two pages a slot, the page before that when its half names its block too. Slot -1: no
+    tail. reference_int4.tail_start is the spec."""
+    full = (seq_len // BLOCK_SIZE) * BLOCK_SIZE
+    if (full == seq_len) & (full > 0) & (slot >= 0):
+        pg = full // BLOCK_SIZE - 1
+        entry = tail_entry(tail_page_ptr, tl.maximum(slot, 0), pg, TAIL_PAGES)
+        if tl.load(entry) == tl.load(bt_row + pg):
+            full = full - BLOCK_SIZE
+    if TAIL_PAGES == 2:
+        if (full > 0) & (full < seq_len) & (slot >= 0):
+            pg = full // BLOCK_SIZE - 1
+            if tl.load(tail_entry(tail_page_ptr, slot, pg, TAIL_PAGES)) == tl.load(bt_row + pg):
+                full = full - BLOCK_SIZE
+    return full
+
+
 @triton.jit(  # as _flush_pages_kernel
     do_not_specialize=["num_seqs", "stride_bt"],
     do_not_specialize_on_alignment=[*SLICED_METADATA_PTRS, "slot_of_seq_ptr", "slot_is_new_ptr"],

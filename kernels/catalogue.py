@@ -83,8 +83,9 @@ class KVCacheDtype:
     # The newest, not yet full page of every sequence lives in the model's dtype in a tail pool the
     # vLLM glue owns; the write kernel quantizes a page into the cache when it fills.
     tail: bool = False
-    # gather_kv_context dequantizes these pages into BF16 K/V, so a chunked-prefill continuation
-    # can attend on FlashAttention over its cached context (int8kv_shim/flash_prefill.py).
+    # gather_kv_context dequantizes these pages (and, for int4, reads the tail and sink pages)
+    # into BF16 K/V, so a chunked-prefill continuation can attend on FlashAttention over its
+    # cached context (int8kv_shim/flash_prefill.py).
     context_gather: bool = False
 
     def data_bytes(self, head_size: int) -> int:
@@ -231,6 +232,7 @@ CATALOGUE: dict[str, KVCacheDtype] = {
             experimental=True,
             page_tokens=64,
             tail=True,
+            context_gather=True,
         ),
     )
 }

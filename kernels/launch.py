@@ -20,8 +20,8 @@ CUDA tensor. Under the interpreter, on another Triton release, or while a launch
 such as proton) is registered, it calls ``kernel[grid](...)`` unchanged.
 
 Replays go further, for the wrappers whose calls repeat layer after layer (paged_attention,
-write_kv_cache, gather_kv_context; int4's paged_attention_int4, write_kv_cache_int4 and
-write_sink_int4): ``DirectLauncher.record`` launches and returns a ``Replay`` that relaunches the
+write_kv_cache, gather_kv_context; int4's paged_attention_int4, write_kv_cache_int4,
+write_sink_int4 and gather_kv_context_int4): ``DirectLauncher.record`` launches and returns a ``Replay`` that relaunches the
 same binary with the same arguments except some tensors, and a ``ReplayCache`` holds them under a
 key the wrapper computes from everything else that decides the launch. A replay skips the
 wrapper's own Python and the binder; it checks what the binder would have specialized the swapped

@@ -313,6 +313,43 @@ def int4_kv_slots(
     return torch.cat(k_rows), torch.cat(v_rows), table, readable_t
 
 
+def int4_read_slots(
+    kv_cache: torch.Tensor,
+    tail: torch.Tensor,
+    *,
+    block_size: int,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+    tail_page: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``int4_kv_slots`` (CPU tensors), and, for a row r with sink_of_seq[r] = s >= 0 whose page 0
+    is a full page read from the cache (not the tail's), keys 0..63 from sink[s] instead (the
+    row's own copy of page 0: a block other rows share keeps its int4 values for them): every
+    key as the int4 kernels read it. Returns (k, v, block_table, readable) as int4_kv_slots."""
+    k, v, table, readable = int4_kv_slots(
+        kv_cache, tail, block_size=block_size, seq_lens=seq_lens, block_table=block_table,
+        slot_of_seq=slot_of_seq, tail_page=tail_page,
+    )  # fmt: skip
+    if sink is None:
+        return k, v, table, readable
+    pages = tail_pages_of(tail, block_size)
+    sinks, slots = sink_of_seq.tolist(), slot_of_seq.tolist()
+    held = tail_page.view(tail_page.shape[0], -1).tolist()
+    k_rows, v_rows = [k], [v]
+    for r, seq_len in enumerate(seq_lens.tolist()):
+        mine = held[slots[r]] if slots[r] >= 0 else []
+        start = tail_start(seq_len, slots[r], block_table[r].tolist(), mine, block_size, pages)
+        if sinks[r] < 0 or start <= 0:
+            continue  # no sink, or page 0 is partial or the tail's
+        table[r, 0] = sum(x.shape[0] for x in k_rows)
+        k_rows.append(sink[sinks[r], 0].transpose(0, 1)[None].float().to(k.device))
+        v_rows.append(sink[sinks[r], 1].transpose(0, 1)[None].float().to(v.device))
+    return torch.cat(k_rows), torch.cat(v_rows), table, readable
+
+
 def paged_attention_int4_ref(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -331,31 +368,58 @@ def paged_attention_int4_ref(
     sink_of_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference for ``paged_attention_int4``: ``reference.attention_ref`` (fp64) over what the
-    kernel reads (``int4_kv_slots``), and, for a row r with sink_of_seq[r] = s >= 0 whose page 0
-    is a full page read from the cache (not the tail's), keys 0..63 from sink[s] instead (the
-    row's own copy of page 0: a block other rows share keeps its int4 values for them). Returns
-    fp32 [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
-    bt = block_table.cpu()
-    k, v, table, readable = int4_kv_slots(
-        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(), block_table=bt,
-        slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
+    kernel reads (``int4_read_slots``: the pages, the tails, the sinks). Returns fp32
+    [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
+    k, v, table, readable = int4_read_slots(
+        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(),
+        block_table=block_table.cpu(), slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
+        sink=sink, sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
     )  # fmt: skip
-    if sink is not None:
-        pages = tail_pages_of(tail, block_size)
-        sinks, slots = sink_of_seq.tolist(), slot_of_seq.tolist()
-        held = tail_page.view(tail_page.shape[0], -1).tolist()
-        k_rows, v_rows = [k], [v]
-        for r, seq_len in enumerate(seq_lens.tolist()):
-            mine = held[slots[r]] if slots[r] >= 0 else []
-            start = tail_start(seq_len, slots[r], bt[r].tolist(), mine, block_size, pages)
-            if sinks[r] < 0 or start <= 0:
-                continue  # no sink, or page 0 is partial or the tail's
-            table[r, 0] = sum(x.shape[0] for x in k_rows)
-            k_rows.append(sink[sinks[r], 0].transpose(0, 1)[None].float().to(k.device))
-            v_rows.append(sink[sinks[r], 1].transpose(0, 1)[None].float().to(v.device))
-        k, v = torch.cat(k_rows), torch.cat(v_rows)
     return attention_ref(
         query, k.to(query.device), v.to(query.device), query_start_loc=query_start_loc,
         seq_lens=seq_lens, block_table=table.to(block_table.device), softmax_scale=softmax_scale,
         sliding_window=sliding_window, soft_cap=soft_cap, readable=readable,
     )  # fmt: skip
+
+
+def gather_kv_context_int4_ref(
+    kv_cache: torch.Tensor,
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    *,
+    block_size: int,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    tail: torch.Tensor,
+    tail_page: torch.Tensor,
+    slot_of_seq: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
+    kv_dtype: str = "int4",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for ``gather_kv_context`` with ``int4``: per sequence (its length cu_seqlens_k's
+    run, its ctx = that minus its new tokens), its first ctx keys as the int4 attention reads them
+    (``int4_read_slots``, fp32; keys it cannot read, a slot-less sequence's partial page, are 0)
+    rounded once to the new K/V's dtype, then its new K/V rows."""
+    del kv_dtype
+    nkv, d = new_key.shape[1], new_key.shape[2]
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    lens = torch.tensor([ck[s + 1] - ck[s] for s in range(len(ck) - 1)], dtype=torch.int32)
+    k_slots, v_slots, table, readable = int4_read_slots(
+        kv_cache, tail, block_size=block_size, seq_lens=lens, block_table=block_table.cpu(),
+        slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(), sink=sink,
+        sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
+    )  # fmt: skip
+    keys, values = [], []
+    for s in range(len(cq) - 1):
+        ctx = int(lens[s]) - (cq[s + 1] - cq[s])
+        blocks = table[s, : -(-ctx // block_size)].long()
+        seen = torch.arange(ctx) < int(readable[s])
+        for out, slots, new in ((keys, k_slots, new_key), (values, v_slots, new_value)):
+            rows = slots[blocks].reshape(-1, nkv, d)[:ctx]
+            seen_rows = seen.to(rows.device)[:, None, None]
+            out.append(torch.where(seen_rows, rows, 0.0).to(new.device, new.dtype))
+            out.append(new[cq[s] : cq[s + 1]])
+    empty = new_key.new_empty(0, nkv, d)
+    return torch.cat([empty, *keys]), torch.cat([empty, *values])

@@ -61,6 +61,43 @@ def test_fa2_prefill_impl_attends_over_gathered_context_and_new_tokens(bench, im
     assert out.abs().sum() > 0 and out.isfinite().all()
 
 
+def test_int4_fa2_prefill_impl_gathers_pages_tail_and_sink(bench, monkeypatch):
+    """``int4_sink_tail2_fa2``: the int4 gather over int4_sink_tail2's cache (pages, a two-page
+    tail naming the sequence's newest pages, a sink page), then FlashAttention-2."""
+    from int8kv_kernels.reference_int4 import gather_kv_context_int4_ref
+
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, *, out, cu_seqlens_k, **kw):  # noqa: ANN001, ANN202
+        calls.append((k.clone(), v.clone(), cu_seqlens_k.clone()))
+
+    stub = types.ModuleType("vllm.vllm_flash_attn")
+    stub.flash_attn_varlen_func = flash_attn_varlen_func
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", stub)
+    impl = "int4_sink_tail2_fa2"
+    assert bench.kv_dtype(impl) == "int4" and bench.block_size(impl) == 64
+    nq, nkv, d, seq_len, q_len = 4, 2, 64, 300, 40
+    cache = bench.Cache(impl, 6, nkv, d, num_slots=1)
+    bt = torch.tensor([[2, 0, 3, 5, 1]], dtype=torch.int32)
+    q = torch.randn(q_len, nq, d, dtype=torch.bfloat16)
+    qsl = torch.tensor([0, q_len], dtype=torch.int32)
+    seq_lens = torch.tensor([seq_len], dtype=torch.int32)
+    bench.attention_fn(impl, cache, q, torch.zeros_like(q), qsl, seq_lens, bt, q_len, seq_len)()
+
+    (k, v, cu_k), = calls  # fmt: skip
+    assert cu_k.tolist() == [0, seq_len] and cache.tail_page.tolist() == [[1, 5]]
+    new = k[seq_len - q_len :], v[seq_len - q_len :]
+    k_ref, v_ref = gather_kv_context_int4_ref(
+        cache.raw, *new, block_size=64, block_table=bt, cu_seqlens_q=qsl, cu_seqlens_k=cu_k,
+        tail=cache.tail, tail_page=cache.tail_page, slot_of_seq=torch.zeros(1, dtype=torch.int32),
+        sink=cache.sink, sink_of_seq=cache.sink_of_seq,
+    )  # fmt: skip
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    # keys 0..63 from the sink, 192..299 from the tail (page 3 in the half of odd pages)
+    assert torch.equal(k[:64], cache.sink[0, 0].transpose(0, 1))
+    assert torch.equal(k[192:256], cache.tail[0, 0, :, 64:128].transpose(0, 1))
+
+
 def test_decode_config_applies_to_decode_launches_only_and_is_undone(bench):
     import int8kv_kernels.attention as A
 

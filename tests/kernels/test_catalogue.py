@@ -14,8 +14,9 @@ def test_derived_lists() -> None:
     assert catalogue.EXPERIMENTAL_DTYPES == ("int4",)
     assert catalogue.INT8_DTYPES == ("int8", "int8_static")
     assert catalogue.INT4_DTYPES == ("int4",)
-    # int4's context is pages and a tail, which gather_kv_context does not dequantize
-    assert catalogue.FLASH_CONTEXT_DTYPES == ("int8", "int8_static")
+    # every format's continuations gather their context for FlashAttention (int4's from its
+    # pages, tail and sink)
+    assert catalogue.FLASH_CONTEXT_DTYPES == ("int8", "int8_static", "int4")
     assert catalogue.TAIL_DTYPES == ("int4",)
     assert [n for n, d in catalogue.CATALOGUE.items() if d.page_tokens] == ["int4"]
     assert catalogue.STATIC_DTYPE == "int8_static"

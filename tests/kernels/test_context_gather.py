@@ -83,15 +83,13 @@ def test_gather_rounds_to_nearest_even_and_keeps_flagged_tokens_nan(device):
     assert not torch.equal(k_ref.float(), truncated)  # some value needed rounding (not vacuous)
 
 
-def test_gather_refuses_int4_and_missing_static_scales(device):
+def test_gather_refuses_missing_static_scales(device):
     new = torch.zeros(2, 1, 64, dtype=torch.bfloat16, device=device)
     cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
     cache = torch.zeros(1, 4096, dtype=torch.int8, device=device)
     kw = dict(block_size=16, block_table=table, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_k=2,
               num_k_tokens=2)  # fmt: skip
-    with pytest.raises(ValueError, match="Int4PageLayout"):
-        gather_kv_context(cache, new, new, kv_dtype="int4", **kw)
     with pytest.raises(ValueError, match="k_scale and v_scale"):
         gather_kv_context(cache, new, new, kv_dtype="int8_static", **kw)
 

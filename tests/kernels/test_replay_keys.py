@@ -135,8 +135,12 @@ def _gather_args():
         kv_dtype="int8", block_size=BS, block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
         cu_seqlens_q=_int32(3, fill=torch.tensor([0, 2, 4])),
         cu_seqlens_k=_int32(3, fill=torch.tensor([0, 10, 20])), max_seqlen_k=10, num_k_tokens=20,
-        k_scale=None, v_scale=None, v_format="int8",
+        k_scale=None, v_scale=None, v_format="int8", **dict.fromkeys(INT4_GATHER_ARGS),
     )  # fmt: skip
+
+
+# gather_kv_context's int4 keywords: ignored by int8 pages, but part of the call
+INT4_GATHER_ARGS = ("tail", "tail_page", "slot_of_seq", "sink", "sink_of_seq")
 
 
 def _gather_changes(a):
@@ -155,6 +159,7 @@ def _gather_changes(a):
                          _as_int64(a["cu_seqlens_k"])],
         "max_seqlen_k": [11], "num_k_tokens": [21], "k_scale": [torch.ones(NKV, D)],
         "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
+        **{name: [1] for name in INT4_GATHER_ARGS},
     }  # fmt: skip
 
 
@@ -318,6 +323,33 @@ def _sink_changes(a):
     }  # fmt: skip
 
 
+def _gather_int4_args():
+    pages = get_page_bytes("int4", B4, NKV, D)
+    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
+    return dict(
+        kv_cache=torch.zeros(8, pages, dtype=torch.int8), new_key=k, new_value=torch.randn_like(k),
+        kv_dtype="int4", block_size=B4, block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
+        cu_seqlens_q=_int32(3, fill=torch.tensor([0, 2, 4])),
+        cu_seqlens_k=_int32(3, fill=torch.tensor([0, 10, 20])), max_seqlen_k=10, num_k_tokens=20,
+        tail=_tail(), tail_page=_int32(4),
+        slot_of_seq=_int32(2, fill=torch.arange(2)), sink=None, sink_of_seq=None,
+    )  # fmt: skip
+
+
+def _gather_int4_changes(a):
+    changes = _gather_changes(a)
+    for name in ("k_scale", "v_scale", "v_format"):  # int8's only
+        del changes[name]
+    return changes | {
+        "kv_dtype": ["int4_other"], "block_size": [32],
+        "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
+        "tail_page": [_int32(3), _int32(4, 2), torch.zeros(8, dtype=torch.int32)[::2]],
+        "slot_of_seq": [a["slot_of_seq"].clone(), a["slot_of_seq"][:1],
+                        _as_int64(a["slot_of_seq"])],
+        "sink": [_tail(1)], "sink_of_seq": [_int32(4)],
+    }  # fmt: skip
+
+
 INT4_CASES = {
     "paged_attention_int4": (attention_int4, attention_int4.paged_attention_int4,
                              _attention_int4_args, _attention_int4_changes,
@@ -327,6 +359,9 @@ INT4_CASES = {
                             ("key", "value", "kv_cache", "tail", "tail_page")),
     "write_sink_int4": (cache_write_int4, cache_write_int4.write_sink_int4, _sink_args,
                         _sink_changes, ("key", "value", "sink")),
+    "gather_kv_context_int4": (context_gather, context_gather.gather_kv_context_int4,
+                               _gather_int4_args, _gather_int4_changes,
+                               ("kv_cache", "new_key", "new_value", "tail", "tail_page", "sink")),
 }  # fmt: skip
 # each int4 wrapper's launchers, by their owning module
 INT4_LAUNCHERS = {
@@ -336,6 +371,7 @@ INT4_LAUNCHERS = {
     ],
     "write_kv_cache_int4": [(cache_write_int4, "launch_flush"), (cache_write_int4, "launch_tail")],
     "write_sink_int4": [(cache_write_int4, "launch_sink")],
+    "gather_kv_context_int4": [(context_gather, "launch_gather_int4")],
 }
 
 
@@ -365,6 +401,8 @@ def test_every_argument_is_in_the_replay_key(name, monkeypatch):
         ("paged_attention_int4", True),
         ("write_kv_cache_int4", False),
         ("write_sink_int4", True),
+        ("gather_kv_context_int4", False),
+        ("gather_kv_context_int4", True),
     ],
 )
 def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monkeypatch):
@@ -375,7 +413,7 @@ def test_every_swapped_int4_argument_is_one_the_replay_is_given(name, sink, monk
     args = make_args()
     if module is attention_int4:
         args["num_splits"] = 4  # the merge's record too
-    if sink and module is attention_int4:
+    if sink and module in (attention_int4, context_gather):
         args |= {"sink": _tail(1), "sink_of_seq": _int32(4)}
     fn(**args)
     assert len(swaps) == len(INT4_LAUNCHERS[name])

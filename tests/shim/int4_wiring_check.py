@@ -23,7 +23,7 @@ from builder_inputs import common_metadata, fake_vllm_config
 from vllm.config import set_current_vllm_config
 from vllm.forward_context import ForwardContext, override_forward_context
 
-from int8kv_shim import attention_impl, sink_pages, tail_slots
+from int8kv_shim import attention_impl, flash_prefill, sink_pages, tail_slots
 from int8kv_shim.attention_impl import Int8KVAttentionImpl, Int8KVAttentionMetadataBuilder
 from int8kv_shim.backend import Int8KVAttentionBackend
 from int8kv_shim.sink_pages import sink_key
@@ -43,11 +43,17 @@ def main() -> None:
         output.fill_(1)
 
     def flash(q, k, v, out, *args):  # noqa: ANN001, ANN202
-        calls.append(("flash", {"tokens": q.shape[0]}))
+        calls.append(("flash", {"tokens": q.shape[0], "keys": k.shape[0]}))
         out.fill_(2)
+
+    def gather(kv_cache, new_k, new_v, **kw):  # noqa: ANN001, ANN202
+        calls.append(("gather", {"tokens": new_k.shape[0], **kw}))
+        shape = (kw["num_k_tokens"], *new_k.shape[1:])
+        return new_k.new_zeros(shape), new_v.new_zeros(shape)
 
     attention_impl.write_kv_cache = write
     attention_impl.paged_attention = attend
+    attention_impl.gather_kv_context = gather
     with set_current_vllm_config(config):
         impl = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder", None)
         shared = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder",
@@ -56,7 +62,7 @@ def main() -> None:
     assert impl.tail.shape == (SLOTS, 2, NKV, BS, D) and shared.tail is None
     spec = SimpleNamespace(block_size=BS, int8kv_dtype="int4")
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
-    assert builder.slots is slots and builder.max_context_tokens == 0  # no int4 context gather
+    assert builder.slots is slots and builder.max_context_tokens > 0  # int4 gathers contexts
 
     # rows: a decode, a first chunk, a continuation (decodes first, as vLLM orders them); the
     # requests of earlier steps keep their slots: c had slot 0, d slot 1, p is new
@@ -100,11 +106,15 @@ def main() -> None:
             assert kinds == ["write", "paged", "paged"], kinds
             assert paged[1]["tokens"] == 14 and paged[1]["slot_of_seq"].tolist() == [2, 0]
         else:
-            # the first chunk (p) on FlashAttention over its fresh K/V, the continuation (c)
-            # on ours: int4 continuations never gather their context
-            assert kinds == ["write", "paged", "flash", "paged"], kinds
-            assert calls[2][1]["tokens"] == 9
-            assert paged[1]["tokens"] == 5 and paged[1]["slot_of_seq"].tolist() == [0]
+            # the first chunk (p) and the continuation (c) on FlashAttention, c's 95 tokens of
+            # context gathered from the pages, its tail and its sink (p's slot and c's passed)
+            assert kinds == ["write", "paged", "gather", "flash"], kinds
+            g = calls[2][1]
+            assert g["kv_dtype"] == "int4" and g["tail"] is impl.tail
+            assert g["tail_page"] is impl.tail_page and g["slot_of_seq"].tolist() == [2, 0]
+            assert g["num_k_tokens"] == 9 + 100 and g["cu_seqlens_k"].tolist() == [0, 9, 109]
+            assert ("sink" in g) == (impl.sink is not None)
+            assert calls[3][1] == {"tokens": 14, "keys": 109}
         # graph capture: the same buffers, every sequence on our kernels
         cap = builder.build_for_cudagraph_capture(common)
         assert cap.slot_of_seq.data_ptr() == slots.slot_of_seq.data_ptr() and cap.split is None
@@ -148,18 +158,23 @@ def _config() -> SimpleNamespace:
     )  # fmt: skip
 
 
-def kernels() -> None:
+def kernels(flash: bool = False) -> None:
+    """``flash``: the prefills of step 2 (s1's first chunk, s2's and s3's continuations) on
+    ``flash_prefill.attention_ref`` (FlashAttention's stand-in), the continuations' context
+    gathered by the real int4 gather: the same bounds hold (their new tokens exact, their
+    context read as our kernels read it)."""
     from int8kv_kernels.reference import attention_ref
 
     torch.manual_seed(0)
     config = _config()
     with set_current_vllm_config(config):
         impl = Int8KVAttentionImpl(NQ, D, D**-0.5, NKV, None, None, "int4", None, "decoder", None)
-    impl._flash_attention = None
+    impl._flash_attention = flash_prefill.attention_ref if flash else None
     slots = tail_slots.manager()
     spec = SimpleNamespace(block_size=BS, int8kv_dtype="int4")
     builder = Int8KVAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
-    builder.flash_prefill = False
+    builder.flash_prefill = flash
+    builder.min_continuation_tokens = 2
     # s0: 39 cached + 1 decode (all in the tail); s1: a 9-token first chunk (tail); s2: 65 cached
     # + 5 new (page 0 full and quantized, 6 tokens in the tail); s3: 50 cached + 14 new, completing
     # page 0 (quantized, and still read from the tail)
@@ -200,6 +215,8 @@ def kernels() -> None:
         assert sinks.sink_store_of_seq.tolist()[:4] == [-1, -1, -1, 1]
     common = common_metadata(q_lens, seq_lens, block_table)
     md = builder.build(0, common)
+    if flash:
+        assert md.split is not None and md.split.flash.context_tokens == 65 + 50, md.split
     new_k = torch.cat([k[s][-q_lens[s] :] for s in range(4)])
     new_v = torch.cat([v[s][-q_lens[s] :] for s in range(4)])
     query = torch.randn(new_k.shape[0], NQ, D, dtype=torch.bfloat16)
@@ -250,4 +267,7 @@ def kernels() -> None:
 if __name__ == "__main__":
     import sys
 
-    kernels() if sys.argv[1:] == ["kernels"] else main()
+    if sys.argv[1:2] == ["kernels"]:
+        kernels(flash=sys.argv[2:] == ["flash"])
+    else:
+        main()

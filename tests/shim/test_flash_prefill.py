@@ -32,7 +32,7 @@ def _qsl(q_lens: list[int]) -> torch.Tensor:
 
 
 def test_first_chunks_mean_no_context_and_more_than_one_new_token() -> None:
-    # no context budget (int4, or no room): continuations stay on our kernels
+    # no context budget (no room): continuations stay on our kernels
     flash, rest = plan_split(_qsl(Q_LENS), torch.tensor(DONE), len(Q_LENS))
     assert flash == [1, 5]
     assert rest == [0, 2, 3]  # the padding request is in neither

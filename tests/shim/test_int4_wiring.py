@@ -66,3 +66,10 @@ def test_int4_sink_pages_through_the_glue_with_the_real_kernels() -> None:
     # the page a sequence wrote in an earlier step comes back exact from its sink
     log = _run("kernels", INT8KV_INT4_SINK_PAGE="1")
     assert "kernels with sink pages ok" in log, log[-2000:]
+
+
+def test_int4_continuations_on_flash_attention_read_their_context_as_our_kernels_do() -> None:
+    # the continuations' context through the real int4 gather, FlashAttention's stand-in after it
+    assert "kernels ok" in _run("kernels", "flash")
+    log = _run("kernels", "flash", one_page=False)
+    assert "kernels with two tail pages ok (sink pages True)" in log, log[-2000:]

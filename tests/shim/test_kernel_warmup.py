@@ -25,8 +25,8 @@ SHAPES = {
     "int8_static e4m3 32/8/128": dict(kv_dtype="int8_static", heads=32, kv_heads=8,
                                       head_size=128, window=None, v_format="e4m3", gather=False),
 }  # fmt: skip
-# int4 (64-token pages, a tail pool, no context gather) at the same head shapes
-_INT4 = dict(kv_dtype="int4", v_format="int8", gather=False)
+# int4 (64-token pages, a tail pool) at the same head shapes
+_INT4 = dict(kv_dtype="int4", v_format="int8")
 SHAPES |= {
     "int4 SmolLM2 9/3/64": SHAPES["SmolLM2 9/3/64"] | _INT4,
     "int4 Gemma 3 4/1/256, sliding": SHAPES["Gemma 3 4/1/256, sliding"] | _INT4,
@@ -61,7 +61,8 @@ def test_warmup_compiles_every_variant_serving_batches_launch(name: str) -> None
     kernels = {eval(k)[0] for k in warm}  # noqa: S307  (our own repr of tuples of literals)
     expected = KERNELS["int4" if shape["kv_dtype"] == "int4" else "int8"]
     expected = expected | ({"_store_sink_kernel"} if shape.get("sink") else set())
-    assert expected | ({"_gather_kv_kernel"} if shape["gather"] else set()) == kernels
+    gather = "_gather_int4_kernel" if shape["kv_dtype"] == "int4" else "_gather_kv_kernel"
+    assert expected | ({gather} if shape["gather"] else set()) == kernels
     missing = {
         batch: [k for k in keys if k not in warm]
         for batch, keys in found["serving"].items()
@@ -93,19 +94,19 @@ def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
     int4 = kw | {"block_size": 64}
     assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **int4) == 3
     assert kernel_warmup.warm_up_layer(_impl(kv_cache_dtype="int4"), **int4) == 0
-    # int4 has no context gather: its continuations stay on our kernels
     assert [(k.kv_dtype, k.sliding_window, k.gather) for k in calls] == [
-        ("int8", None, True), ("int8", 512, True), ("int8", None, True), ("int4", None, False),
+        ("int8", None, True), ("int8", 512, True), ("int8", None, True), ("int4", None, True),
     ]  # fmt: skip
 
 
 # two writes; one decode token at every split count; two tokens split and not; a prefill chunk
-# split and not; int8's context gather (int4 has none), int4's sink page store (on by default)
-_LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 2
+# split and not; the context gather
+_LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 2 + 1
 
 
 @pytest.mark.parametrize(
-    "kv_dtype, block_size, launches", [("int8", 16, _LAUNCHES + 1), ("int4", 64, _LAUNCHES + 1)]
+    "kv_dtype, block_size, launches",
+    [("int8", 16, _LAUNCHES), ("int4", 64, _LAUNCHES + 1)],  # int4: + its sink page store
 )
 def test_warmup_launches_run_on_the_interpreter(
     kv_dtype: str, block_size: int, launches: int

@@ -129,7 +129,8 @@ def serving_batches(shape: dict) -> dict[str, list[str]]:
             gather_kv_context(kv_cache, new, new, kv_dtype=dtype, block_size=b,
                               block_table=table[nd:], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                               max_seqlen_k=int((cu_k[1:] - cu_k[:-1]).max()),
-                              num_k_tokens=int(cu_k[-1]), **scales(shape))  # fmt: skip
+                              num_k_tokens=int(cu_k[-1]), **scales(shape),
+                              **tail_kw(tail, nd, n))  # fmt: skip
         name = f"{nd} decodes, then queries of {q_lens}"
         out[f"mixed: {name}" if nd else f"continuations: {name}"] = _take()
     if tail is None:  # int4 writes with the step's metadata, above
