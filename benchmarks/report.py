@@ -208,6 +208,51 @@ def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> s
     return "\n".join(lines)
 
 
+def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> str:
+    """Prefill of ``new`` tokens over one long sequence (a chunked prompt's continuation), per
+    model shape: ``int4`` (as it ships) on our kernel and through its context gather +
+    FlashAttention-2, beside ``int8``'s gather + FlashAttention-2 and FlashAttention-2 on BF16."""
+    result = _load(path)
+    rows = {
+        (r["q_heads"], r["kv_heads"], r["head_dim"], r["q_len"], r["impl"]): r
+        for r in result["rows"]
+        if r["kernel"] == "prefill"
+    }
+    ctxs = sorted({r["ctx"] for r in result["rows"] if r["kernel"] == "prefill"})
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. One sequence "
+        f"of {', '.join(map(str, ctxs))} keys (`int4`: 13 more, its partial page) whose last "
+        "`new` are the new tokens; µs per launch, per pair for a gather + FlashAttention-2 "
+        "path (the gather's BF16 copy of the whole context, then FlashAttention-2 over it).",
+        "",
+        "| q/kv heads, dim | new | `bf16_fa2` µs | `int8` gather + FA2 µs | `int4` ours µs "
+        "| `int4` gather + FA2 µs | `int4` gather + FA2 vs ours | vs `int8` gather + FA2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def us(key: tuple, impl: str) -> str:
+        row = rows.get((*key, impl))
+        return f"{row['ms'] * 1e3:.1f}" if row else "n/a"
+
+    def speedup(key: tuple, num: str, den: str) -> str:
+        a, b = rows.get((*key, num)), rows.get((*key, den))
+        return f"{a['ms'] / b['ms']:.2f}x" if a and b else "n/a"
+
+    for key in sorted({k[:4] for k in rows}, key=lambda k: (-k[2], -k[0], k[3])):
+        nq, nkv, d, q_len = key
+        lines.append(
+            f"| {nq}/{nkv}, {d} | {q_len} | "
+            + " | ".join((
+                us(key, "bf16_fa2"), us(key, "int8_fa2"), us(key, "int4_sink_tail2"),
+                us(key, "int4_sink_tail2_fa2"),
+                speedup(key, "int4_sink_tail2", "int4_sink_tail2_fa2"),
+                speedup(key, "int8_fa2", "int4_sink_tail2_fa2"),
+            ))
+            + " |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
 def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
     """``int4``'s decode (``impl``: the kernel bench's label of the variant judged, such as
     ``int4_sink_tail2`` for int4 as it ships) against
