@@ -250,6 +250,14 @@ def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> st
             ))
             + " |"
         )  # fmt: skip
+    # "IMPL ('prefill', nq, nkv, d, batch, ctx, q_len): Error: message" (benchmarks/kernels.py)
+    entry = re.compile(r"(\S+) \('prefill', (\d+), (\d+), (\d+), \d+, \d+, (\d+)\): (\w+)")
+    skipped = [m.groups() for s in result.get("skipped", []) if (m := entry.match(s))]
+    if skipped:
+        lines += ["", "Not timed (the run's `skipped`): " + "; ".join(
+            f"`{impl}` at {nq}/{nkv}, {d}, {q_len} new ({error})"
+            for impl, nq, nkv, d, q_len, error in skipped
+        ) + "."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -2185,7 +2193,10 @@ TABLES = {
         RESULTS / "kernels_int4_head64.json", "int4_sink_tail2"
     ),
     "throughput_int4": lambda: throughput_table(RESULTS / "throughput_int4.json"),
+    "throughput_int4_8465ab0": lambda: throughput_table(RESULTS / "throughput_int4_8465ab0.json"),
     "throughput_int4_18280da": lambda: throughput_table(RESULTS / "throughput_int4_18280da.json"),
+    "int4_prefill": int4_prefill_table,
+    "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(
         "llama3_8b_shape_4_layers_8465ab0",
         RESULTS / "serving_llama3_8b_shape_4_layers_8465ab0.json",

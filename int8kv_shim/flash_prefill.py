@@ -67,9 +67,10 @@ CONTEXT_BUFFER_BYTES = 256 << 20
 # sequence on an H100 (benchmarks/results/kernels_continuations.json), 16 to 256 new tokens took
 # our kernel 20-62 us against 142 us for the gather + FlashAttention-2 at SmolLM2's 9/3 heads of
 # 64, and 31-61 us against 232 us at Gemma 3's 4/1 heads of 256; at 2048 new tokens the gather +
-# FlashAttention-2 is the faster (kernels.json: 219 against 441 us at 9/3 heads on an H200). Between
-# 256 and 2048 is not measured: continuations of up to 256 new tokens stay on ours. The same
-# threshold serves int4 (measured on int8).
+# FlashAttention-2 is the faster (kernels.json: 219 against 441 us at 9/3 heads on an H200). At 512
+# new tokens ours is still the faster at 9/3 heads, the gather + FlashAttention-2 at 32/8 heads
+# of 128, for int8 and int4 alike (kernels_prefill_int4.json, H100): one threshold for every shape
+# and format, continuations of up to 256 new tokens on ours.
 MIN_CONTINUATION_TOKENS = 257
 
 
