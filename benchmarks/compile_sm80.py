@@ -35,7 +35,11 @@ from int8kv_kernels.cache_write_int4 import (  # noqa: E402
     int4_flush_launch,
 )
 from int8kv_kernels.catalogue import INT8_DTYPES, get_dtype  # noqa: E402
-from int8kv_kernels.context_gather import _BLOCK_T, _gather_kv_kernel  # noqa: E402
+from int8kv_kernels.context_gather import (  # noqa: E402
+    _BLOCK_T,
+    _gather_int4_kernel,
+    _gather_kv_kernel,
+)
 
 SM80 = GPUTarget("cuda", 80, 32)
 SM90 = GPUTarget("cuda", 90, 32)
@@ -429,7 +433,8 @@ def compile_int4_tail_pages() -> int:
 
 def compile_gather() -> int:
     """The context dequantize-gather (FlashAttention continuations): int8 and int8_static (int8
-    and E4M3 V), bf16 and fp16 output, each catalogue head size."""
+    and E4M3 V), bf16 and fp16 output, each catalogue head size; int4's, with its tail and sink
+    pages."""
     n = 0
     cases = [  # (kv_dtype, v_format, out dtype, nkv, head_size, block_size)
         ("int8", "int8", "bf16", 8, 128, 16),
@@ -453,6 +458,26 @@ def compile_gather() -> int:
         )  # fmt: skip
         n += 1
         print("ok gather", kv_dtype, v_fmt, out_t, nkv, d, bs, flush=True)
+    # int4: its pages, one or two tail pages a slot, with and without a sink page
+    for out_t, nkv, d, tail_pages, sink in (
+        ("bf16", 3, 64, 2, True),
+        ("fp16", 8, 128, 1, False),
+        ("bf16", 1, 256, 2, True),
+        ("bf16", 2, 256, 1, False),
+    ):
+        compile_one(
+            _gather_int4_kernel,
+            {"cache_ptr": "*u8", "cache16_ptr": "*fp16", "tail_ptr": f"*{out_t}",
+             "tail_page_ptr": "*i32", "sink_ptr": f"*{out_t}", "new_k_ptr": f"*{out_t}",
+             "new_v_ptr": f"*{out_t}", "k_out_ptr": f"*{out_t}", "v_out_ptr": f"*{out_t}",
+             "block_table_ptr": "*i32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+             "slot_of_seq_ptr": "*i32", "sink_of_seq_ptr": "*i32"},
+            dict(BLOCK_T=_BLOCK_T, TAIL_PAGES=tail_pages, HAS_SINK=sink,
+                 OUT_BF16=out_t == "bf16", **Int4PageLayout(64, nkv, d).kernel_constexprs()),
+            num_warps=4,
+        )  # fmt: skip
+        n += 1
+        print("ok gather int4", out_t, nkv, d, tail_pages, sink, flush=True)
     return n
 
 

@@ -162,21 +162,37 @@ def kernel_speed_table(path: Path = RESULTS / "kernels.json") -> str:
     return "\n".join(lines)
 
 
+class _PrefillRows:
+    """A kernel run's prefill rows by (q heads, kv heads, head size, new tokens, impl), and the
+    cells of a prefill table: µs of an impl, and the ratio of two impls' times."""
+
+    def __init__(self, result: dict) -> None:
+        prefill = [r for r in result["rows"] if r["kernel"] == "prefill"]
+        self.rows = {(r["q_heads"], r["kv_heads"], r["head_dim"], r["q_len"], r["impl"]): r
+                     for r in prefill}  # fmt: skip
+        self.ctxs = sorted({r["ctx"] for r in prefill})
+        # largest head size, then most query heads, then fewest new tokens first
+        self.keys = sorted({k[:4] for k in self.rows}, key=lambda k: (-k[2], -k[0], k[3]))
+
+    def us(self, key: tuple, impl: str) -> str:
+        row = self.rows.get((*key, impl))
+        return f"{row['ms'] * 1e3:.1f}" if row else "n/a"
+
+    def ratio(self, key: tuple, num: str, den: str) -> str:
+        a, b = self.rows.get((*key, num)), self.rows.get((*key, den))
+        return f"{a['ms'] / b['ms']:.2f}x" if a and b else "n/a"
+
+
 def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> str:
     """Prefill rows of a few new tokens over one long sequence (the end of a chunked prompt),
     per model shape: our kernels with their keys split (as they launch) and unsplit (as every
     prefill launched before), ``int8``'s context gather + FlashAttention-2, against
     FlashAttention-2 on BF16."""
     result = _load(path)
-    rows = {
-        (r["q_heads"], r["kv_heads"], r["head_dim"], r["q_len"], r["impl"]): r
-        for r in result["rows"]
-        if r["kernel"] == "prefill"
-    }
-    ctxs = sorted({r["ctx"] for r in result["rows"] if r["kernel"] == "prefill"})
+    p = _PrefillRows(result)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. One sequence "
-        f"of {', '.join(map(str, ctxs))} keys whose last `new` are the new tokens; µs per "
+        f"of {', '.join(map(str, p.ctxs))} keys whose last `new` are the new tokens; µs per "
         "launch (per pair for the gather + FlashAttention-2 path). Unsplit: our kernel with "
         "every key of a query block in one program; split: the keys spread over programs while "
         "those would leave SMs idle (`int4` is its default, the sink page and two tail pages).",
@@ -185,23 +201,15 @@ def continuation_table(path: Path = RESULTS / "kernels_continuations.json") -> s
         "| `int8` vs `bf16_fa2` | gather + FA2 µs | `int4` µs | `int4` unsplit µs |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def us(key: tuple, impl: str) -> str:
-        row = rows.get((*key, impl))
-        return f"{row['ms'] * 1e3:.1f}" if row else "n/a"
-
-    def over(key: tuple, num: str, den: str) -> str:
-        a, b = rows.get((*key, num)), rows.get((*key, den))
-        return f"{a['ms'] / b['ms']:.2f}x" if a and b else "n/a"
-
-    for key in sorted({k[:4] for k in rows}, key=lambda k: (-k[2], -k[0], k[3])):
+    for key in p.keys:
         nq, nkv, d, q_len = key
         lines.append(
             f"| {nq}/{nkv}, {d} | {q_len} | "
             + " | ".join((
-                us(key, "bf16_fa2"), us(key, "int8"), us(key, "int8_unsplit"),
-                over(key, "int8_unsplit", "int8"), over(key, "bf16_fa2", "int8"),
-                us(key, "int8_fa2"), us(key, "int4_sink_tail2"), us(key, "int4_sink_tail2_unsplit"),
+                p.us(key, "bf16_fa2"), p.us(key, "int8"), p.us(key, "int8_unsplit"),
+                p.ratio(key, "int8_unsplit", "int8"), p.ratio(key, "bf16_fa2", "int8"),
+                p.us(key, "int8_fa2"), p.us(key, "int4_sink_tail2"),
+                p.us(key, "int4_sink_tail2_unsplit"),
             ))
             + " |"
         )  # fmt: skip
@@ -213,15 +221,10 @@ def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> st
     model shape: ``int4`` (as it ships) on our kernel and through its context gather +
     FlashAttention-2, beside ``int8``'s gather + FlashAttention-2 and FlashAttention-2 on BF16."""
     result = _load(path)
-    rows = {
-        (r["q_heads"], r["kv_heads"], r["head_dim"], r["q_len"], r["impl"]): r
-        for r in result["rows"]
-        if r["kernel"] == "prefill"
-    }
-    ctxs = sorted({r["ctx"] for r in result["rows"] if r["kernel"] == "prefill"})
+    p = _PrefillRows(result)
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. One sequence "
-        f"of {', '.join(map(str, ctxs))} keys (`int4`: 13 more, its partial page) whose last "
+        f"of {', '.join(map(str, p.ctxs))} keys (`int4`: 13 more, its partial page) whose last "
         "`new` are the new tokens; µs per launch, per pair for a gather + FlashAttention-2 "
         "path (the gather's BF16 copy of the whole context, then FlashAttention-2 over it).",
         "",
@@ -229,24 +232,15 @@ def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> st
         "| `int4` gather + FA2 µs | `int4` gather + FA2 vs ours | vs `int8` gather + FA2 |",
         "|---|---|---|---|---|---|---|---|",
     ]
-
-    def us(key: tuple, impl: str) -> str:
-        row = rows.get((*key, impl))
-        return f"{row['ms'] * 1e3:.1f}" if row else "n/a"
-
-    def speedup(key: tuple, num: str, den: str) -> str:
-        a, b = rows.get((*key, num)), rows.get((*key, den))
-        return f"{a['ms'] / b['ms']:.2f}x" if a and b else "n/a"
-
-    for key in sorted({k[:4] for k in rows}, key=lambda k: (-k[2], -k[0], k[3])):
+    for key in p.keys:
         nq, nkv, d, q_len = key
         lines.append(
             f"| {nq}/{nkv}, {d} | {q_len} | "
             + " | ".join((
-                us(key, "bf16_fa2"), us(key, "int8_fa2"), us(key, "int4_sink_tail2"),
-                us(key, "int4_sink_tail2_fa2"),
-                speedup(key, "int4_sink_tail2", "int4_sink_tail2_fa2"),
-                speedup(key, "int8_fa2", "int4_sink_tail2_fa2"),
+                p.us(key, "bf16_fa2"), p.us(key, "int8_fa2"), p.us(key, "int4_sink_tail2"),
+                p.us(key, "int4_sink_tail2_fa2"),
+                p.ratio(key, "int4_sink_tail2", "int4_sink_tail2_fa2"),
+                p.ratio(key, "int8_fa2", "int4_sink_tail2_fa2"),
             ))
             + " |"
         )  # fmt: skip

@@ -64,6 +64,16 @@ def _round_to_out(x, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _key_run(cu_q_ptr, cu_k_ptr, seq):
+    """Sequence ``seq``'s key run: (its first output row, its length, its first new row, its
+    context length)."""
+    k0 = tl.load(cu_k_ptr + seq)
+    k_len = tl.load(cu_k_ptr + seq + 1) - k0
+    q0 = tl.load(cu_q_ptr + seq)
+    return k0, k_len, q0, k_len - (tl.load(cu_q_ptr + seq + 1) - q0)
+
+
+@triton.jit
 def _store_rows(
     k_ctx, v_ctx, new_k_ptr, new_v_ptr, k_out_ptr, v_out_ptr, t, ctx, k_len, q0, k0, kvh,
     stride_nk_t, stride_nk_h, stride_nv_t, stride_nv_h, stride_ko_t, stride_ko_h, stride_vo_t,
@@ -113,10 +123,7 @@ def _gather_kv_kernel(
     pid_t = tl.program_id(0)
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
-    k0 = tl.load(cu_k_ptr + seq)
-    k_len = tl.load(cu_k_ptr + seq + 1) - k0
-    q0 = tl.load(cu_q_ptr + seq)
-    ctx = k_len - (tl.load(cu_q_ptr + seq + 1) - q0)
+    k0, k_len, q0, ctx = _key_run(cu_q_ptr, cu_k_ptr, seq)
     if pid_t * BLOCK_T >= k_len:
         return
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -186,10 +193,7 @@ def _gather_int4_kernel(
     pid_t = tl.program_id(0)
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
-    k0 = tl.load(cu_k_ptr + seq)
-    k_len = tl.load(cu_k_ptr + seq + 1) - k0
-    q0 = tl.load(cu_q_ptr + seq)
-    ctx = k_len - (tl.load(cu_q_ptr + seq + 1) - q0)
+    k0, k_len, q0, ctx = _key_run(cu_q_ptr, cu_k_ptr, seq)
     if pid_t * BLOCK_T >= k_len:
         return
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -319,12 +323,10 @@ def gather_kv_context(
     # (its cache, new K/V, static scales and the buffers made here): every layer of a step repeats
     # the call with only those changed, and replays the first layer's launch (launch.py).
     key = (
-        new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
-        kv_dtype, block_size, block_table.data_ptr(), block_table.shape, block_table.stride(),
-        block_table.dtype, cu_seqlens_q.data_ptr(), cu_seqlens_q.shape, cu_seqlens_q.dtype,
-        cu_seqlens_k.data_ptr(), cu_seqlens_k.shape, cu_seqlens_k.dtype, max_seqlen_k,
-        num_k_tokens, None if k_scale is None else k_scale.shape,
-        None if v_scale is None else v_scale.shape, v_format,
+        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k),
+        kv_dtype, block_size, max_seqlen_k, num_k_tokens,
+        None if k_scale is None else k_scale.shape, None if v_scale is None else v_scale.shape,
+        v_format,
         # int4's keywords, unused here: passing one is another call (tests/kernels' key check)
         (tail, tail_page, slot_of_seq, sink, sink_of_seq).count(None),
     )  # fmt: skip
@@ -366,14 +368,7 @@ def gather_kv_context(
         v_scale if v_scale is not None else dummy,
         kv_cache.stride(0),
         block_table.stride(0),
-        new_key.stride(0),
-        new_key.stride(1),
-        new_value.stride(0),
-        new_value.stride(1),
-        k_out.stride(0),
-        k_out.stride(1),
-        v_out.stride(0),
-        v_out.stride(1),
+        *_row_strides(new_key, new_value, k_out, v_out),
         num_seqs,
         BLOCK_T=_BLOCK_T,
         V_E4M3=v_e4m3,
@@ -384,6 +379,30 @@ def gather_kv_context(
     if replay is not None:
         _replays.add(key, [replay])
     return k_out, v_out
+
+
+def _batch_key(
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+) -> tuple:
+    """The part of both gathers' replay keys that describes the batch and the layer's tensors'
+    shapes: everything but the addresses of the layer's own tensors (new K/V, cache)."""
+    return (
+        new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
+        block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
+        cu_seqlens_q.data_ptr(), cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.data_ptr(),
+        cu_seqlens_k.shape, cu_seqlens_k.dtype,
+    )  # fmt: skip
+
+
+def _row_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """(token, head) strides of each [tokens, heads, head_size] tensor, in order: the kernels'
+    stride arguments of the new K/V and of the output."""
+    return tuple(n for t in tensors for n in t.stride()[:2])
 
 
 def _check_new_kv(new_key: torch.Tensor, new_value: torch.Tensor) -> None:
@@ -425,11 +444,9 @@ def gather_kv_context_int4(
     shape = (num_k_tokens, num_kv_heads, head_size)
     # as gather_kv_context's key, with the pools' shapes and the rows' slots and sinks
     key = (
-        new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
-        kv_dtype, block_size, block_table.data_ptr(), block_table.shape, block_table.stride(),
-        block_table.dtype, cu_seqlens_q.data_ptr(), cu_seqlens_q.shape, cu_seqlens_q.dtype,
-        cu_seqlens_k.data_ptr(), cu_seqlens_k.shape, cu_seqlens_k.dtype, max_seqlen_k,
-        num_k_tokens, tail.shape, tail.stride(), tail.dtype, tail_page.shape, tail_page.stride(),
+        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k),
+        kv_dtype, block_size, max_seqlen_k, num_k_tokens,
+        tail.shape, tail.stride(), tail.dtype, tail_page.shape, tail_page.stride(),
         slot_of_seq.data_ptr(), slot_of_seq.shape, slot_of_seq.dtype,
         None if sink is None else (sink.shape, sink.stride(), sink.dtype),
         None if sink_of_seq is None else (sink_of_seq.data_ptr(), sink_of_seq.shape,
@@ -487,14 +504,7 @@ def gather_kv_context_int4(
         block_table.stride(0),
         *ts[:4],
         *ss[:4],
-        new_key.stride(0),
-        new_key.stride(1),
-        new_value.stride(0),
-        new_value.stride(1),
-        k_out.stride(0),
-        k_out.stride(1),
-        v_out.stride(0),
-        v_out.stride(1),
+        *_row_strides(new_key, new_value, k_out, v_out),
         num_seqs,
         BLOCK_T=_BLOCK_T,
         TAIL_PAGES=tail_pages,

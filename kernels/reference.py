@@ -222,14 +222,39 @@ def gather_kv_context_ref(
     k_slots, v_slots = dequantize_cache(kv_cache, kv_dtype=kv_dtype, block_size=block_size,
                                         num_kv_heads=nkv, head_size=d, k_scale=k_scale,
                                         v_scale=v_scale, v_format=v_format)  # fmt: skip
+    return context_runs(
+        k_slots, v_slots, new_key, new_value, block_size=block_size, block_table=block_table,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    )  # fmt: skip
+
+
+def context_runs(
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    *,
+    block_size: int,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    readable: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gather's K, V from fp32 slots [pages, B, H, D]: per sequence (row s of the block table,
+    ctx = its cu_seqlens_k run minus its new tokens) its first ctx keys from the slots its row
+    names, zero from ``readable[s]`` on, rounded once to the new K/V's dtype, then its new rows."""
+    nkv, d = new_key.shape[1], new_key.shape[2]
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     keys, values = [], []
     for s in range(len(cq) - 1):
-        q_len, k_len = cq[s + 1] - cq[s], ck[s + 1] - ck[s]
-        ctx = k_len - q_len
+        ctx = (ck[s + 1] - ck[s]) - (cq[s + 1] - cq[s])
         blocks = block_table[s, : -(-ctx // block_size)].long()
         for out, slots, new in ((keys, k_slots, new_key), (values, v_slots, new_value)):
-            out.append(slots[blocks].reshape(-1, nkv, d)[:ctx].to(new.dtype))
+            rows = slots[blocks].reshape(-1, nkv, d)[:ctx]
+            if readable is not None:
+                seen = (torch.arange(ctx) < int(readable[s])).to(rows.device)
+                rows = torch.where(seen[:, None, None], rows, 0.0)
+            out.append(rows.to(new.device, new.dtype))
             out.append(new[cq[s] : cq[s + 1]])
     empty = new_key.new_empty(0, nkv, d)
     return torch.cat([empty, *keys]), torch.cat([empty, *values])

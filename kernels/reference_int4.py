@@ -49,7 +49,7 @@ import torch
 
 from .cache_write_int4 import FP16_MAX, INT4_LEVELS  # the write kernel's constants
 from .page_layout import Int4PageLayout
-from .reference import attention_ref
+from .reference import attention_ref, context_runs
 
 
 def quantize_int4(x: torch.Tensor, group_size: int):
@@ -277,13 +277,17 @@ def int4_kv_slots(
     block_table: torch.Tensor,
     slot_of_seq: torch.Tensor,
     tail_page: torch.Tensor,
+    sink: torch.Tensor | None = None,
+    sink_of_seq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What attention reads, as fp32 K/V slots [pages, B, H, D] for ``reference.attention_ref``:
-    the cache's pages dequantized, then, for every page a sequence reads from its tail
-    (``tail_start``), a copy of its own holding the tail's rows (exact), which its row of the
-    returned block table names instead of the cache's block (a block other rows share keeps its
-    int4 values for them). Also the readable key count of each sequence: its partial page's rows
-    are none of them when its slot is -1. Returns (k, v, block_table, readable)."""
+    """Every key as the int4 kernels read it, as fp32 K/V slots [pages, B, H, D] for
+    ``reference.attention_ref`` (CPU metadata): the cache's pages dequantized, then, for every
+    page a sequence reads from its tail (``tail_start``), a copy of its own holding the tail's
+    rows (exact), which its row of the returned block table names instead of the cache's block
+    (a block other rows share keeps its int4 values for them); likewise, for a row r with
+    sink_of_seq[r] = s >= 0 whose page 0 is a full page read from the cache (not the tail's), a
+    copy of page 0 holding sink[s]. Also the readable key count of each sequence: its partial
+    page's rows are none of them when its slot is -1. Returns (k, v, block_table, readable)."""
     nkv, d = tail.shape[2], tail.shape[4]
     b = block_size
     pages = tail_pages_of(tail, b)
@@ -292,62 +296,32 @@ def int4_kv_slots(
     table = block_table.clone()
     readable = []
     slots = slot_of_seq.tolist()  # may be longer than the batch (padding rows)
+    sinks = None if sink is None else sink_of_seq.tolist()
     held = tail_page.view(tail_page.shape[0], -1).tolist()
+
+    def own_copy(r: int, pg: int, kp: torch.Tensor, vp: torch.Tensor) -> None:
+        nonlocal total
+        k_rows.append(kp[None].to(k.device))
+        v_rows.append(vp[None].to(v.device))
+        table[r, pg] = total
+        total += 1
+
     for r, seq_len in enumerate(seq_lens.tolist()):
         slot = slots[r]
-        full = (seq_len // b) * b
-        readable.append(seq_len if slot >= 0 else full)
-        if slot < 0:
-            continue
+        readable.append(seq_len if slot >= 0 else (seq_len // b) * b)
         row = block_table[r].tolist()
-        for p0 in range(tail_start(seq_len, slot, row, held[slot], b, pages), seq_len, b):
+        start = tail_start(seq_len, slot, row, held[slot] if slot >= 0 else [], b, pages)
+        for p0 in range(start, seq_len, b) if slot >= 0 else ():
             n = min(seq_len - p0, b)
             rows = tail[slot, :, :, p0 % (pages * b) : p0 % (pages * b) + n].transpose(1, 2)
             kp, vp = k[row[p0 // b]].clone(), v[row[p0 // b]].clone()
             kp[:n], vp[:n] = rows[0].float().to(k.device), rows[1].float().to(k.device)
-            k_rows.append(kp[None])
-            v_rows.append(vp[None])
-            table[r, p0 // b] = total
-            total += 1
+            own_copy(r, p0 // b, kp, vp)
+        if sinks is not None and sinks[r] >= 0 and start > 0:  # page 0 full, not the tail's
+            own_copy(r, 0, sink[sinks[r], 0].transpose(0, 1).float(),
+                     sink[sinks[r], 1].transpose(0, 1).float())  # fmt: skip
     readable_t = torch.tensor(readable, dtype=torch.int32)
     return torch.cat(k_rows), torch.cat(v_rows), table, readable_t
-
-
-def int4_read_slots(
-    kv_cache: torch.Tensor,
-    tail: torch.Tensor,
-    *,
-    block_size: int,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    slot_of_seq: torch.Tensor,
-    tail_page: torch.Tensor,
-    sink: torch.Tensor | None = None,
-    sink_of_seq: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``int4_kv_slots`` (CPU tensors), and, for a row r with sink_of_seq[r] = s >= 0 whose page 0
-    is a full page read from the cache (not the tail's), keys 0..63 from sink[s] instead (the
-    row's own copy of page 0: a block other rows share keeps its int4 values for them): every
-    key as the int4 kernels read it. Returns (k, v, block_table, readable) as int4_kv_slots."""
-    k, v, table, readable = int4_kv_slots(
-        kv_cache, tail, block_size=block_size, seq_lens=seq_lens, block_table=block_table,
-        slot_of_seq=slot_of_seq, tail_page=tail_page,
-    )  # fmt: skip
-    if sink is None:
-        return k, v, table, readable
-    pages = tail_pages_of(tail, block_size)
-    sinks, slots = sink_of_seq.tolist(), slot_of_seq.tolist()
-    held = tail_page.view(tail_page.shape[0], -1).tolist()
-    k_rows, v_rows = [k], [v]
-    for r, seq_len in enumerate(seq_lens.tolist()):
-        mine = held[slots[r]] if slots[r] >= 0 else []
-        start = tail_start(seq_len, slots[r], block_table[r].tolist(), mine, block_size, pages)
-        if sinks[r] < 0 or start <= 0:
-            continue  # no sink, or page 0 is partial or the tail's
-        table[r, 0] = sum(x.shape[0] for x in k_rows)
-        k_rows.append(sink[sinks[r], 0].transpose(0, 1)[None].float().to(k.device))
-        v_rows.append(sink[sinks[r], 1].transpose(0, 1)[None].float().to(v.device))
-    return torch.cat(k_rows), torch.cat(v_rows), table, readable
 
 
 def paged_attention_int4_ref(
@@ -368,9 +342,9 @@ def paged_attention_int4_ref(
     sink_of_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference for ``paged_attention_int4``: ``reference.attention_ref`` (fp64) over what the
-    kernel reads (``int4_read_slots``: the pages, the tails, the sinks). Returns fp32
+    kernel reads (``int4_kv_slots``: the pages, the tails, the sinks). Returns fp32
     [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
-    k, v, table, readable = int4_read_slots(
+    k, v, table, readable = int4_kv_slots(
         kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(),
         block_table=block_table.cpu(), slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
         sink=sink, sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
@@ -400,26 +374,17 @@ def gather_kv_context_int4_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for ``gather_kv_context`` with ``int4``: per sequence (its length cu_seqlens_k's
     run, its ctx = that minus its new tokens), its first ctx keys as the int4 attention reads them
-    (``int4_read_slots``, fp32; keys it cannot read, a slot-less sequence's partial page, are 0)
+    (``int4_kv_slots``, fp32; keys it cannot read, a slot-less sequence's partial page, are 0)
     rounded once to the new K/V's dtype, then its new K/V rows."""
     del kv_dtype
-    nkv, d = new_key.shape[1], new_key.shape[2]
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    ck = cu_seqlens_k.tolist()
     lens = torch.tensor([ck[s + 1] - ck[s] for s in range(len(ck) - 1)], dtype=torch.int32)
-    k_slots, v_slots, table, readable = int4_read_slots(
+    k_slots, v_slots, table, readable = int4_kv_slots(
         kv_cache, tail, block_size=block_size, seq_lens=lens, block_table=block_table.cpu(),
         slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(), sink=sink,
         sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
     )  # fmt: skip
-    keys, values = [], []
-    for s in range(len(cq) - 1):
-        ctx = int(lens[s]) - (cq[s + 1] - cq[s])
-        blocks = table[s, : -(-ctx // block_size)].long()
-        seen = torch.arange(ctx) < int(readable[s])
-        for out, slots, new in ((keys, k_slots, new_key), (values, v_slots, new_value)):
-            rows = slots[blocks].reshape(-1, nkv, d)[:ctx]
-            seen_rows = seen.to(rows.device)[:, None, None]
-            out.append(torch.where(seen_rows, rows, 0.0).to(new.device, new.dtype))
-            out.append(new[cq[s] : cq[s + 1]])
-    empty = new_key.new_empty(0, nkv, d)
-    return torch.cat([empty, *keys]), torch.cat([empty, *values])
+    return context_runs(
+        k_slots, v_slots, new_key, new_value, block_size=block_size, block_table=table,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, readable=readable,
+    )  # fmt: skip
