@@ -68,9 +68,10 @@ L2_BYTES = 60 << 20
 SHAPES = common.MODEL_SHAPES
 # vLLM's kernels, then ours: every dtype of the catalogue that has kernels
 IMPLS = ["bf16_fa2", "bf16", "upstream_int8_pth", *KERNEL_DTYPES]
-# Prefill only: what the shim runs in vLLM for a continuation of >= 64 tokens on an int8 cache
-# (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16, then
-# FlashAttention-2 attends. The plain impl names time our Triton kernel on the same shape.
+# Prefill only: what the shim runs in vLLM for a continuation of more than 256 new tokens
+# (int8kv_shim/flash_prefill.py): gather_kv_context dequantizes the context into BF16 (int4's also
+# copies its tail and sink pages), then FlashAttention-2 attends. The plain impl names time our
+# Triton kernel on the same shape.
 VIA_FA2 = {"int8_fa2": "int8", "int8_static_fa2": "int8_static",
            "int4_sink_tail2_fa2": "int4_sink_tail2"}  # fmt: skip
 # Prefill only: our kernel with every key of a query block in one program (num_splits=1), as every

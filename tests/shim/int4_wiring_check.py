@@ -1,16 +1,18 @@
 """Runs in its own process: our int4 builder + impl driven like vLLM's model runner drives them.
 
-``main()``: recording stand-ins for the two kernels, so what is checked is the wiring: the slot
-buffers the builder puts in the metadata, the write inside forward() before any attention
-(FlashAttention's first chunks included), the tail and the slots each attention launch gets
-(sliced like the decode-first split), do_kv_cache_update doing nothing, a KV-sharing layer
-reading its target's tail, int8 beside it unchanged. Prints "wiring ok".
+``main()``: recording stand-ins for the write, attention and context-gather kernels, so what is
+checked is the wiring: the slot buffers the builder puts in the metadata, the write inside
+forward() before any attention (FlashAttention's first chunks included), the tail and the slots
+each attention launch and the gather get (sliced like the decode-first split), do_kv_cache_update
+doing nothing, a KV-sharing layer reading its target's tail, int8 beside it unchanged. Prints
+"wiring ok".
 
 ``main("kernels")``: the real int4 kernels (the tail-pool format) through the same glue over two
 steps (a history step, then a decode + first chunk + two continuations), against attention over
 the unquantized K/V: exact within rounding for the sequences whose keys all sit in the tail (one
 of them a page this step completed, which the tail keeps), within 4-bit error for the one with a
-page before its last. Prints "kernels ok".
+page before its last. Prints "kernels ok". ``kernels flash``: the same with the prefills on
+FlashAttention's torch stand-in and the continuations' context through the real int4 gather.
 """
 
 from __future__ import annotations
