@@ -112,8 +112,8 @@ def doctor(args: argparse.Namespace) -> int:
         mode = prefill_mode()
         how = {
             "flash": (
-                "prefills (first chunks; int8/int8_static continuations with their "
-                "dequantized context) on vLLM's FlashAttention-2 where it runs, the rest on ours"
+                "prefills (first chunks; continuations of more than 256 tokens with their context "
+                "gathered from the cache) on vLLM's FlashAttention-2 where it runs, the rest on ours"
             ),
             "triton": "every token on our kernels",
         }[mode]

@@ -42,8 +42,8 @@ INT8KV_CALIBRATE = "INT8KV_CALIBRATE"
 
 INT8KV_PREFILL = "INT8KV_PREFILL"
 """How prefills attend: ``flash`` (default) with vLLM's FlashAttention-2 where that runs, over the
-new tokens' fresh BF16 K/V and, for a chunked-prefill continuation (``int8`` / ``int8_static``),
-its context dequantized from the pages; ``triton`` through the quantized pages with our kernels
+new tokens' fresh BF16 K/V and, for a chunked-prefill continuation of more than 256 tokens, its
+context gathered from the cache; ``triton`` through the quantized pages with our kernels
 like every other token (``flash_prefill.py``)."""
 
 PREFILL_MODES: tuple[str, ...] = ("flash", "triton")
