@@ -6,7 +6,8 @@ dispatches.
 SmolLM2-135M's attention (9 query / 3 KV heads, head size 64, 30 layers; block size 16 for
 ``int8``, 64 for ``int4``) on three batches of vLLM's model runner V2 (decodes first): 32 decodes;
 31 decodes + a 2048-token first chunk; 31 decodes + a 2048-token chunk over 5888 cached tokens
-(``int8``: the context gather + FlashAttention-2 path of flash_prefill.py; ``int4``: our kernels).
+(the context gather + FlashAttention-2 path of flash_prefill.py; ``int4``'s chunk ran on our
+kernels until 2026-12-06, as in the committed results).
 Every step empties the kernels' replay caches first (a real decode step's key changes every step),
 so layer 1 runs each wrapper whole and records its launches, layers 2-30 replay them, as on a GPU;
 the replays are stand-ins with the real ones' host checks minus the CUDA ones. Each launch that is

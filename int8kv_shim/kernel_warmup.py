@@ -19,10 +19,10 @@ specialized on by the kernels (``do_not_specialize``), so these few launches cov
 ``int4``'s kernels also read and write a tail pool (tail_slots.py): its launches run on a scratch
 cache and a scratch pool of one slot, shaped like the layer's, never on the engine's pool, whose
 slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
-longer chunk), each a page flush then a tail store; its attention is warmed as int8's (it has no
-context gather: its continuations stay on our kernels), with sink pages
-(``INT8KV_INT4_SINK_PAGE``, on by default) the variant that reads them and their store too, and
-with a tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``, the default) the variants of all three
+longer chunk), each a page flush then a tail store; its attention and context gather are warmed
+as int8's, with sink pages
+(``INT8KV_INT4_SINK_PAGE``, on by default) the variants that read them and their store too, and
+with a tail of two pages (``INT8KV_INT4_TAIL_PAGES=2``, the default) the variants of all of them
 that read and keep two pages a slot.
 """
 
