@@ -13,7 +13,7 @@ from int8kv_kernels import gather_kv_context
 from int8kv_kernels.reference_int4 import gather_kv_context_int4_ref, write_sink_int4_ref
 
 # Per sequence: (tokens of the first chunk, new tokens of the continuation gathered). After the
-# continuation's write: 0 reads keys 0..319 from int4 pages (its context all of them), 1 and 2
+# continuation's write: 0 reads keys 0..383 from int4 pages (its context all of them), 1 and 2
 # read every context key from their tails (a partial page and the page before it; a page the
 # continuation completed and the one before), 3 is a first chunk (no context), 4 has a context
 # of one partial page, 5 reads keys 0..127 from pages and 128..199 from its tail. 6 is a prefix-
@@ -97,8 +97,8 @@ def test_int4_gather_matches_reference_bit_for_bit(nkv, d, pages, sinks):
         run_k = k[starts[5] : starts[5] + 200]
         assert torch.equal(run_k[128:], kv[5][0][128:200])
         assert not torch.equal(run_k[64:128], kv[5][0][64:128])
-    # the hit reads 2's pages in int4 (one int4 page and one exact with one page a slot: 2 keeps
-    # its complete last page)
+    # the hit reads 2's two pages in int4; 2 reads both exact with two pages a slot, and with one
+    # only its complete last page (page 0 is int4 for both)
     hit_k, own_k = k[starts[HIT] : starts[HIT] + 128], k[starts[2] : starts[2] + 128]
     assert not torch.equal(hit_k, own_k) and torch.equal(hit_k[:B], own_k[:B]) == (pages == 1)
     with_sink = sinks is not None and sinks[0] >= 0
@@ -118,6 +118,10 @@ def test_int4_gather_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="tail, tail_page and slot_of_seq"):
         gather_kv_context(pool.cache, new, new, kv_dtype="int4", **kw)
     tails = dict(tail=pool.tail, tail_page=pool.tail_page, slot_of_seq=_i32(pool, [0]))
+    ones = torch.ones(1, 64, device=pool.device)
+    with pytest.raises(ValueError, match="no static scales"):
+        gather_kv_context(pool.cache, new, new, kv_dtype="int4", k_scale=ones, v_scale=ones,
+                          **tails, **kw)  # fmt: skip
     with pytest.raises(ValueError, match="together, or neither"):
         gather_kv_context(pool.cache, new, new, kv_dtype="int4", sink=pool.tail[:1, :, :, :B],
                           **tails, **kw)  # fmt: skip
