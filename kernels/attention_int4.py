@@ -67,7 +67,7 @@ from .attention_plan import (
     store_split_stats,
     visible_keys,
 )
-from .cache_write_int4 import check_sink, check_tail, exact_keys_start
+from .cache_write_int4 import check_pools, exact_keys_start
 from .launch import DirectLauncher, ReplayCache
 from .page_layout import cached_int4_layout, next_power_of_2
 
@@ -878,13 +878,7 @@ def paged_attention_int4(
     num_seqs = seq_lens.shape[0]
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     check_shapes(query, output, kv_cache, num_kv_heads)
-    tail_pages = check_tail(tail, tail_page, layout)
-    if (sink is None) != (sink_of_seq is None):
-        raise ValueError("int4 attention takes sink and sink_of_seq together, or neither")
-    if sink is not None:
-        check_sink(sink, sink_of_seq, layout)
-        if sink_of_seq.shape[0] < num_seqs:
-            raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
+    tail_pages = check_pools(tail, tail_page, sink, sink_of_seq, layout, num_seqs, "int4 attention")
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_q_heads // num_kv_heads

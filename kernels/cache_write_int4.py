@@ -453,12 +453,36 @@ def check_tail(tail: torch.Tensor, tail_page: torch.Tensor, layout: Int4PageLayo
     return pages
 
 
-def check_sink(sink: torch.Tensor, sink_of_seq: torch.Tensor, layout: Int4PageLayout) -> None:
+def check_sink(
+    sink: torch.Tensor, sink_of_seq: torch.Tensor, layout: Int4PageLayout, num_seqs: int
+) -> None:
     """The sink pool's shape contract, the tail's: [sinks, 2, H, 64, D] model dtype; sink_of_seq
-    int32, one entry per row at least (checked against the batch by the callers)."""
+    int32, one entry per row of the batch's ``num_seqs`` at least."""
     _check_page_pool(sink, "sink", "num_sinks", layout)
     if sink_of_seq.dtype != torch.int32 or sink_of_seq.dim() != 1:
         raise ValueError("sink_of_seq must be int32 [>= num_seqs]")
+    if sink_of_seq.shape[0] < num_seqs:
+        raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
+
+
+def check_pools(
+    tail: torch.Tensor,
+    tail_page: torch.Tensor,
+    sink: torch.Tensor | None,
+    sink_of_seq: torch.Tensor | None,
+    layout: Int4PageLayout,
+    num_seqs: int,
+    reader: str,
+) -> int:
+    """The pools a reader of int4 keys takes (``paged_attention_int4``, the context gather,
+    named by ``reader`` in the messages): the tail pool (``check_tail``; its pages a slot are
+    returned) and, both or neither, the sink pool and its rows (``check_sink``)."""
+    tail_pages = check_tail(tail, tail_page, layout)
+    if (sink is None) != (sink_of_seq is None):
+        raise ValueError(f"{reader} takes sink and sink_of_seq together, or neither")
+    if sink is not None:
+        check_sink(sink, sink_of_seq, layout, num_seqs)
+    return tail_pages
 
 
 def _check_page_pool(
@@ -629,9 +653,7 @@ def write_sink_int4(
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value must be contiguous along head_size")
-    check_sink(sink, sink_of_seq, layout)
-    if sink_of_seq.shape[0] < num_seqs:
-        raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
+    check_sink(sink, sink_of_seq, layout, num_seqs)
     if num_seqs == 0 or key.shape[0] == 0:
         return
     ss = sink.stride()

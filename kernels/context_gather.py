@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .attention import v_column
-from .cache_write_int4 import check_sink, check_tail, exact_keys_start
+from .cache_write_int4 import check_pools, exact_keys_start
 from .catalogue import INT4_DTYPES
 from .e4m3 import check_v_format, e4m3_decode
 from .launch import DirectLauncher, ReplayCache
@@ -459,14 +459,10 @@ def gather_kv_context_int4(
                     tail_page_ptr=tail_page, sink_ptr=sink):  # fmt: skip
         return k_out, v_out
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
-    tail_pages = check_tail(tail, tail_page, layout)
-    if (sink is None) != (sink_of_seq is None):
-        raise ValueError("the int4 gather takes sink and sink_of_seq together, or neither")
     num_seqs = cu_seqlens_q.shape[0] - 1
-    if sink is not None:
-        check_sink(sink, sink_of_seq, layout)
-        if sink_of_seq.shape[0] < num_seqs:
-            raise ValueError(f"sink_of_seq has {sink_of_seq.shape[0]} entries for {num_seqs} rows")
+    tail_pages = check_pools(
+        tail, tail_page, sink, sink_of_seq, layout, num_seqs, "the int4 gather"
+    )
     if slot_of_seq.dtype != torch.int32 or slot_of_seq.shape[0] < num_seqs:
         raise ValueError(f"slot_of_seq must be int32 [>= {num_seqs}]")
     _check_new_kv(new_key, new_value)
