@@ -229,6 +229,26 @@ def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert not bad.any(), f"{int(bad.sum())} elements off, max err {err.max().item():.4g}"
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit as 16-bit floats, NaN where NaN (any NaN payload)."""
+    nan = a.isnan()
+    return bool(torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16),
+                                                            b[~nan].view(torch.int16)))  # fmt: skip
+
+
+def assert_layers_replay(launcher, step, num_layers: int, monkeypatch) -> None:
+    """``step()`` runs one launch per layer through ``launcher`` and returns each layer's
+    (K, V): its first call compiles and records, its second replays every launch (as many
+    direct launches as layers), and a plain ``kernel[grid]`` launch gives the same bits."""
+    step()  # compiles, records
+    before = launcher.direct_launches
+    outs = step()  # every launch a replay
+    assert launcher.direct_launches - before == num_layers
+    monkeypatch.setattr(launcher, "direct", False)
+    for (k, v), (k2, v2) in zip(outs, step(), strict=True):
+        assert same_bits(k, k2) and same_bits(v, v2)
+
+
 def force_chunked_decode(monkeypatch, chunks: int = 4) -> None:
     """Make the decode launches use the split-K-inside-the-program loop (``chunks`` > 1, off by
     default); prefill launches keep their config."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvbatch import make_cache
+from kvbatch import assert_layers_replay, make_cache, same_bits
 
 from int8kv_kernels import gather_kv_context
 from int8kv_kernels.reference import gather_kv_context_ref
@@ -23,12 +23,6 @@ CASES = [
 # a page boundary, one longer than the kernel's row block; new-token counts incl. 1.
 CONTEXTS = [37, 0, 64, 5, 70]
 Q_LENS = [3, 4, 1, 6, 2]
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    nan = a.isnan()
-    return bool(torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16),
-                                                            b[~nan].view(torch.int16)))  # fmt: skip
 
 
 def _batch(block_size: int, nkv: int, d: int, dtype: torch.dtype, device: str):
@@ -58,7 +52,7 @@ def test_gather_matches_reference_bit_for_bit(kv_dtype, v_format, nkv, d, bs, dt
                              num_k_tokens=int(cu_k[-1]), **kw)  # fmt: skip
     k_ref, v_ref = gather_kv_context_ref(cache, new_k, new_v, **kw)
     assert k.dtype == dtype and k.shape == k_ref.shape == (sum(CONTEXTS) + sum(Q_LENS), nkv, d)
-    assert _same_bits(k, k_ref) and _same_bits(v, v_ref)
+    assert same_bits(k, k_ref) and same_bits(v, v_ref)
     # The reference itself is not vacuous: new rows are the inputs, context rows are not zero.
     assert torch.equal(k_ref[37:40], new_k[0:3]) and k_ref[:37].abs().amin(-1).gt(0).any()
 
@@ -78,7 +72,7 @@ def test_gather_rounds_to_nearest_even_and_keeps_flagged_tokens_nan(device):
               cu_seqlens_k=cu_k)  # fmt: skip
     k, _ = gather_kv_context(cache, new_k, new_v, max_seqlen_k=80, num_k_tokens=int(cu_k[-1]), **kw)
     k_ref, _ = gather_kv_context_ref(cache, new_k, new_v, **kw)
-    assert k[3].isnan().all() and _same_bits(k, k_ref)
+    assert k[3].isnan().all() and same_bits(k, k_ref)
     truncated = (k_ref.float().view(torch.int32) >> 16 << 16).view(torch.float32)
     assert not torch.equal(k_ref.float(), truncated)  # some value needed rounding (not vacuous)
 
@@ -117,14 +111,7 @@ def test_layers_replay_the_gather_with_their_own_tensors_gpu(kv_dtype, monkeypat
             outs.append(gather_kv_context(cache, k_new, v_new, max_seqlen_k=80,
                                           num_k_tokens=int(cu_k[-1]), **kw))  # fmt: skip
             ref = gather_kv_context_ref(cache, k_new, v_new, **kw)
-            assert _same_bits(outs[-1][0], ref[0]) and _same_bits(outs[-1][1], ref[1])
+            assert same_bits(outs[-1][0], ref[0]) and same_bits(outs[-1][1], ref[1])
         return outs
 
-    step()  # compiles, records
-    before = launcher.direct_launches
-    outs = step()  # every launch a replay
-    assert launcher.direct_launches - before == len(layers)
-    monkeypatch.setattr(launcher, "direct", False)
-    plain = step()
-    for (k, v), (k2, v2) in zip(outs, plain, strict=True):
-        assert _same_bits(k, k2) and _same_bits(v, v2)
+    assert_layers_replay(launcher, step, len(layers), monkeypatch)

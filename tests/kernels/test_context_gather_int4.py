@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvbatch import assert_layers_replay, same_bits
 from test_int4_tail_pages import B, Pool2, _i32, _kv, _write
 
 from int8kv_kernels import gather_kv_context
@@ -24,12 +25,6 @@ HIT = 6
 TABLES = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 0, 0, 0, 0], [13, 14, 15, 0, 0, 0, 0, 0],
           [16, 0, 0, 0, 0, 0, 0, 0], [17, 18, 0, 0, 0, 0, 0, 0], [19, 20, 21, 22, 0, 0, 0, 0],
           [13, 14, 23, 0, 0, 0, 0, 0]]  # fmt: skip
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    nan = a.isnan()
-    return bool(torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int16),
-                                                            b[~nan].view(torch.int16)))  # fmt: skip
 
 
 def _two_steps(pool: Pool2, sinks: list[int] | None):
@@ -80,7 +75,7 @@ def test_int4_gather_matches_reference_bit_for_bit(nkv, d, pages, sinks):
                              **kw)  # fmt: skip
     k_ref, v_ref = gather_kv_context_int4_ref(pool.cache, new_k, new_v, **kw)
     assert k.shape == k_ref.shape == (num_k, nkv, d)
-    assert _same_bits(k, k_ref) and _same_bits(v, v_ref)
+    assert same_bits(k, k_ref) and same_bits(v, v_ref)
 
     # What the reference says, checked against the tokens themselves (so it is not vacuous):
     # a run per sequence of its context then its new tokens; context from a tail or a sink is
@@ -156,13 +151,7 @@ def test_int4_gather_layers_replay_with_their_own_pools_gpu(sinks, monkeypatch):
             outs.append(gather_kv_context(pool.cache, new_k, new_v, kv_dtype="int4",
                                           max_seqlen_k=450, num_k_tokens=num_k, **kw))  # fmt: skip
             ref = gather_kv_context_int4_ref(pool.cache, new_k, new_v, **kw)
-            assert _same_bits(outs[-1][0], ref[0]) and _same_bits(outs[-1][1], ref[1])
+            assert same_bits(outs[-1][0], ref[0]) and same_bits(outs[-1][1], ref[1])
         return outs
 
-    step()  # compiles, records
-    before = launcher.direct_launches
-    outs = step()  # every launch a replay
-    assert launcher.direct_launches - before == len(layers)
-    monkeypatch.setattr(launcher, "direct", False)
-    for (k, v), (k2, v2) in zip(outs, step(), strict=True):
-        assert _same_bits(k, k2) and _same_bits(v, v2)
+    assert_layers_replay(launcher, step, len(layers), monkeypatch)
