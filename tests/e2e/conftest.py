@@ -70,6 +70,12 @@ EngineFn = Callable[..., dict[str, Any]]
 
 
 @pytest.fixture(scope="session")
+def engine_log(e2e_workdir: Path) -> Callable[[str], Path]:
+    """``engine_log(name)``: the log file of the engine ``engine(name, ...)`` ran (or reused)."""
+    return lambda name: e2e_workdir / f"{name}.log"
+
+
+@pytest.fixture(scope="session")
 def engine(e2e_workdir: Path) -> EngineFn:
     """``engine(name, llm_kwargs, phases, shim, env=None)``: run once per session, then served
     from memory (``env``: extra variables for that engine's process only).

@@ -18,6 +18,9 @@ in the same run*:
 - int8 vs BF16, and int8 prefix-cache hits vs BF16: against upstream's ``int8_per_token_head`` vs
   BF16 (an int8 cache that vLLM ships). A hit is a cross-dtype comparison with the default prefill:
   the miss pass attended over its fresh BF16 K/V, the hit reads the prefix from the quantized cache;
+- int8 prefilled in chunks of 512 tokens vs BF16: against upstream's int8 cache prefilled in the
+  same chunks (each chunk reads its context from the quantized cache, through the context gather
+  when it is long enough for FlashAttention-2);
 - prefix-cache hit vs miss with every token through the cache (``INT8KV_PREFILL=triton``), CUDA
   graphs vs eager, preempted vs not: against the same comparison with a BF16 cache (the
   schedule-dependent difference vLLM has without us);
@@ -75,6 +78,11 @@ PREEMPT_TOKENS = int(os.environ.get("INT8KV_E2E_PREEMPT_TOKENS", "256"))
 # sequences at a time, so all 72 took 151 s per engine on the H200 (29 preemptions with int8), and
 # with the BF16 control the test outgrew a 10-minute GPU call.
 PREEMPT_PROMPTS = int(os.environ.get("INT8KV_E2E_PREEMPT_PROMPTS", "24"))
+# The chunked-prefill run's token budget per step: prompts longer than it are prefilled in chunks,
+# and a chunk of at least flash_prefill.MIN_CONTINUATION_TOKENS new tokens attends over its
+# context gathered from the quantized pages, then FlashAttention-2 (the route long prompts take on
+# a server, where a step's budget is shared).
+CHUNK_TOKENS = 512
 # The dtypes under test (default int8; int8_static needs INT8KV_SCALES, int4
 # can be listed too). The BF16 and upstream controls run whatever is listed.
 DTYPES = [d.strip() for d in os.environ.get("INT8KV_E2E_DTYPES", "int8").split(",") if d.strip()]
@@ -226,6 +234,42 @@ def test_cuda_graphs_match_eager(engine, smollm2_dir, prompts, dtype) -> None:
 
     assert_like_control(
         graphs_vs_eager(dtype), graphs_vs_eager("auto"), f"{dtype} CUDA graphs vs eager", "bf16"
+    )
+
+
+def _smol_chunked(
+    engine, engine_log, smollm2_dir, prompts, dtype: str
+) -> tuple[dict[str, Any], str]:
+    """(result, log text) of an eager engine prefilling in chunks of at most CHUNK_TOKENS."""
+    kw, shim = _kv(dtype)
+    kw |= {**COMMON, "model": str(smollm2_dir), "enforce_eager": True}
+    kw |= {"enable_prefix_caching": False, "enable_chunked_prefill": True}
+    kw["max_num_batched_tokens"] = CHUNK_TOKENS
+    name = f"smol_{dtype}_chunked"
+    run = engine(name, kw, [generation_phase("ref", prompts, skip_reading_prefix_cache=True)], shim)
+    log = engine_log(name)
+    return run, log.read_text(errors="replace") if log.exists() else ""
+
+
+def test_chunked_prefill_through_the_gather_matches_bf16(
+    engine, engine_log, smollm2_dir, prompts, dtype
+) -> None:
+    """Long prompts prefilled in chunks: each chunk's context comes back from the quantized pages
+    (through the context gather for chunks long enough for FlashAttention-2, through our kernels
+    for shorter ones), so this is a quantized-against-BF16 comparison, judged against upstream's
+    int8 cache prefilled in the same chunks."""
+    ref = _smol_eager(engine, smollm2_dir, prompts, "auto")["phases"]["miss"]
+    upstream, _ = _smol_chunked(engine, engine_log, smollm2_dir, prompts, UPSTREAM)
+    got, log = _smol_chunked(engine, engine_log, smollm2_dir, prompts, dtype)
+    # the route log of attention_impl: without it this test would not know the gather ran
+    assert "first context-gathering step with prefills" in log, (
+        f"{dtype}: no step gathered cached context for FlashAttention-2 (see the engine's log)"
+    )
+    assert_like_control(
+        compare_greedy(ref, got["phases"]["ref"], GEN_TOKENS),
+        compare_greedy(ref, upstream["phases"]["ref"], GEN_TOKENS),
+        f"SmolLM2 {dtype} chunked prefill vs bf16",
+        f"{UPSTREAM} chunked prefill vs bf16",
     )
 
 
