@@ -929,6 +929,7 @@ SERVING_PAIRED: tuple[Path, ...] = (
     RESULTS / "serving_llama3_8b_shape_18280da.json",
     RESULTS / "serving_gemma3_18280da.json",
     RESULTS / "serving_llama3_8b_shape_4_layers_8465ab0.json",
+    RESULTS / "serving_llama3_8b_shape_4_layers_bb40257.json",
 )
 
 
@@ -1574,6 +1575,54 @@ def serving_steps_table(path: Path = RESULTS / "serving_gemma3.json") -> str:
     return "\n".join(lines)
 
 
+def serving_step_kinds_table(path: Path) -> str:
+    """Where a point's engine time went by kind of step (``serve_bench --step-timing``): the
+    decode-only steps and the steps that carry a prompt chunk, each's count and mean wall time,
+    and the prompt steps' share of the two; each against ``auto_fa2``'s same round. The time per
+    output token is paid in both kinds: every running sequence waits through a prompt step."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Engine steps by "
+        "kind, the step timer's wall time of each (host work and the waits on the GPU in it); "
+        "ratios against `auto_fa2` in the same round.",
+        "",
+        "| model | input | concurrency | dtype | TPOT p50 ms | decode steps | ms each | vs "
+        "`auto_fa2` | steps with a prompt chunk | ms each | vs `auto_fa2` | their share of the "
+        "engine time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def kinds(point: dict) -> dict[str, dict]:
+        phases = (point.get("step_timing") or {}).get("phases") or {}
+        return {k: phases.get(f"engine_step.{k}") or {} for k in ("decode", "prompt")}
+
+    def vs(mine: dict, theirs: dict) -> str:
+        a, b = mine.get("us_per_call"), theirs.get("us_per_call")
+        return f"{a / b:.2f}x" if a and b else "n/a"
+
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        for label, point, base in _round_points(rows[key], base_row):
+            mine, theirs = kinds(point), kinds(base)
+            if not all(mine[k].get("calls") for k in mine):
+                continue
+            spent = {k: v["calls"] * v["us_per_call"] for k, v in mine.items()}
+            share = spent["prompt"] / (spent["prompt"] + spent["decode"])
+            cells = [
+                f"{mine[k]['calls']} | {mine[k]['us_per_call'] / 1000:.2f} | "
+                + ("reference" if dtype == "auto_fa2" else vs(mine[k], theirs[k]))
+                for k in ("decode", "prompt")
+            ]
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {point['tpot_ms_p50']:.2f} | {' | '.join(cells)} "
+                f"| {share:.0%} |"
+            )
+    return "\n".join(lines)
+
+
 # the step timer's per-layer phases (benchmarks/step_timing.py PER_LAYER), as the table orders them
 LAYER_PHASES = ("attention_forward", "kv_cache_update")
 
@@ -1647,7 +1696,8 @@ def serving_summary_table(
 ) -> str:
     """The README's serving table: per model, ``int8``'s median TPOT and TTFT against
     FlashAttention-2's and its output tok/s against upstream's at each point of its newest run,
-    then at each point of its newest run in paired rounds (the median of the rounds' ratios)."""
+    then each point from the newest run in paired rounds that has it (the median of the rounds'
+    ratios; ``paired`` oldest first)."""
     lines = [
         "| model | prompt tokens | requests | time per output token | time to first token "
         f"| output tok/s vs `{UPSTREAM}` | measured | GPU, run |",
@@ -1660,31 +1710,45 @@ def serving_summary_table(
         return [docs[p] for p in paths if p in docs and any(
             r["model"] == model for r in docs[p]["rows"])]  # fmt: skip
 
+    def int8_points(result: dict, model: str) -> list[tuple[tuple, str]]:
+        """(point as the table names it, its line) of each int8 point of ``model`` with a
+        FlashAttention-2 row in ``result``."""
+        rows = _serving_rows(result)
+        # a server started for a profiled point keeps the profiler configured for every point
+        notes = (
+            ", servers profiled" if re.search(r"--profile-concurrency [1-9]", result["command"])
+            else ""
+        )  # fmt: skip
+        threads = re.search(r"--renderer-num-workers[ =](\d+)", result["command"])
+        notes += f", {threads[1]} tokenising threads" if threads else ""
+        points = []
+        for m, input_len, conc, dtype in _serving_keys(rows):
+            fa2 = rows.get((m, input_len, conc, "auto_fa2"))
+            if m != model or dtype != "int8" or not fa2:
+                continue
+            ours = rows[m, input_len, conc, dtype]
+            tpot, n = _paired_ratio(ours, fa2, "tpot_ms_p50")
+            ttft, _ = _paired_ratio(ours, fa2, "ttft_ms_p50")
+            upstream = rows.get((m, input_len, conc, UPSTREAM))
+            tok_s = f"{_paired_ratio(ours, upstream, 'output_tok_s')[0]:.2f}x" if upstream else "-"
+            how = _pairing(n, ours) or "one pass"
+            name = _serving_model_name(m, result)
+            points.append((
+                (name, input_len, conc),
+                f"| {name} | {input_len} | {conc} | {tpot:.2f}x | {ttft:.2f}x | {tok_s} | "
+                f"{how}{notes} | {result['gpu']}, {_provenance(result)} |",
+            ))  # fmt: skip
+        return points
+
     for model in SERVING_MODEL_NAMES:
-        for result in [*of_model(newest, model)[:1], *of_model(paired, model)[-1:]]:
-            rows = _serving_rows(result)
-            # a server started for a profiled point keeps the profiler configured for every point
-            profiled = (
-                ", servers profiled" if re.search(r"--profile-concurrency [1-9]", result["command"])
-                else ""
-            )  # fmt: skip
-            for m, input_len, conc, dtype in _serving_keys(rows):
-                fa2 = rows.get((m, input_len, conc, "auto_fa2"))
-                if m != model or dtype != "int8" or not fa2:
-                    continue
-                ours = rows[m, input_len, conc, dtype]
-                tpot, n = _paired_ratio(ours, fa2, "tpot_ms_p50")
-                ttft, _ = _paired_ratio(ours, fa2, "ttft_ms_p50")
-                upstream = rows.get((m, input_len, conc, UPSTREAM))
-                tok_s = (
-                    f"{_paired_ratio(ours, upstream, 'output_tok_s')[0]:.2f}x" if upstream else "-"
-                )
-                how = _pairing(n, ours) or "one pass"
-                lines.append(
-                    f"| {_serving_model_name(m, result)} | {input_len} | {conc} | {tpot:.2f}x | "
-                    f"{ttft:.2f}x | {tok_s} | {how}{profiled} | {result['gpu']}, "
-                    f"{_provenance(result)} |"
-                )
+        for result in of_model(newest, model)[:1]:
+            lines += [line for _, line in int8_points(result, model)]
+        # each point once, from the newest paired run that has it
+        paired_points: dict[tuple, str] = {}
+        for result in of_model(paired, model)[::-1]:
+            for point, line in int8_points(result, model):
+                paired_points.setdefault(point, line)
+        lines += [paired_points[point] for point in sorted(paired_points)]
     return "\n".join(lines)
 
 
@@ -2068,10 +2132,11 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
 def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
     """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
     :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``,
-    ``rounds``, ``layers``), ``serving_<kind>_<tag>``."""
+    ``rounds``, ``layers``, ``kinds``), ``serving_<kind>_<tag>``."""
     tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
               "steps": serving_steps_table, "rounds": serving_rounds_table,
-              "layers": serving_layer_host_table}  # fmt: skip
+              "layers": serving_layer_host_table,
+              "kinds": serving_step_kinds_table}  # fmt: skip
     return {
         f"serving_{tag}": functools.partial(serving_table, path),
         **{f"serving_{kind}_{tag}": functools.partial(tables[kind], path) for kind in kinds},
@@ -2191,6 +2256,11 @@ TABLES = {
     "throughput_int4_18280da": lambda: throughput_table(RESULTS / "throughput_int4_18280da.json"),
     "int4_prefill": int4_prefill_table,
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
+    **serving_run_tables(
+        "llama3_8b_shape_4_layers_bb40257",
+        RESULTS / "serving_llama3_8b_shape_4_layers_bb40257.json",
+        *("rounds", "ttft", "steps", "kinds", "starts"),
+    ),
     **serving_run_tables(
         "llama3_8b_shape_4_layers_8465ab0",
         RESULTS / "serving_llama3_8b_shape_4_layers_8465ab0.json",

@@ -166,6 +166,55 @@ def test_serving_summary_gives_paired_rounds_their_median_and_a_configured_profi
     assert summary_cells([], [no_profile])[0][6] == "one paired round"
 
 
+def test_serving_summary_takes_each_point_from_the_newest_paired_run_that_has_it(
+    tmp_path: Path,
+) -> None:
+    def run(name: str, command: str, points: dict[int, float]) -> Path:
+        rows = [{**serving_row(d, conc, 100.0, None), "servers_at_once": 2,
+                 "tpot_ms_p50": tpot if d == "int8" else 10.0}
+                for conc, tpot in points.items() for d in ("auto_fa2", "int8")]  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**COMMON, "command": command, "rows": rows}))
+        return path
+
+    older = run("older", "x", {1: 9.0, 32: 7.0})
+    newer = run("newer", "x --serve-args '--renderer-num-workers 8'", {32: 8.0})
+    cells = summary_cells([], [older, newer])
+    # 1 request from the older run, which alone has it; 32 from the newer, with its threads
+    assert [(c[2], c[3], c[6]) for c in cells] == [
+        ("1", "0.90x", "one paired round"),
+        ("32", "0.80x", "one paired round, 8 tokenising threads"),
+    ]
+
+
+def test_serving_step_kinds_table_splits_engine_time_by_kind_of_step(tmp_path: Path) -> None:
+    def rounds(dtype: str, kinds: list[tuple[float, float]]) -> dict:
+        each = [{"round": i, "position": i, "tpot_ms_p50": 4.0, "step_timing": {"phases": {
+                    "engine_step.decode": {"calls": 90, "us_per_call": decode_us},
+                    "engine_step.prompt": {"calls": 10, "us_per_call": prompt_us}}}}
+                for i, (decode_us, prompt_us) in enumerate(kinds)]  # fmt: skip
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.serve_bench --rounds 2 --interleave",
+        "rows": [rounds("auto_fa2", [(2000.0, 27000.0), (2500.0, 30000.0)]),
+                 rounds("int8", [(1600.0, 24000.0), (2500.0, 33000.0)]),
+                 # a point the step timer did not split by kind gets no line
+                 {**serving_row("int4", 32, 100.0, None), "step_timing": {"phases": {}}}],
+    })  # fmt: skip
+    lines = report.serving_step_kinds_table(path).splitlines()[4:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    # the prompt steps' share: 10 x 27 ms of 10 x 27 + 90 x 2 ms = 60%
+    assert [c[3:] for c in cells] == [
+        ["`auto_fa2`, round 0 (1st)", "4.00", "90", "2.00", "reference", "10", "27.00",
+         "reference", "60%"],
+        ["`auto_fa2`, round 1", "4.00", "90", "2.50", "reference", "10", "30.00", "reference",
+         "57%"],
+        ["`int8`, round 0 (1st)", "4.00", "90", "1.60", "0.80x", "10", "24.00", "0.89x", "62%"],
+        ["`int8`, round 1", "4.00", "90", "2.50", "1.00x", "10", "33.00", "1.10x", "59%"],
+    ]  # fmt: skip
+
+
 def test_serving_targets_table_judges_each_point_by_its_bound(tmp_path: Path) -> None:
     def row(dtype: str, conc: int, ttft: float, tpot: float, tok_s: float) -> dict:
         return {**serving_row(dtype, conc, ttft, None), "tpot_ms_p50": tpot,
