@@ -281,7 +281,7 @@ def int4_kv_slots(
     sink_of_seq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every key as the int4 kernels read it, as fp32 K/V slots [pages, B, H, D] for
-    ``reference.attention_ref`` (CPU metadata): the cache's pages dequantized, then, for every
+    ``reference.attention_ref`` (metadata on any device, read on the CPU): the cache's pages dequantized, then, for every
     page a sequence reads from its tail (``tail_start``), a copy of its own holding the tail's
     rows (exact), which its row of the returned block table names instead of the cache's block
     (a block other rows share keeps its int4 values for them); likewise, for a row r with
@@ -293,7 +293,8 @@ def int4_kv_slots(
     pages = tail_pages_of(tail, b)
     k, v = dequantize_cache_int4(kv_cache, block_size=b, num_kv_heads=nkv, head_size=d)
     k_rows, v_rows, total = [k], [v], k.shape[0]
-    table = block_table.clone()
+    cpu_table = block_table.cpu()
+    table = cpu_table.clone()
     readable = []
     slots = slot_of_seq.tolist()  # may be longer than the batch (padding rows)
     sinks = None if sink is None else sink_of_seq.tolist()
@@ -309,7 +310,7 @@ def int4_kv_slots(
     for r, seq_len in enumerate(seq_lens.tolist()):
         slot = slots[r]
         readable.append(seq_len if slot >= 0 else (seq_len // b) * b)
-        row = block_table[r].tolist()
+        row = cpu_table[r].tolist()
         start = tail_start(seq_len, slot, row, held[slot] if slot >= 0 else [], b, pages)
         for p0 in range(start, seq_len, b) if slot >= 0 else ():
             n = min(seq_len - p0, b)
@@ -345,9 +346,8 @@ def paged_attention_int4_ref(
     kernel reads (``int4_kv_slots``: the pages, the tails, the sinks). Returns fp32
     [num_tokens, num_q_heads, head_size] (rows past the batch: 0)."""
     k, v, table, readable = int4_kv_slots(
-        kv_cache, tail, block_size=block_size, seq_lens=seq_lens.cpu(),
-        block_table=block_table.cpu(), slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(),
-        sink=sink, sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
+        kv_cache, tail, block_size=block_size, seq_lens=seq_lens, block_table=block_table,
+        slot_of_seq=slot_of_seq, tail_page=tail_page, sink=sink, sink_of_seq=sink_of_seq,
     )  # fmt: skip
     return attention_ref(
         query, k.to(query.device), v.to(query.device), query_start_loc=query_start_loc,
@@ -380,9 +380,8 @@ def gather_kv_context_int4_ref(
     ck = cu_seqlens_k.tolist()
     lens = torch.tensor([ck[s + 1] - ck[s] for s in range(len(ck) - 1)], dtype=torch.int32)
     k_slots, v_slots, table, readable = int4_kv_slots(
-        kv_cache, tail, block_size=block_size, seq_lens=lens, block_table=block_table.cpu(),
-        slot_of_seq=slot_of_seq.cpu(), tail_page=tail_page.cpu(), sink=sink,
-        sink_of_seq=None if sink_of_seq is None else sink_of_seq.cpu(),
+        kv_cache, tail, block_size=block_size, seq_lens=lens, block_table=block_table,
+        slot_of_seq=slot_of_seq, tail_page=tail_page, sink=sink, sink_of_seq=sink_of_seq,
     )  # fmt: skip
     return context_runs(
         k_slots, v_slots, new_key, new_value, block_size=block_size, block_table=table,

@@ -72,7 +72,7 @@ EngineFn = Callable[..., dict[str, Any]]
 @pytest.fixture(scope="session")
 def engine_log(e2e_workdir: Path) -> Callable[[str], Path]:
     """``engine_log(name)``: the log file of the engine ``engine(name, ...)`` ran (or reused)."""
-    return lambda name: e2e_workdir / f"{name}.log"
+    return lambda name: e2e_support.engine_files(e2e_workdir, name)[2]
 
 
 @pytest.fixture(scope="session")

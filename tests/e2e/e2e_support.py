@@ -152,6 +152,11 @@ def build_tiny_llama(
 # running vLLM
 
 
+def engine_files(workdir: str | Path, name: str) -> tuple[Path, Path, Path]:
+    """(spec, result, log) files of the engine ``name`` that :func:`run_vllm` runs in ``workdir``."""
+    return tuple(Path(workdir) / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
+
+
 def run_vllm(
     name: str,
     llm_kwargs: Mapping[str, Any],
@@ -168,9 +173,8 @@ def run_vllm(
     variables to that process only. The log goes to ``workdir/NAME.log`` and, on a device run, also
     to ``$OUT/logs/``.
     """
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec, result, log = (workdir / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    spec, result, log = engine_files(workdir, name)
     spec_text = json.dumps(
         {"llm_kwargs": dict(llm_kwargs), "phases": list(phases), "shim": shim, "env": env or {}}
     )

@@ -127,15 +127,23 @@ def _write_changes(a):
     }  # fmt: skip
 
 
-def _gather_args():
-    pages = get_page_bytes("int8", BS, NKV, D)
+def _gather_batch(kv_dtype: str, block_size: int) -> dict:
+    """Both gathers' arguments but each format's own: two sequences' new K/V over a cache."""
+    pages = get_page_bytes(kv_dtype, block_size, NKV, D)
     k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
     return dict(
         kv_cache=torch.zeros(8, pages, dtype=torch.int8), new_key=k, new_value=torch.randn_like(k),
-        kv_dtype="int8", block_size=BS, block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
+        kv_dtype=kv_dtype, block_size=block_size,
+        block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
         cu_seqlens_q=_int32(3, fill=torch.tensor([0, 2, 4])),
         cu_seqlens_k=_int32(3, fill=torch.tensor([0, 10, 20])), max_seqlen_k=10, num_k_tokens=20,
-        k_scale=None, v_scale=None, v_format="int8", **dict.fromkeys(INT4_GATHER_ARGS),
+    )  # fmt: skip
+
+
+def _gather_args():
+    return dict(
+        **_gather_batch("int8", BS), k_scale=None, v_scale=None, v_format="int8",
+        **dict.fromkeys(INT4_GATHER_ARGS),
     )  # fmt: skip
 
 
@@ -324,14 +332,8 @@ def _sink_changes(a):
 
 
 def _gather_int4_args():
-    pages = get_page_bytes("int4", B4, NKV, D)
-    k = torch.randn(4, NKV, D, dtype=torch.bfloat16)
     return dict(
-        kv_cache=torch.zeros(8, pages, dtype=torch.int8), new_key=k, new_value=torch.randn_like(k),
-        kv_dtype="int4", block_size=B4, block_table=_int32(2, 2, fill=torch.arange(4).view(2, 2)),
-        cu_seqlens_q=_int32(3, fill=torch.tensor([0, 2, 4])),
-        cu_seqlens_k=_int32(3, fill=torch.tensor([0, 10, 20])), max_seqlen_k=10, num_k_tokens=20,
-        tail=_tail(), tail_page=_int32(4),
+        **_gather_batch("int4", B4), tail=_tail(), tail_page=_int32(4),
         slot_of_seq=_int32(2, fill=torch.arange(2)), sink=None, sink_of_seq=None,
     )  # fmt: skip
 
