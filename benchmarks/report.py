@@ -899,19 +899,26 @@ def dtype_choice_table(
                  for p, a in zip(paths, docs, strict=True)]  # fmt: skip
         return named[0] + "".join(f"; where it has no row of a dtype, {n}" for n in named[1:])
 
-    described = " / ".join(
-        f"{docs[0]['model']} (head size {MODEL_HEAD_SIZE.get(docs[0]['model'], '?')}, "
-        f"{files(paths, docs)})"
-        for paths, docs in zip(models, accs, strict=True)
-    )
+    # The table leads with one short line; which file and commit each figure comes from follows
+    # it, folded, so the table stays readable and every figure keeps its source.
     caption = (
-        f"Accuracy and KV tokens, as model / model: {described}, each on "
-        f"`{Path(accs[0][0]['corpus']).name}`, {accs[0][0]['gpu']}, ± one standard error. "
-        f"Decode: median (range) over the {len(decode_points)} full-attention decode points of "
-        f"[`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) ({_extent(kernels)}), "
-        f"{kernels['gpu']} ({_provenance(kernels)})."
+        "Cells joined by / are " + " / ".join(
+            f"{docs[0]['model']} (head size {MODEL_HEAD_SIZE.get(docs[0]['model'], '?')})"
+            for docs in accs
+        ) + f", on `{Path(accs[0][0]['corpus']).name}`, "
+        f"{accs[0][0]['gpu']}, ± one standard error; decode: median (range) over "
+        f"{len(decode_points)} full-attention decode points, {kernels['gpu']}."
+    )  # fmt: skip
+    sources = [f"- {docs[0]['model']}: {files(paths, docs)}."
+               for paths, docs in zip(models, accs, strict=True)]  # fmt: skip
+    sources.append(
+        f"- Decode: [`{kernels_path.name}`](benchmarks/results/{kernels_path.name}) "
+        f"({_extent(kernels)}), {_provenance(kernels)}."
     )
-    return "\n\n".join([caption, "\n".join(lines), *notes])
+    details = "\n".join(
+        ["<details><summary>Where each figure comes from</summary>", "", *sources, "", "</details>"]
+    )
+    return "\n\n".join([caption, "\n".join(lines), details, *notes])
 
 
 # The newest serving run of each model: the README's serving table quotes them and the serving
