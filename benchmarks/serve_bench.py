@@ -181,6 +181,11 @@ STARTUP_PHASES = {
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
     ),
 }
+# int8kv_shim/kernel_warmup.py, once per group of layers that share a metadata builder (Gemma 3's
+# sliding and full layers are two): the shim's Triton kernels compiled before CUDA graphs. Summed.
+KERNEL_WARMUP_RE = re.compile(
+    r"compiled our kernels' serving variants at start-up \(\d+ launches, ([\d.]+) s\)"
+)
 # vllm/triton_utils/jit_monitor.py, after the engine's warm-up: "Triton kernel JIT compilation
 # during inference: NAME." once per kernel name, or with ``--jit-monitor-verbose`` (which the
 # servers here get) every compile as "... inference: NAME (key=...)."
@@ -556,11 +561,15 @@ def engine_error_from_log(text: str) -> str | None:
 
 
 def startup_phases_from_log(text: str) -> dict[str, float]:
+    """Seconds of each of :data:`STARTUP_PHASES` (its last line in ``text``) and
+    ``kernel_warmup_s``, the shim's kernel compiles at start-up (every group's line, summed)."""
     out = {}
     for key, rx in STARTUP_PHASES.items():
         found = rx.findall(text)
         if found:
             out[key] = float(found[-1])
+    if warmups := KERNEL_WARMUP_RE.findall(text):
+        out["kernel_warmup_s"] = round(sum(map(float, warmups)), 2)
     return out
 
 

@@ -23,6 +23,8 @@ from benchmarks import server_metrics as sm
 HERE = Path(__file__).resolve().parent
 FAKE_VLLM = shlex.join([sys.executable, str(HERE / "fake_vllm.py")])
 VLLM_DIR = Path(importlib.util.find_spec("vllm").origin).parent  # found, not imported
+# the shim's start-up line (int8kv_shim/kernel_warmup.py) that serve_bench reads
+KERNEL_WARMUP_FORMAT = "compiled our kernels' serving variants at start-up (%d launches, %.1f s)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,6 +185,17 @@ def test_startup_phases_parser() -> None:
     }
     for rel, text in sources.items():
         assert text in (VLLM_DIR / rel).read_text(), rel
+
+
+def test_startup_phases_sum_the_shims_kernel_compiles() -> None:
+    """One line per group of layers (a sliding and a full group on Gemma 3), in the format the
+    shim logs."""
+    line = "INFO [kernel_warmup.py:131] int8kv-shim: " + KERNEL_WARMUP_FORMAT
+    log = line % (14, 48.9) + "\n" + line % (14, 66.6) + "\n"
+    assert sb.startup_phases_from_log(log) == {"kernel_warmup_s": 115.5}
+    assert sb.startup_phases_from_log("no such line\n") == {}
+    shim = Path(sb.__file__).parents[1] / "int8kv_shim" / "kernel_warmup.py"
+    assert KERNEL_WARMUP_FORMAT in shim.read_text()
 
 
 def _bench_result(**over: object) -> dict:
