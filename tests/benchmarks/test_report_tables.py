@@ -1,6 +1,6 @@
-"""benchmarks/report.py's serving TTFT table, the README's serving table, the kernel A/B table,
-the int4 decode table and the note on int4's default decode, on small result files made here (the
-committed files are pinned by tests/test_readme_results.py)."""
+"""benchmarks/report.py's serving TTFT and starts tables, the README's serving table, the kernel
+A/B table, the int4 decode table and the note on int4's default decode, on small result files made
+here (the committed files are pinned by tests/test_readme_results.py)."""
 
 from __future__ import annotations
 
@@ -484,3 +484,23 @@ def test_default_decode_note_quotes_the_closest_timing_of_the_default(tmp_path: 
     note = report._default_decode_note(write(tmp_path, {"command": "x", "rows": rows}), impls)
     assert note.startswith("As it ships, its sink page and two tail pages (`int4_sink_tail2`)")
     assert note.endswith("2.00x (2.00-2.00x) FlashAttention-2's speed, 1 point.")
+
+
+def test_serving_starts_table_gives_the_shims_compiles_a_column_where_recorded(
+    tmp_path: Path,
+) -> None:
+    def start(dtype: str, **phases: float) -> dict:
+        return {"model": "gemma3", "dtype": dtype, "host_state": "fresh", "engine_start_s": 200.0,
+                "init_engine_s": 70.0, "torch_compile_s": 29.0, "graph_capture_s": 4.0,
+                "kv_cache_tokens": 10, **phases}  # fmt: skip
+
+    recorded = write(tmp_path, {"command": "c", "rows": [], "engine_starts": [
+        start("int4", kernel_warmup_s=115.5), start("auto_fa2")]})  # fmt: skip
+    header, _, int4, fa2 = report.serving_starts_table(recorded).splitlines()
+    assert "our kernels compiled s" in header
+    assert int4.endswith("| 4 | 116 | 10 |")
+    assert fa2.endswith("| 4 | - | 10 |")  # a server without the shim's layers
+    older = write(tmp_path, {"command": "c", "rows": [], "engine_starts": [start("int8")]})
+    header, rule, row = report.serving_starts_table(older).splitlines()
+    assert "our kernels" not in header
+    assert header.count("|") == rule.count("|") == row.count("|") == 9
