@@ -28,7 +28,9 @@ Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``r
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
 ``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``,
 ``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, ``jit_compiles``: the Triton compiles
-the server logged during the point, from ``--jit-monitor-verbose``, and ``server_metrics``) after
+the server logged during the point, from ``--jit-monitor-verbose``, and ``server_metrics``;
+``engine_starts``: each server's start, its time to healthy split by the phases of its log, the
+shim's kernel compiles among them, and ``--host-state``, what the host had done before) after
 EVERY point, so a run cut off keeps what it measured, and a plot beside it (``serving.png``:
 median TPOT against concurrency, one panel per model and input length, one line per dtype; needs
 matplotlib, ``--plot-only`` redraws it from the JSON).
@@ -641,13 +643,47 @@ def load_previous(path: Path, gpu: str) -> dict[str, Any] | None:
 
 
 def merged_doc(
-    previous: Mapping[str, Any] | None, gpu: str, command: str, rows: Sequence[Mapping[str, Any]]
+    previous: Mapping[str, Any] | None,
+    gpu: str,
+    command: str,
+    rows: Sequence[Mapping[str, Any]],
+    starts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """serving.json: this run's rows over the previous file's (same model/dtype/input/conc)."""
+    """serving.json: this run's rows over the previous file's (same model/dtype/input/conc), and
+    its ``engine_starts`` after the previous file's (every start is a measurement of its own)."""
     if previous is None:
-        return {"gpu": gpu, "command": command, "rows": [dict(r) for r in rows]}
-    merged = common.merge_rows(previous["rows"], rows, ROW_KEY)
-    return {"gpu": gpu, "command": f"{previous['command']} ; {command}", "rows": merged}
+        doc = {"gpu": gpu, "command": command, "rows": [dict(r) for r in rows]}
+    else:
+        merged = common.merge_rows(previous["rows"], rows, ROW_KEY)
+        doc = {"gpu": gpu, "command": f"{previous['command']} ; {command}", "rows": merged}
+    all_starts = [*(previous or {}).get("engine_starts", ()), *map(dict, starts)]
+    if all_starts:
+        doc["engine_starts"] = all_starts
+    return doc
+
+
+def engine_starts(
+    servers: Sequence[Mapping[str, Any]], host_state: str, together: bool
+) -> list[dict[str, Any]]:
+    """The ``engine_starts`` of a run's servers that came up (``report.serving_starts_table``):
+    time to healthy, the phases read from the server's log, KV tokens. ``host_state`` describes
+    the host at the first start (``--host-state``); each later one is placed after it."""
+    out = []
+    for server in servers:
+        if "engine_start_s" not in server:
+            continue  # never healthy: its error is in the run details
+        if not out:
+            state = host_state or "this call's first server"
+        elif together:
+            state = f"started with this call's first server, {len(out) + 1} of {len(servers)}"
+        else:
+            state = f"this call's server {len(out) + 1}, after the ones above"
+        out.append({
+            "model": server["model"], "dtype": server["dtype"], "host_state": state,
+            "engine_start_s": server["engine_start_s"], **server.get("startup_phases", {}),
+            "kv_cache_tokens": server["kv_cache_tokens"], "max_model_len": server["max_model_len"],
+        })  # fmt: skip
+    return out
 
 
 def plot(doc: Mapping[str, Any], png: Path) -> Path:
@@ -807,7 +843,8 @@ class Run:
     def save(self) -> None:
         # a run that measured nothing leaves an existing file alone, --append or not
         if self.rows:
-            doc = merged_doc(self.previous, self.gpu, self.command, self.rows)
+            starts = engine_starts(self.servers, self.args.host_state, self.args.start_together)
+            doc = merged_doc(self.previous, self.gpu, self.command, self.rows, starts)
             common.write_json(doc, self.args.out)
         if self.profiles:
             doc = merged_doc(self.previous_profiles, self.gpu, self.command, self.profiles)
@@ -1645,6 +1682,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="with --interleave and --kv-cache-memory-gib: start every server at once instead "
         "of one after another (vLLM's memory profile assumes no other process changes its "
         "memory meanwhile, so only with the cache's size given)",
+    )
+    p.add_argument(
+        "--host-state",
+        default="",
+        help="the host at this call's first server start, for the result's engine_starts (e.g. "
+        '"freshly staged, after a FlashAttention-2 pre-compile")',
     )
     p.add_argument("--keep-traces", action="store_true", help="keep the raw profiler traces")
     p.add_argument("--serve-args", default="", help='more `vllm serve` flags, e.g. "--x=1 --y"')

@@ -599,6 +599,11 @@ def test_merge_replaces_same_point_keeps_others_refuses_other_gpu(tmp_path: Path
     assert got == {("smollm2", 8): 4.0, ("smollm2", 32): 6.0, ("gemma3", 8): 7.0}
     assert doc["command"].count("serve_bench") == 2
     assert sb.merged_doc(None, "g", "cmd", new) == {"gpu": "g", "command": "cmd", "rows": new}
+    # starts add up over the calls of one file
+    start = {"dtype": "int8", "engine_start_s": 90.0}
+    first = sb.merged_doc(None, "g", "cmd", new, [start])
+    assert first["engine_starts"] == [start]
+    assert sb.merged_doc(first, "g", "cmd2", new, [start])["engine_starts"] == [start, start]
 
     path = tmp_path / "serving.json"
     assert sb.load_previous(path, "NVIDIA H200") is None
@@ -828,8 +833,14 @@ def test_run_against_fake_server(fake: dict) -> None:
     )
     assert rc == 0
     doc = json.loads(fake["out"].read_text())
-    assert set(doc) - {"date", "git_commit"} == {"gpu", "command", "rows"}
+    assert set(doc) - {"date", "git_commit"} == {"gpu", "command", "rows", "engine_starts"}
     assert doc["command"].startswith("python -m benchmarks.serve_bench --vllm ")
+    # one start per server, in start order, with the phases of its log
+    assert [(s["dtype"], s["host_state"]) for s in doc["engine_starts"]] == [
+        ("auto_fa2", "this call's first server"),
+        ("int8", "this call's server 2, after the ones above"),
+    ]
+    assert doc["engine_starts"][0]["init_engine_s"] == 12.34
     rows = doc["rows"]
     assert [(r["dtype"], r["input_len"], r["concurrency"], r["num_prompts"]) for r in rows] == [
         (d, n, c, max(c, 2)) for d in ("auto_fa2", "int8") for n in (1024, 4080) for c in (1, 4)
@@ -1324,3 +1335,29 @@ def test_shim_lines() -> None:
     assert sb.shim_lines(log) == ["(EngineCore) INFO [x.py:1] int8kv-shim: first step with "
                                   "prefills: 1 on FA2"]  # fmt: skip
     assert sb.shim_lines("int8kv-shim: x\n" * 50, limit=3) == ["int8kv-shim: x"] * 3
+
+
+def test_engine_starts_place_each_start_after_the_first() -> None:
+    def server(dtype: str, **healthy: object) -> dict:
+        return {"model": "gemma3", "dtype": dtype, "max_model_len": 8448, **healthy}
+
+    up = {
+        "engine_start_s": 200.2,
+        "kv_cache_tokens": 10,
+        "startup_phases": {"kernel_warmup_s": 24.5},
+    }
+    servers = [server("int8", **up), server("int4"), server("auto_fa2", **up)]  # int4 never came up
+    together = sb.engine_starts(servers, "fresh host", together=True)
+    assert [(s["dtype"], s["host_state"]) for s in together] == [
+        ("int8", "fresh host"),
+        ("auto_fa2", "started with this call's first server, 2 of 3"),
+    ]
+    assert together[0] == {
+        "model": "gemma3", "dtype": "int8", "host_state": "fresh host", "engine_start_s": 200.2,
+        "kernel_warmup_s": 24.5, "kv_cache_tokens": 10, "max_model_len": 8448,
+    }  # fmt: skip
+    after = sb.engine_starts(servers, "", together=False)
+    assert [s["host_state"] for s in after] == [
+        "this call's first server",
+        "this call's server 2, after the ones above",
+    ]
