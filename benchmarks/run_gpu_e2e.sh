@@ -38,7 +38,11 @@
 # Serving numbers (vllm serve + vllm bench serve -> benchmarks/results/serving.json):
 #
 #   bash benchmarks/run_gpu_e2e.sh serve [args]          # python -m benchmarks.serve_bench: one
-#        model per call, --time-budget-s under the call's limit, --append after the first call
+#        model per call, --time-budget-s under the call's limit, --append after the first call.
+#        vLLM keys its compile cache, Triton's kernels included, on the engine's configuration:
+#        keep --input-lens (so --max-model-len) the same over a host's calls, or every start
+#        compiles again. Four servers started together on a 16-core H200 host took 196-306 s
+#        each, int4's with about two minutes of the shim's kernel compiles (2026-12-06)
 #
 #   bash benchmarks/run_gpu_e2e.sh fa2precompile [args] # python -m benchmarks.fa2_precompile: the
 #        FlashAttention-2 variants of SmolLM2 and Gemma 3, PTX-compiled once per fresh H200 host
