@@ -1359,9 +1359,10 @@ def serving_starts_table(path: Path = RESULTS / "serving.json") -> str:
         "|---|---|---|---|---|---|---|---|" + ("---|" if warmups else ""),
     ]
     for s in starts:
-        # none logged: a server without the shim's layers (FlashAttention-2, upstream's int8)
-        warmup = f" {s['kernel_warmup_s']:.0f} |" if "kernel_warmup_s" in s else " - |"
-        warmup = warmup if warmups else ""
+        warmup = ""
+        if warmups:
+            # none logged: a server without the shim's layers (FlashAttention-2, upstream's int8)
+            warmup = f" {s['kernel_warmup_s']:.0f} |" if "kernel_warmup_s" in s else " - |"
         lines.append(
             f"| {SERVING_MODEL_NAMES.get(s['model'], s['model'])} | `{s['dtype']}` | "
             f"{s['host_state']} | {s['engine_start_s']:.0f} | "

@@ -281,13 +281,14 @@ def int4_kv_slots(
     sink_of_seq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every key as the int4 kernels read it, as fp32 K/V slots [pages, B, H, D] for
-    ``reference.attention_ref`` (metadata on any device, read on the CPU): the cache's pages dequantized, then, for every
-    page a sequence reads from its tail (``tail_start``), a copy of its own holding the tail's
-    rows (exact), which its row of the returned block table names instead of the cache's block
-    (a block other rows share keeps its int4 values for them); likewise, for a row r with
-    sink_of_seq[r] = s >= 0 whose page 0 is a full page read from the cache (not the tail's), a
-    copy of page 0 holding sink[s]. Also the readable key count of each sequence: its partial
-    page's rows are none of them when its slot is -1. Returns (k, v, block_table, readable)."""
+    ``reference.attention_ref`` (metadata on any device, read on the CPU): the cache's pages
+    dequantized, then, for every page a sequence reads from its tail (``tail_start``), a copy of
+    its own holding the tail's rows (exact), which its row of the returned block table names
+    instead of the cache's block (a block other rows share keeps its int4 values for them);
+    likewise, for a row r with sink_of_seq[r] = s >= 0 whose page 0 is a full page read from the
+    cache (not the tail's), a copy of page 0 holding sink[s]. Also the readable key count of each
+    sequence: its partial page's rows are none of them when its slot is -1. Returns (k, v,
+    block_table, readable)."""
     nkv, d = tail.shape[2], tail.shape[4]
     b = block_size
     pages = tail_pages_of(tail, b)

@@ -153,7 +153,8 @@ def build_tiny_llama(
 
 
 def engine_files(workdir: str | Path, name: str) -> tuple[Path, Path, Path]:
-    """(spec, result, log) files of the engine ``name`` that :func:`run_vllm` runs in ``workdir``."""
+    """(spec, result, log) files of the engine ``name`` that :func:`run_vllm` runs in
+    ``workdir``."""
     return tuple(Path(workdir) / f"{name}.{ext}" for ext in ("spec.json", "result.json", "log"))
 
 

@@ -1,8 +1,9 @@
 """End to end in vLLM 0.24.0 on a GPU: ``--kv-cache-dtype int8`` against BF16 and against itself.
 
 Run on the GPU host (``bash benchmarks/run_gpu_e2e.sh tests``), or directly with the bundle staged:
-``python -m pytest tests/e2e -m gpu -v``. About a dozen engines are started, each once (a few minutes
-on a fresh host, most of it the first torch.compile); ``-k tiny`` / ``-k "not tiny"`` split the run.
+``python -m pytest tests/e2e -m gpu -v``. About a dozen engines are started, each once (a few
+minutes on a fresh host, most of it the first torch.compile); ``-k tiny`` / ``-k "not tiny"`` split
+the run.
 
 What "identical" means here: greedy decoding (temperature 0, EOS ignored, 32 tokens) of the same
 72 prompts (``e2e_support.PROMPT_ROUNDS`` = 3 rounds of 20 corpus slices of 12 to 2300 tokens + 4
