@@ -73,6 +73,27 @@ def direct_launch_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return not is_falsy(env.get(INT8KV_DIRECT_LAUNCH))
 
 
+INT8KV_COMPILE_THREADS = "INT8KV_COMPILE_THREADS"
+"""How many of our kernels' variants a server's start-up compiles at a time
+(``kernel_warmup.py``): a positive integer; ``1`` compiles them one by one as they first launch.
+Unset: the CPUs this process may run on, at most 16. Anything else is an error."""
+
+MAX_DEFAULT_COMPILE_THREADS = 16
+
+
+def compile_threads(environ: Mapping[str, str] | None = None) -> int:
+    """The start-up's parallel compiles, from ``INT8KV_COMPILE_THREADS`` (default: the CPUs this
+    process may use, at most :data:`MAX_DEFAULT_COMPILE_THREADS`)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(INT8KV_COMPILE_THREADS)
+    if raw is None or not raw.strip():
+        return max(1, min(MAX_DEFAULT_COMPILE_THREADS, len(os.sched_getaffinity(0))))
+    text = raw.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"int8kv-shim: {INT8KV_COMPILE_THREADS}={raw!r} is not a positive integer")
+    return int(text)
+
+
 INT8KV_INT4_SINK_PAGE = "INT8KV_INT4_SINK_PAGE"
 """Whether ``int4`` keeps each sequence's first page in the model's dtype beside its 4-bit page
 (``sink_pages.py``), one more page per ``max_num_seqs`` slot and layer: on by default (measured

@@ -16,6 +16,10 @@ launches' arguments that vary from step to step or from engine to engine (sequen
 block-table stride, the alignment of sliced metadata tensors and of int4's slot buffers) are not
 specialized on by the kernels (``do_not_specialize``), so these few launches cover them.
 
+The compiles come first, several at a time (``compile_in_parallel``, ``INT8KV_COMPILE_THREADS``
+threads), then the launches, which find every binary built: one at a time, ``int4``'s variants of
+Gemma 3 took about two minutes of a server's start.
+
 ``int4``'s kernels also read and write a tail pool (tail_slots.py): its launches run on a scratch
 cache and a scratch pool of one slot, shaped like the layer's, never on the engine's pool, whose
 slots hold live requests' unfinished pages. Its write has two launch shapes (a decode step, a
@@ -45,9 +49,14 @@ from int8kv_kernels.attention import MAX_SPLITS
 from int8kv_kernels.cache_write import SMALL_BATCH_TOKENS
 from int8kv_kernels.cache_write_int4 import tail_pool_shapes
 from int8kv_kernels.catalogue import FLASH_CONTEXT_DTYPES, INT4_DTYPES, INT8_DTYPES, STATIC_DTYPE
+from int8kv_kernels.launch import compile_in_parallel
 from int8kv_kernels.page_layout import get_page_bytes
 from int8kv_shim._logging import get_logger
-from int8kv_shim.environment_variables import int4_sink_page_enabled, int4_tail_pages
+from int8kv_shim.environment_variables import (
+    compile_threads,
+    int4_sink_page_enabled,
+    int4_tail_pages,
+)
 
 logger = get_logger()
 
@@ -118,9 +127,20 @@ def warm_up_layer(
 
 def warm_up_layers(
     impls: list[Any], *, block_size: int, model_dtype: torch.dtype, device: torch.device
-) -> None:
-    """:func:`warm_up_layer` for every impl, logged once with what it took."""
+) -> int:
+    """:func:`warm_up_layer` for every impl, logged once with what it took; on a GPU every
+    variant is compiled first, ``compile_threads()`` at a time. The number of launches."""
     start = time.perf_counter()
+    threads = compile_threads() if device.type == "cuda" else 1
+    if threads > 1:
+        pending: dict[WarmupKey, Any] = {}
+        for impl in impls:
+            key = layer_key(impl, block_size, model_dtype)
+            if key is not None and key not in _warmed:
+                pending.setdefault(key, impl)
+        with compile_in_parallel(threads):
+            for key, impl in pending.items():
+                _launch_all(key, impl.scale, impl.k_scale, impl.v_scale, device)
     launches = sum(
         warm_up_layer(i, block_size=block_size, model_dtype=model_dtype, device=device)
         for i in impls
@@ -133,6 +153,7 @@ def warm_up_layers(
             launches,
             time.perf_counter() - start,
         )
+    return launches
 
 
 def _launch_all(

@@ -31,11 +31,18 @@ way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import triton
+
+try:  # Triton's parallel compile (3.6); another release has compile_in_parallel do nothing
+    from triton.runtime import _async_compile
+except ImportError:  # pragma: no cover
+    _async_compile = None
 
 # The private pieces used (JITFunction.device_caches' binder, CompiledKernel.run's argument order)
 # are those of this release; vLLM 0.24.0 pins torch 2.11, which pins it.
@@ -56,6 +63,31 @@ def _launch_hooks_set() -> bool:
     # chains do nothing, so the direct launch passes None, which the launcher skips.
     rt = triton.knobs.runtime
     return any(getattr(h, "calls", h) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+
+@contextmanager
+def compile_in_parallel(threads: int) -> Iterator[None]:
+    """Inside, a :class:`DirectLauncher` launch compiles its binary on one of ``threads`` threads
+    and launches nothing; on exit every compile has finished and Triton's own cache holds it, so
+    the same launches then run without compiling.
+
+    Triton's compile spends most of its time outside the GIL (MLIR and LLVM passes, ptxas), so
+    the variants a start-up compiles one launch at a time build side by side here. A compile that
+    fails is left out: the launch made afterwards compiles it again and raises its error. On
+    another Triton release, or with fewer than two threads, this is a plain block (the launches in
+    it compile and run as usual)."""
+    if not _TRITON_OK or _async_compile is None or threads < 2:
+        yield
+        return
+    with (
+        ThreadPoolExecutor(threads, thread_name_prefix="int8kv-compile") as pool,
+        _async_compile.AsyncCompileMode(pool, ignore_errors=True),
+    ):
+        yield
+
+
+def _compiling_only() -> bool:
+    return _async_compile is not None and _async_compile.active_mode.get() is not None
 
 
 # What JITFunction.run launches on: the current device (not the tensors') and its current stream.
@@ -99,6 +131,9 @@ class DirectLauncher:
     ) -> Replay | None:
         if not (self.direct and _ENABLED) or args[0].device.type != "cuda" or _launch_hooks_set():
             self.fn[tuple(grid)](*args, **kwargs)
+            return None
+        if _compiling_only():  # compile_in_parallel: queue this launch's compile, launch nothing
+            self.fn.run(*args, grid=tuple(grid), warmup=True, **kwargs)
             return None
         index = _current_device()
         binder = self.fn.device_caches[index][4]

@@ -36,6 +36,7 @@ class _Jit:
         self.device_caches = {0: (None, None, None, None, self._bind)}
         self.compiled: list[_Kernel] = []
         self.indexed: list[tuple] = []
+        self.queued: list[tuple] = []  # run(warmup=True): compiled, not launched
 
     def _bind(self, x, n, BLOCK=None, **options):
         spec = [("*fp32", "D"), ("constexpr", 1) if n == 1 else ("i32", "D" if n % 16 == 0 else "")]
@@ -46,7 +47,9 @@ class _Jit:
         )
 
     def run(self, *args, grid, warmup, **kwargs):
-        assert not warmup
+        if warmup:
+            self.queued.append((grid, args, kwargs))
+            return None
         kernel = _Kernel(self._bind(*args, **kwargs)[1])
         self.compiled.append(kernel)
         return kernel
@@ -207,6 +210,27 @@ def test_replay_cache_launches_all_of_an_entry_or_nothing(fake):
     cache.add("k2", [])
     cache.add("k3", [])  # full: emptied first
     assert not cache.run("k", x=_CudaArg(), y=_CudaArg())
+
+
+@pytest.mark.skipif(not launch._TRITON_OK, reason="compile_in_parallel needs Triton 3.6")
+def test_inside_compile_in_parallel_a_launch_queues_its_compile_and_launches_nothing(fake):
+    jit, launcher = fake
+    with launch.compile_in_parallel(2):
+        assert launch._compiling_only()
+        launcher((3,), _CudaArg(), 32, BLOCK=64, num_warps=4)
+    assert not launch._compiling_only()
+    assert [(g, kw) for g, _, kw in jit.queued] == [((3,), {"BLOCK": 64, "num_warps": 4})]
+    assert not jit.compiled and not jit.indexed and launcher.direct_launches == 0
+    launcher((3,), _CudaArg(), 32, BLOCK=64, num_warps=4)  # afterwards: launched as usual
+    assert len(jit.compiled) == 1 and len(jit.queued) == 1
+
+
+def test_compile_in_parallel_with_one_thread_launches_as_usual(fake):
+    jit, launcher = fake
+    with launch.compile_in_parallel(1):
+        assert not launch._compiling_only()
+        launcher((3,), _CudaArg(), 32, BLOCK=64)
+    assert len(jit.compiled) == 1 and not jit.queued
 
 
 def _all_launchers() -> list[DirectLauncher]:

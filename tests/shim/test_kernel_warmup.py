@@ -99,6 +99,27 @@ def test_warmup_runs_once_per_layer_shape(monkeypatch) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_on_a_gpu_the_warmup_compiles_every_new_shape_in_parallel_first(monkeypatch, threads):
+    from int8kv_kernels import launch
+
+    calls = []
+    monkeypatch.setattr(kernel_warmup, "_warmed", set())
+    monkeypatch.setenv("INT8KV_COMPILE_THREADS", str(threads))
+    monkeypatch.setattr(launch, "_TRITON_OK", True)  # so that the block compiles in parallel
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(kernel_warmup, "_launch_all",
+                        lambda key, *a: calls.append((key.sliding_window,
+                                                      launch._compiling_only())) or 3)  # fmt: skip
+    kw = dict(block_size=16, model_dtype=torch.bfloat16, device=torch.device("cuda"))
+    kernel_warmup.warm_up_layers([_impl()], **kw)  # warmed: skipped by the next call's pass
+    calls.clear()
+    impls = [_impl(), _impl(sliding_window=512), _impl(sliding_window=512)]
+    assert kernel_warmup.warm_up_layers(impls, **kw) == 3
+    parallel = [(512, True)] if threads > 1 else []
+    assert calls == parallel + [(512, False)]
+
+
 # two writes; one decode token at every split count; two tokens split and not; a prefill chunk
 # split and not; the context gather
 _LAUNCHES = 2 + len(kernel_warmup._SPLIT_COUNTS) + 2 + 2 + 1
@@ -118,6 +139,41 @@ def test_warmup_launches_run_on_the_interpreter(
         impl, block_size=block_size, model_dtype=torch.bfloat16, device=torch.device("cpu")
     )
     assert n == launches
+
+
+def _compiled_binaries() -> dict[str, int]:
+    """How many binaries each of our directly launched kernels holds in this process."""
+    import importlib
+    import pkgutil
+
+    import int8kv_kernels
+    from int8kv_kernels.launch import DirectLauncher
+
+    modules = [importlib.import_module(f"int8kv_kernels.{m.name}")
+               for m in pkgutil.iter_modules(int8kv_kernels.__path__)]  # fmt: skip
+    return {
+        v.fn.__name__: sum(len(c[0]) for c in v.fn.device_caches.values())
+        for m in modules for v in vars(m).values() if isinstance(v, DirectLauncher) and v.direct
+    }  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_the_parallel_compiles_build_every_variant_the_warmup_launches_gpu(monkeypatch) -> None:
+    from int8kv_kernels.launch import compile_in_parallel
+
+    # a shape no other test warms: every variant is new to this process
+    impl = _impl(kv_cache_dtype="int4", num_heads=6, num_kv_heads=2, head_size=128,
+                 sliding_window=320)  # fmt: skip
+    key = kernel_warmup.layer_key(impl, 64, torch.bfloat16)
+    device = torch.device("cuda")
+    before = _compiled_binaries()
+    with compile_in_parallel(4):
+        kernel_warmup._launch_all(key, impl.scale, None, None, device)
+    compiled = _compiled_binaries()
+    assert compiled != before, "nothing was compiled"
+    kernel_warmup._launch_all(key, impl.scale, None, None, device)
+    torch.cuda.synchronize()
+    assert _compiled_binaries() == compiled, "the launches compiled variants the pass left out"
 
 
 def _record_int4_launches(monkeypatch) -> list[tuple[str, dict]]:

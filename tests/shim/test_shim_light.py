@@ -230,6 +230,28 @@ def test_int4_tail_pages_refuses_other_values(value: str) -> None:
         int4_tail_pages({"INT8KV_INT4_TAIL_PAGES": value})
 
 
+def test_compile_threads(monkeypatch) -> None:
+    import os
+
+    from int8kv_shim.environment_variables import MAX_DEFAULT_COMPILE_THREADS, compile_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(40)))
+    assert compile_threads({}) == compile_threads({"INT8KV_COMPILE_THREADS": " "}) == 16
+    assert MAX_DEFAULT_COMPILE_THREADS == 16
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert compile_threads({}) == 2
+    assert compile_threads({"INT8KV_COMPILE_THREADS": " 1 "}) == 1
+    assert compile_threads({"INT8KV_COMPILE_THREADS": "24"}) == 24
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four", "1.5"])
+def test_compile_threads_refuses_other_values(value: str) -> None:
+    from int8kv_shim.environment_variables import compile_threads
+
+    with pytest.raises(ValueError, match=r"INT8KV_COMPILE_THREADS=.* is not a positive integer"):
+        compile_threads({"INT8KV_COMPILE_THREADS": value})
+
+
 # --------------------------------------------------------------------------------------------------
 # int8kv run
 
