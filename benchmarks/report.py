@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks.common import config_for
 from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
 from benchmarks.step_timing import RENDER, REQUEST_MILESTONES
+from benchmarks.warmup_compile import MODELS as WARMUP_MODELS
 from int8kv_kernels.catalogue import CATALOGUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -2141,6 +2142,37 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
         lines.append(
             f"| {_provenance(run)} | {run['gpu']} | `{run['command']}` | {result_text} "
             f"| {'; '.join(parts) or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def warmup_compile_table(path: Path = RESULTS / "warmup_compile.json") -> str:
+    """The start-up warm-up's compile time (benchmarks/warmup_compile.py) per model, dtype and
+    ``INT8KV_COMPILE_THREADS``, each against one at a time in the same run."""
+    result = _load(path)
+    lines = [
+        f"{result['gpu']} ({result['cpus']} CPUs), {_provenance(result)}, "
+        f"`{_short(result['command'])}`; every row a fresh process with an empty Triton cache.",
+        "",
+        "| model | dtype | layer shapes | compile threads | launches | warm-up s | vs one at a time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    serial = {
+        (r["model"], r["dtype"]): r["warmup_s"]
+        for r in result["rows"]
+        if r["threads"] == 1 and "error" not in r
+    }
+    for r in result["rows"]:
+        shapes = len(WARMUP_MODELS.get(r["model"], ())) or "?"
+        if "error" in r:
+            lines.append(f"| {r['model']} | `{r['dtype']}` | {shapes} | {r['threads']} | - | "
+                         f"failed: {_cell(r['error'])} | - |")  # fmt: skip
+            continue
+        one = serial.get((r["model"], r["dtype"]))
+        ratio = f"{one / r['warmup_s']:.1f}x faster" if one and r["threads"] > 1 else "-"
+        lines.append(
+            f"| {r['model']} | `{r['dtype']}` | {shapes} | {r['threads']} | {r['launches']} | "
+            f"{r['warmup_s']:.1f} | {ratio} |"
         )
     return "\n".join(lines)
 

@@ -504,3 +504,20 @@ def test_serving_starts_table_gives_the_shims_compiles_a_column_where_recorded(
     header, rule, row = report.serving_starts_table(older).splitlines()
     assert "our kernels" not in header
     assert header.count("|") == rule.count("|") == row.count("|") == 9
+
+
+def test_warmup_compile_table_sets_each_thread_count_against_one_at_a_time(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "command": "python -m benchmarks.warmup_compile --models gemma3 --threads 1,16",
+        "cpus": 16,
+        "rows": [{"model": "gemma3", "dtype": "int4", "threads": 1, "warmup_s": 60.0,
+                  "launches": 28},
+                 {"model": "gemma3", "dtype": "int4", "threads": 16, "warmup_s": 12.0,
+                  "launches": 28},
+                 {"model": "smollm2", "dtype": "int4", "threads": 16, "error": "a | b"}],
+    })  # fmt: skip
+    table = report.warmup_compile_table(path)
+    assert table.startswith("NVIDIA H200 (16 CPUs), 2026-12-05, commit `bbbbbbb`, `python -m")
+    assert "| gemma3 | `int4` | 2 | 1 | 28 | 60.0 | - |" in table
+    assert "| gemma3 | `int4` | 2 | 16 | 28 | 12.0 | 5.0x faster |" in table
+    assert "| smollm2 | `int4` | 1 | 16 | - | failed: `a \\| b` | - |" in table
