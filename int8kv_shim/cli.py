@@ -19,12 +19,14 @@ from pathlib import Path
 
 from int8kv_shim.catalogue_loader import load_catalogue
 from int8kv_shim.environment_variables import (
+    INT8KV_COMPILE_THREADS,
     INT8KV_INT4_SINK_PAGE,
     INT8KV_INT4_TAIL_PAGES,
     INT8KV_PREFILL,
     INT8KV_SHIM,
     TRUTHY_VALUES,
     activation_requested,
+    compile_threads,
     int4_sink_page_enabled,
     int4_tail_pages,
     prefill_mode,
@@ -126,6 +128,13 @@ def doctor(args: argparse.Namespace) -> int:
         kept = f"newest {pages} page{'s' * (pages > 1)}" + (" and first page" if sink else "")
         switches = f"{INT8KV_INT4_TAIL_PAGES}, {INT8KV_INT4_SINK_PAGE}"
         out(f"int4 in BF16  each sequence's {kept} ({switches})")
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        threads = compile_threads()
+        out(
+            f"compiles      {threads} kernel variants at a time at start-up ({INT8KV_COMPILE_THREADS})"
+        )
     except ValueError as e:
         problems.append(str(e))
 

@@ -214,6 +214,18 @@ def test_doctor_says_what_int4_keeps_in_bf16_and_refuses_a_bad_sink_switch(
     assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_INT4_SINK_PAGE='maybe' is not one of" in out
 
 
+def test_doctor_says_how_many_compiles_run_at_once_and_refuses_a_bad_count(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("INT8KV_SHIM", "1")
+    monkeypatch.setenv("INT8KV_COMPILE_THREADS", "3")
+    code, out = _doctor(capsys)
+    assert "compiles      3 kernel variants at a time at start-up (INT8KV_COMPILE_THREADS)" in out
+    monkeypatch.setenv("INT8KV_COMPILE_THREADS", "many")
+    code, out = _doctor(capsys)
+    assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_COMPILE_THREADS='many' is not a" in out
+
+
 @pytest.mark.parametrize(("value", "pages"), [(None, 2), ("", 2), ("1", 1), (" 2 ", 2)])
 def test_int4_tail_pages(value: str | None, pages: int) -> None:
     from int8kv_shim.environment_variables import int4_tail_pages
