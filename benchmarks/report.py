@@ -2150,13 +2150,17 @@ def gpu_test_runs_table(path: Path = RESULTS / "gpu_test_runs.json") -> str:
 
 def warmup_compile_table(path: Path = RESULTS / "warmup_compile.json") -> str:
     """The start-up warm-up's compile time (benchmarks/warmup_compile.py) per model, dtype and
-    ``INT8KV_COMPILE_THREADS``, each against one at a time in the same run."""
+    ``INT8KV_COMPILE_THREADS``, each against one at a time in the same run; a run without a GPU
+    (``--sm80-compile-only``) times the compiles alone."""
     result = _load(path)
+    compiles_only = "target" in result
+    where = f"no GPU, {result['target']}" if compiles_only else result["gpu"]
+    timed = "compile s" if compiles_only else "warm-up s"
     lines = [
-        f"{result['gpu']} ({result['cpus']} CPUs), {_provenance(result)}, "
+        f"{where} ({result['cpus']} CPUs), {_provenance(result)}, "
         f"`{_short(result['command'])}`; every row a fresh process with an empty Triton cache.",
         "",
-        "| model | dtype | layer shapes | compile threads | launches | warm-up s | vs one at a time |",
+        f"| model | dtype | layer shapes | compile threads | launches | {timed} | vs one at a time |",
         "|---|---|---|---|---|---|---|",
     ]
     serial = {

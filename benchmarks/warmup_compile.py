@@ -8,8 +8,9 @@ builder does before CUDA-graph capture, timed from the first compile to the last
     python -m benchmarks.warmup_compile --models gemma3,smollm2 --dtypes int4,int8 \\
         --threads 1,16 --out benchmarks/results/warmup_compile.json
 
-Needs a GPU. Rows alternate thread counts within a model and dtype, so a host that changes speed
-during the run shows in both.
+Needs a GPU. ``--sm80-compile-only`` needs none: Triton's driver then answers as an sm80 GPU's, and
+each launch of the warm-up only compiles (what a launch inside ``compile_in_parallel`` does), so a
+row times the compile pass alone, for the Ampere target, on this machine's CPUs.
 """
 
 from __future__ import annotations
@@ -44,13 +45,52 @@ MODELS: dict[str, list[tuple[int, int, int, int | None]]] = {
 BLOCK_SIZE = {"int4": 64, "int8": 16}
 
 
+def _compile_only_for_sm80() -> None:
+    """Every DirectLauncher launch only compiles, for an sm80 target, without a GPU: Triton's
+    driver answers as an sm80 device's, and a launch calls ``JITFunction.run(..., warmup=True)``
+    as inside ``compile_in_parallel``, with the GPU's ``DOT_F32=False`` (the wrappers pick the
+    interpreter's variant for CPU tensors)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from int8kv_kernels.launch import DirectLauncher
+
+    class Sm80Driver:
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 80, 32)
+
+    driver.set_active(Sm80Driver())
+
+    def compile_only(self: DirectLauncher, grid: Any, *args: Any, **kwargs: Any) -> None:
+        if "DOT_F32" in kwargs:
+            kwargs["DOT_F32"] = False
+        self.fn.run(*args, grid=tuple(grid), warmup=True, **kwargs)
+
+    DirectLauncher.__call__ = compile_only  # type: ignore[method-assign]
+    DirectLauncher.record = (  # type: ignore[method-assign]
+        lambda self, swap, grid, *args, **kwargs: compile_only(self, grid, *args, **kwargs)
+    )
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Warm one model's layers on the GPU as a server's start-up does; seconds and launches."""
+    """Warm one model's layers on the GPU as a server's start-up does, or with ``sm80`` in
+    ``spec`` only compile them for sm80; seconds and launches."""
     from types import SimpleNamespace
 
     import torch
 
+    from int8kv_kernels.launch import compile_in_parallel
     from int8kv_shim import kernel_warmup
+    from int8kv_shim.environment_variables import compile_threads
+
+    if spec.get("sm80"):
+        _compile_only_for_sm80()
 
     impls = [
         SimpleNamespace(
@@ -68,19 +108,32 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         for h, hk, d, window in MODELS[spec["model"]]
     ]
+    block_size = BLOCK_SIZE[spec["dtype"]]
+    if spec.get("sm80"):  # the warm-up's compile pass, as warm_up_layers runs it
+        keys = {kernel_warmup.layer_key(i, block_size, torch.bfloat16): i for i in impls}
+        start = time.perf_counter()
+        with compile_in_parallel(compile_threads()):
+            launches = sum(
+                kernel_warmup._launch_all(k, i.scale, None, None, torch.device("cpu"))
+                for k, i in keys.items()
+            )
+        return {"warmup_s": round(time.perf_counter() - start, 2), "launches": launches}
     device = torch.device("cuda")
     torch.zeros(1, device=device)  # the CUDA context is not part of the warm-up's time
     start = time.perf_counter()
     launches = kernel_warmup.warm_up_layers(
-        impls, block_size=BLOCK_SIZE[spec["dtype"]], model_dtype=torch.bfloat16, device=device
+        impls, block_size=block_size, model_dtype=torch.bfloat16, device=device
     )
     return {"warmup_s": round(time.perf_counter() - start, 2), "launches": launches}
 
 
-def run_row(model: str, dtype: str, threads: int, timeout_s: float) -> dict[str, Any]:
-    spec = {"model": model, "dtype": dtype}
+def run_row(
+    model: str, dtype: str, threads: int, timeout_s: float, sm80: bool = False
+) -> dict[str, Any]:
+    spec = {"model": model, "dtype": dtype} | ({"sm80": True} if sm80 else {})
     with tempfile.TemporaryDirectory(prefix="int8kv-triton-cache-") as cache:
-        env = with_repo_on_path(os.environ) | {
+        env = {k: v for k, v in with_repo_on_path(os.environ).items() if k != "TRITON_INTERPRET"}
+        env |= {
             "TRITON_CACHE_DIR": cache,
             "INT8KV_COMPILE_THREADS": str(threads),
         }
@@ -89,7 +142,7 @@ def run_row(model: str, dtype: str, threads: int, timeout_s: float) -> dict[str,
             module_command("benchmarks.warmup_compile", "--child", json.dumps(spec)),
             env=env, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
-    row: dict[str, Any] = {**spec, "threads": threads}
+    row: dict[str, Any] = {"model": model, "dtype": dtype, "threads": threads}
     if proc.returncode != 0:
         return row | {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:500]}
     return (
@@ -105,6 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtypes", default="int4,int8")
     p.add_argument("--threads", default="1,16", help="INT8KV_COMPILE_THREADS of each row")
     p.add_argument("--timeout-s", type=float, default=400)
+    p.add_argument(
+        "--sm80-compile-only",
+        action="store_true",
+        help="no GPU: time only the compiles, for an sm80 target, on this machine's CPUs",
+    )
     p.add_argument("--out", default=str(RESULTS_DIR / "warmup_compile.json"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -117,15 +175,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown model or dtype: {', '.join(unknown)}")
     doc: dict[str, Any] = {
-        "gpu": gpu_name(),
+        "gpu": "none (sm80 compiles only)" if args.sm80_compile_only else gpu_name(),
         "command": command_line(),
+        **({"target": "sm80, compiles only"} if args.sm80_compile_only else {}),
         "cpus": len(os.sched_getaffinity(0)),
         "rows": [],
     }
     for model in models:
         for dtype in dtypes:
             for t in threads:
-                row = run_row(model, dtype, t, args.timeout_s)
+                row = run_row(model, dtype, t, args.timeout_s, args.sm80_compile_only)
                 print(json.dumps(row), flush=True)
                 doc["rows"].append(row)
                 write_json(doc, args.out)  # after every row: a cut run keeps what it timed
