@@ -2157,7 +2157,8 @@ def warmup_compile_table(path: Path = RESULTS / "warmup_compile.json") -> str:
     where = f"no GPU, {result['target']}" if compiles_only else result["gpu"]
     timed = "compile s" if compiles_only else "warm-up s"
     lines = [
-        f"{where} ({result['cpus']} CPUs), {_provenance(result)}, "
+        f"{where} ({result['cpus']} CPUs{', ' + result['cpu'] if 'cpu' in result else ''}), "
+        f"{_provenance(result)}, "
         f"`{_short(result['command'])}`; every row a fresh process with an empty Triton cache.",
         "",
         f"| model | dtype | layer shapes | compile threads | launches | {timed} | vs one at a time |",

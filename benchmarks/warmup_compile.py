@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
@@ -127,6 +128,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     return {"warmup_s": round(time.perf_counter() - start, 2), "launches": launches}
 
 
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ("unknown" elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def run_row(
     model: str, dtype: str, threads: int, timeout_s: float, sm80: bool = False
 ) -> dict[str, Any]:
@@ -178,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpu": "none (sm80 compiles only)" if args.sm80_compile_only else gpu_name(),
         "command": command_line(),
         **({"target": "sm80, compiles only"} if args.sm80_compile_only else {}),
+        "cpu": cpu_model(),
         "cpus": len(os.sched_getaffinity(0)),
         "rows": [],
     }
