@@ -2229,6 +2229,7 @@ TABLES = {
         RESULTS / "tune_decode_int4_9_3_64.json", TUNE_CONFIGS_INT4, "int4"
     ),
     "launch_overhead": launch_overhead_table,
+    "warmup_compile_sm80": lambda: warmup_compile_table(RESULTS / "warmup_compile_sm80.json"),
     "throughput": throughput_table,
     "throughput_1k_paired": paired_runs_table,
     "serving": serving_table,

@@ -79,6 +79,21 @@ def _compile_only_for_sm80() -> None:
     )
 
 
+def _binaries() -> int:
+    """The binaries our directly launched kernels hold in this process (Triton's own caches)."""
+    import int8kv_kernels
+    from int8kv_kernels.launch import DirectLauncher
+
+    launchers = {
+        id(v): v
+        for name, module in sys.modules.items()
+        if name.startswith(int8kv_kernels.__name__)
+        for v in vars(module).values()
+        if isinstance(v, DirectLauncher)
+    }
+    return sum(len(c[0]) for v in launchers.values() for c in v.fn.device_caches.values())
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm one model's layers on the GPU as a server's start-up does, or with ``sm80`` in
     ``spec`` only compile them for sm80; seconds and launches."""
@@ -118,7 +133,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 kernel_warmup._launch_all(k, i.scale, None, None, torch.device("cpu"))
                 for k, i in keys.items()
             )
-        return {"warmup_s": round(time.perf_counter() - start, 2), "launches": launches}
+        seconds = round(time.perf_counter() - start, 2)
+        # what Triton holds built: a compile that failed in the pool is missing here
+        return {"warmup_s": seconds, "launches": launches, "binaries": _binaries()}
     device = torch.device("cuda")
     torch.zeros(1, device=device)  # the CUDA context is not part of the warm-up's time
     start = time.perf_counter()

@@ -64,6 +64,7 @@ WHERE = {
     "decode_stalls_16_8_256_int8_scales_pagewise": RESULTS,
     "decode_ab_head256": RESULTS,
     "launch_overhead": RESULTS,
+    "warmup_compile_sm80": RESULTS,
     "host_overhead": RESULTS,
     "throughput": RESULTS,
     "throughput_1k_paired": RESULTS,

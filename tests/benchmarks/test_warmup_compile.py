@@ -52,3 +52,11 @@ def test_unknown_models_and_dtypes_are_refused(tmp_path) -> None:
         warmup_compile.main(["--models", "gemma3,llama", "--dtypes", "int8_fp8",
                              "--out", str(tmp_path / "w.json")])  # fmt: skip
     assert not (tmp_path / "w.json").exists()
+
+
+def test_without_a_gpu_the_pool_builds_what_one_at_a_time_builds() -> None:
+    # Triton's real compiles of the warm-up's variants for sm80, in its thread pool and not
+    one, two = (warmup_compile.run_row("smollm2", "int8", t, 600, sm80=True) for t in (1, 2))
+    assert "error" not in one and "error" not in two, (one, two)
+    assert one["launches"] == two["launches"] > 0
+    assert two["binaries"] == one["binaries"] > 0  # a compile failed in the pool would be missing
