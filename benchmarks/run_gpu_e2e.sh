@@ -48,6 +48,11 @@
 #        FlashAttention-2 variants of SmolLM2 and Gemma 3, PTX-compiled once per fresh H200 host
 #        (150 s with 16 at a time, 2026-12-02), before any timed BF16 run
 #
+#   bash benchmarks/run_gpu_e2e.sh warmup [args]        # python -m benchmarks.warmup_compile: the
+#        start-up warm-up one compile at a time against N at a time, each row a fresh process
+#        (--models gemma3 --dtypes int4 --threads 1,16: the slowest warm-up measured, about two
+#        minutes one at a time with four servers starting together)
+#
 #   bash benchmarks/run_gpu_e2e.sh pack                  # $OUT -> $OUT/out.tgz (the device tool
 #        returns at most 8 files: end every call with this)
 #
@@ -60,12 +65,12 @@
 # folder; /tmp/int8kv-out otherwise).
 set -uo pipefail
 step=${1:-}; shift || true
-case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile) ;;
+case "$step" in stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile|warmup) ;;
   pack)
     OUT=${OUT:-/tmp/int8kv-out}
     tar czf /tmp/int8kv-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/int8kv-out.tgz "$OUT/out.tgz"
     exit $? ;;
-  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile|pack [args]"; exit 2 ;;
+  *) echo "usage: $0 stage|kernels|kbench|tests|alltests|accuracy|throughput|soak|longctx|tp2|serve|fa2precompile|warmup|pack [args]"; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -153,6 +158,7 @@ case "$step" in
   soak) run python3 -m benchmarks.soak "$@"; rc=$? ;;
   serve) run python3 -m benchmarks.serve_bench "$@"; rc=$? ;;
   fa2precompile) run python3 -m benchmarks.fa2_precompile "$@"; rc=$? ;;
+  warmup) run python3 -m benchmarks.warmup_compile "$@"; rc=$? ;;
   longctx) run python3 -m benchmarks.long_context "$@"; rc=$? ;;
   # NVLink multicast stays off for the TP=2 engines (shared host; the test sets these too)
   tp2) NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \
