@@ -101,7 +101,6 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from int8kv_kernels.launch import compile_in_parallel
     from int8kv_shim import kernel_warmup
     from int8kv_shim.environment_variables import compile_threads
 
@@ -121,18 +120,16 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             scale=d**-0.5,
             k_scale=None,
             v_scale=None,
-        )  # fmt: skip
+        )
         for h, hk, d, window in MODELS[spec["model"]]
     ]
     block_size = BLOCK_SIZE[spec["dtype"]]
     if spec.get("sm80"):  # the warm-up's compile pass, as warm_up_layers runs it
-        keys = {kernel_warmup.layer_key(i, block_size, torch.bfloat16): i for i in impls}
         start = time.perf_counter()
-        with compile_in_parallel(compile_threads()):
-            launches = sum(
-                kernel_warmup._launch_all(k, i.scale, None, None, torch.device("cpu"))
-                for k, i in keys.items()
-            )
+        launches = kernel_warmup.compile_variants(
+            impls, block_size=block_size, model_dtype=torch.bfloat16, device=torch.device("cpu"),
+            threads=compile_threads(),
+        )  # fmt: skip
         seconds = round(time.perf_counter() - start, 2)
         # what Triton holds built: a compile that failed in the pool is missing here
         return {"warmup_s": seconds, "launches": launches, "binaries": _binaries()}

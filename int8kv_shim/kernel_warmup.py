@@ -133,14 +133,9 @@ def warm_up_layers(
     start = time.perf_counter()
     threads = compile_threads() if device.type == "cuda" else 1
     if threads > 1:
-        pending: dict[WarmupKey, Any] = {}
-        for impl in impls:
-            key = layer_key(impl, block_size, model_dtype)
-            if key is not None and key not in _warmed:
-                pending.setdefault(key, impl)
-        with compile_in_parallel(threads):
-            for key, impl in pending.items():
-                _launch_all(key, impl.scale, impl.k_scale, impl.v_scale, device)
+        compile_variants(
+            impls, block_size=block_size, model_dtype=model_dtype, device=device, threads=threads
+        )
     launches = sum(
         warm_up_layer(i, block_size=block_size, model_dtype=model_dtype, device=device)
         for i in impls
@@ -154,6 +149,29 @@ def warm_up_layers(
             time.perf_counter() - start,
         )
     return launches
+
+
+def compile_variants(
+    impls: list[Any],
+    *,
+    block_size: int,
+    model_dtype: torch.dtype,
+    device: torch.device,
+    threads: int,
+) -> int:
+    """The warm-up's compile pass: every launch of the layer shapes of ``impls`` not warmed in
+    this process yet, inside ``compile_in_parallel(threads)``, where a launch only compiles; the
+    number of launches. Returns when every compile has finished."""
+    pending: dict[WarmupKey, Any] = {}
+    for impl in impls:
+        key = layer_key(impl, block_size, model_dtype)
+        if key is not None and key not in _warmed:
+            pending.setdefault(key, impl)
+    with compile_in_parallel(threads):
+        return sum(
+            _launch_all(key, impl.scale, impl.k_scale, impl.v_scale, device)
+            for key, impl in pending.items()
+        )
 
 
 def _launch_all(
