@@ -80,18 +80,10 @@ def _compile_only_for_sm80() -> None:
 
 
 def _binaries() -> int:
-    """The binaries our directly launched kernels hold in this process (Triton's own caches)."""
-    import int8kv_kernels
-    from int8kv_kernels.launch import DirectLauncher
+    """The binaries our kernels hold in this process (Triton's own caches)."""
+    from int8kv_kernels.launch import kernel_launchers
 
-    launchers = {
-        id(v): v
-        for name, module in sys.modules.items()
-        if name.startswith(int8kv_kernels.__name__)
-        for v in vars(module).values()
-        if isinstance(v, DirectLauncher)
-    }
-    return sum(len(c[0]) for v in launchers.values() for c in v.fn.device_caches.values())
+    return sum(len(c[0]) for v in kernel_launchers() for c in v.fn.device_caches.values())
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:

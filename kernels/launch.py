@@ -179,6 +179,18 @@ class DirectLauncher:
         return Replay(self, kernel, (g0, g1, g2), index, values, tuple(slots))
 
 
+def kernel_launchers() -> list[DirectLauncher]:
+    """The launcher of every kernel of this package, each once (every module imported)."""
+    import importlib
+    import pkgutil
+
+    package = __name__.rpartition(".")[0]
+    modules = [importlib.import_module(f"{package}.{m.name}")
+               for m in pkgutil.iter_modules(importlib.import_module(package).__path__)]  # fmt: skip
+    found = {id(v): v for m in modules for v in vars(m).values() if isinstance(v, DirectLauncher)}
+    return list(found.values())
+
+
 class Replay:
     """A direct launch to repeat with other tensors in some argument slots (``DirectLauncher.record``).
 

@@ -233,19 +233,8 @@ def test_compile_in_parallel_with_one_thread_launches_as_usual(fake):
     assert len(jit.compiled) == 1 and not jit.queued
 
 
-def _all_launchers() -> list[DirectLauncher]:
-    import importlib
-    import pkgutil
-
-    import int8kv_kernels
-
-    modules = [importlib.import_module(f"int8kv_kernels.{m.name}")
-               for m in pkgutil.iter_modules(int8kv_kernels.__path__)]  # fmt: skip
-    return [v for m in modules for v in vars(m).values() if isinstance(v, DirectLauncher)]
-
-
 def test_every_kernel_launcher_is_found_and_interpreted_ones_never_launch_directly():
-    launchers = _all_launchers()
+    launchers = launch.kernel_launchers()
     # attention, merge, write, gather, and int4's attention, page flush, tail store, sink store
     # and gather
     assert len({id(x) for x in launchers}) == 9

@@ -143,17 +143,11 @@ def test_warmup_launches_run_on_the_interpreter(
 
 def _compiled_binaries() -> dict[str, int]:
     """How many binaries each of our directly launched kernels holds in this process."""
-    import importlib
-    import pkgutil
+    from int8kv_kernels.launch import kernel_launchers
 
-    import int8kv_kernels
-    from int8kv_kernels.launch import DirectLauncher
-
-    modules = [importlib.import_module(f"int8kv_kernels.{m.name}")
-               for m in pkgutil.iter_modules(int8kv_kernels.__path__)]  # fmt: skip
     return {
         v.fn.__name__: sum(len(c[0]) for c in v.fn.device_caches.values())
-        for m in modules for v in vars(m).values() if isinstance(v, DirectLauncher) and v.direct
+        for v in kernel_launchers() if v.direct
     }  # fmt: skip
 
 
