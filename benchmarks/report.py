@@ -922,11 +922,13 @@ def dtype_choice_table(
     return "\n\n".join([caption, "\n".join(lines), details, *notes])
 
 
-# The newest serving run of each model: the README's serving table quotes them and the serving
-# targets table judges them.
+# The newest serving runs of each model: the README's serving table quotes them and the serving
+# targets table judges them. Gemma 3 has two: the newest beside FlashAttention-2 and the newest
+# beside upstream's int8_per_token_head, which no run of it has both of.
 SERVING_NEWEST: tuple[Path, ...] = (
-    RESULTS / "serving_smollm2_dda1a88.json",
+    RESULTS / "serving_smollm2_55cdbef.json",
     RESULTS / "serving_gemma3.json",
+    RESULTS / "serving_gemma3_55cdbef.json",
     RESULTS / "serving_llama3_8b_shape.json",
 )
 # runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
@@ -1714,9 +1716,9 @@ def serving_summary_table(
     newest: Sequence[Path] = SERVING_NEWEST, paired: Sequence[Path] = SERVING_PAIRED
 ) -> str:
     """The README's serving table: per model, ``int8``'s median TPOT and TTFT against
-    FlashAttention-2's and its output tok/s against upstream's at each point of its newest run,
-    then each point from the newest run in paired rounds that has it (the median of the rounds'
-    ratios; ``paired`` oldest first)."""
+    FlashAttention-2's and its output tok/s against upstream's at each point of its newest runs
+    (``newest``, in order), then each point from the newest run in paired rounds that has it (the
+    median of the rounds' ratios; ``paired`` oldest first)."""
     lines = [
         "| model | prompt tokens | requests | time per output token | time to first token "
         f"| output tok/s vs `{UPSTREAM}` | measured | GPU, run |",
@@ -1729,9 +1731,12 @@ def serving_summary_table(
         return [docs[p] for p in paths if p in docs and any(
             r["model"] == model for r in docs[p]["rows"])]  # fmt: skip
 
+    def times(ratio: float | None) -> str:
+        return "-" if ratio is None else f"{ratio:.2f}x"
+
     def int8_points(result: dict, model: str) -> list[tuple[tuple, str]]:
         """(point as the table names it, its line) of each int8 point of ``model`` with a
-        FlashAttention-2 row in ``result``."""
+        FlashAttention-2 or an upstream row in ``result``."""
         rows = _serving_rows(result)
         # a server started for a profiled point keeps the profiler configured for every point
         notes = (
@@ -1743,24 +1748,26 @@ def serving_summary_table(
         points = []
         for m, input_len, conc, dtype in _serving_keys(rows):
             fa2 = rows.get((m, input_len, conc, "auto_fa2"))
-            if m != model or dtype != "int8" or not fa2:
+            upstream = rows.get((m, input_len, conc, UPSTREAM))
+            if m != model or dtype != "int8" or not (fa2 or upstream):
                 continue
             ours = rows[m, input_len, conc, dtype]
-            tpot, n = _paired_ratio(ours, fa2, "tpot_ms_p50")
-            ttft, _ = _paired_ratio(ours, fa2, "ttft_ms_p50")
-            upstream = rows.get((m, input_len, conc, UPSTREAM))
-            tok_s = f"{_paired_ratio(ours, upstream, 'output_tok_s')[0]:.2f}x" if upstream else "-"
-            how = _pairing(n, ours) or "one pass"
+            (tpot, n), (ttft, _), (tok_s, n_up) = (
+                _paired_ratio(ours, base, key) if base else (None, 0)
+                for base, key in ((fa2, "tpot_ms_p50"), (fa2, "ttft_ms_p50"),
+                                  (upstream, "output_tok_s"))
+            )  # fmt: skip
+            how = _pairing(n or n_up, ours) or "one pass"
             name = _serving_model_name(m, result)
             points.append((
                 (name, input_len, conc),
-                f"| {name} | {input_len} | {conc} | {tpot:.2f}x | {ttft:.2f}x | {tok_s} | "
-                f"{how}{notes} | {result['gpu']}, {_provenance(result)} |",
+                f"| {name} | {input_len} | {conc} | {times(tpot)} | {times(ttft)} | "
+                f"{times(tok_s)} | {how}{notes} | {result['gpu']}, {_provenance(result)} |",
             ))  # fmt: skip
         return points
 
     for model in SERVING_MODEL_NAMES:
-        for result in of_model(newest, model)[:1]:
+        for result in of_model(newest, model):
             lines += [line for _, line in int8_points(result, model)]
         # each point once, from the newest paired run that has it
         paired_points: dict[tuple, str] = {}
@@ -2229,6 +2236,7 @@ TABLES = {
         RESULTS / "tune_decode_int4_9_3_64.json", TUNE_CONFIGS_INT4, "int4"
     ),
     "launch_overhead": launch_overhead_table,
+    "warmup_compile": warmup_compile_table,
     "warmup_compile_sm80": lambda: warmup_compile_table(RESULTS / "warmup_compile_sm80.json"),
     "throughput": throughput_table,
     "throughput_1k_paired": paired_runs_table,
@@ -2312,6 +2320,12 @@ TABLES = {
     "throughput_int4_18280da": lambda: throughput_table(RESULTS / "throughput_int4_18280da.json"),
     "int4_prefill": int4_prefill_table,
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
+    **serving_run_tables(
+        "smollm2_55cdbef", RESULTS / "serving_smollm2_55cdbef.json", "ttft", "steps", "starts"
+    ),
+    **serving_run_tables(
+        "gemma3_55cdbef", RESULTS / "serving_gemma3_55cdbef.json", "ttft", "steps", "starts"
+    ),
     **serving_run_tables(
         "gemma3_14f89bb",
         RESULTS / "serving_gemma3_14f89bb.json",

@@ -109,26 +109,33 @@ def summary_cells(newest: list[Path], paired: list[Path]) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
 
 
-def test_serving_summary_puts_each_models_newest_run_before_its_newest_paired_run(
+def test_serving_summary_puts_each_models_newest_runs_before_its_newest_paired_run(
     tmp_path: Path,
 ) -> None:
-    def run(name: str, model: str, ttfts: tuple[float, float], *extra: dict) -> Path:
+    def run(name: str, model: str, dtypes: tuple[str, ...], ttfts: tuple[float, ...],
+            *extra: dict) -> Path:  # fmt: skip
         rows = [{**serving_row(d, 32, t, None), "model": model}
-                for d, t in zip(("auto_fa2", "int8"), ttfts, strict=True)]  # fmt: skip
+                for d, t in zip(dtypes, ttfts, strict=True)]  # fmt: skip
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({**COMMON, "command": "x", "rows": [*rows, *extra]}))
         return path
 
-    smol_old = run("smol_old", "smollm2", (100.0, 300.0))
-    smol_new = run("smol_new", "smollm2", (100.0, 50.0))
-    gemma = run("gemma", "gemma3", (100.0, 200.0),
+    pair = ("auto_fa2", "int8")
+    smol = run("smol", "smollm2", pair, (100.0, 50.0))
+    gemma = run("gemma", "gemma3", pair, (100.0, 200.0),
                 {**serving_row("int8_per_token_head", 32, 1.0, None), "model": "gemma3",
                  "output_tok_s": 400.0})  # fmt: skip
-    cells = summary_cells([gemma, smol_new, smol_old], [])
-    # models in the headline's order, each by its first run in the list only
+    # a run beside upstream only: its cells against FlashAttention-2 stay empty
+    gemma_upstream = run("gemma_upstream", "gemma3", ("int8_per_token_head", "int8"),
+                         (100.0, 50.0))  # fmt: skip
+    only_fa2 = run("only_fa2", "smollm2", ("auto_fa2",), (100.0,))
+    cells = summary_cells([gemma, gemma_upstream, smol, only_fa2], [])
+    # models in the headline's order, each model's runs in the list's order; a run without an
+    # int8 row beside either baseline gives none
     assert [(c[0], c[4], c[5]) for c in cells] == [
         ("SmolLM2-135M-Instruct", "0.50x", "-"),
         ("gemma-3-270m", "2.00x", "2.50x"),
+        ("gemma-3-270m", "-", "1.00x"),
     ]
     assert cells[0][6:] == ["one pass", "NVIDIA H200, 2026-12-05, commit `bbbbbbb`"]
     # servers up at once, one round and no rounds recorded: still a paired round
