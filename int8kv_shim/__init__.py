@@ -8,7 +8,7 @@ the modules they change, or at once for modules already imported (the plugin pat
 Three ways in, all idempotent: the ``vllm.general_plugins`` entry point (:mod:`int8kv_shim.plugin`,
 every vLLM process), a ``sitecustomize`` that imports this package (``int8kv run -- COMMAND`` puts
 the package's own, ``int8kv_shim/_autoload/``, on ``PYTHONPATH``; ``sitecustomize_example/`` is the
-two-line one to copy), or a plain ``import int8kv_shim`` before vLLM.
+one-import one to copy), or a plain ``import int8kv_shim`` before vLLM.
 """
 
 from __future__ import annotations

@@ -122,14 +122,18 @@ def doctor(args: argparse.Namespace) -> int:
         out(f"prefill       {mode} ({INT8KV_PREFILL}): {how}")
     except ValueError as e:
         problems.append(str(e))
-    try:
-        # read when an int4 layer allocates its tail: refused here first
-        pages, sink = int4_tail_pages(), int4_sink_page_enabled()
+    # read when an int4 layer allocates its tail: refused here first, each bad one named
+    int4_switches = []
+    for read in (int4_tail_pages, int4_sink_page_enabled):
+        try:
+            int4_switches.append(read())
+        except ValueError as e:
+            problems.append(str(e))
+    if len(int4_switches) == 2:
+        pages, sink = int4_switches
         kept = f"newest {pages} page{'s' * (pages > 1)}" + (" and first page" if sink else "")
         switches = f"{INT8KV_INT4_TAIL_PAGES}, {INT8KV_INT4_SINK_PAGE}"
         out(f"int4 in BF16  each sequence's {kept} ({switches})")
-    except ValueError as e:
-        problems.append(str(e))
     try:
         threads = compile_threads()
         out(

@@ -117,7 +117,7 @@ def int4_sink_page_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 INT8KV_INT4_TAIL_PAGES = "INT8KV_INT4_TAIL_PAGES"
 """How many of a running sequence's newest pages ``int4`` keeps in the model's dtype: ``2``
-(default) its newest page and the one before it, so a query always reads its last 64..127 keys
+(default) its newest page and the one before it, so a query always reads its last 65..128 keys
 exact; ``1`` its newest page only (half the tail pool's memory). Anything else is an error."""
 
 INT4_TAIL_PAGES: tuple[int, ...] = (1, 2)

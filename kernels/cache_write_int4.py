@@ -27,7 +27,7 @@ A tail of two pages (``TAIL_PAGES`` 2: the pool [slots, 2, H, 128, D], ``tail_pa
 holds page pg in half pg % 2 (position p in row p % 128), and ``tail_page[slot, pg % 2]`` names its
 block. The flush reads a page's earlier rows from its half; the tail store keeps the page before
 the last as it keeps a complete last page (quantized this step), and also when the step did not
-touch it and its half still names it, so a query reads its last 64..127 keys exact; otherwise (a
+touch it and its half still names it, so a query reads its last 65..128 keys exact; otherwise (a
 new slot: a prefix-cache hit, a resumed request) that half's entry is -1, as is the other half's
 while the sequence has one page. Both halves change only after the flush read them.
 

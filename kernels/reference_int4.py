@@ -35,7 +35,7 @@ way it keeps a complete newest page (quantized this step, or its earlier rows we
 and also when the step did not touch it and its half still names it; else its entry is -1 (a
 new slot: a prefix-cache hit, a resumed request), as is the other half while the sequence has one
 page. Attention reads that page from its half too when the entry names its block, so a query reads
-its last 64..127 keys exact.
+its last 65..128 keys exact.
 
 The sink (``write_sink_int4_ref``, ``paged_attention_int4_ref``): a sequence given one keeps its
 first page (keys 0..63, the attention-sink tokens) in the model's dtype for good, beside the int4

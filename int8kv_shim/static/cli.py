@@ -1,6 +1,6 @@
 """``int8kv calibrate``: measure a model's K/V ranges through vLLM and write the ``int8_static`` file.
 
-    int8kv calibrate MODEL [--out FILE] [--text FILE ...] [--num-tokens N] [--seq-len L]
+    int8kv calibrate MODEL [--out FILE] [--text FILE] [--num-tokens N] [--seq-len L]
                      [--v-format int8|e4m3] [--percentile P] [-- vLLM engine args]
 
 The model runs offline in vLLM with the shim active and ``--kv-cache-dtype int8`` (dynamic scales,

@@ -212,6 +212,13 @@ def test_doctor_says_what_int4_keeps_in_bf16_and_refuses_a_bad_sink_switch(
     monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "maybe")
     code, out = _doctor(capsys)
     assert code == 1 and "PROBLEM: int8kv-shim: INT8KV_INT4_SINK_PAGE='maybe' is not one of" in out
+    # both switches wrong: both named
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "3")
+    code, out = _doctor(capsys)
+    assert (
+        code == 1 and "INT8KV_INT4_TAIL_PAGES='3'" in out and "INT8KV_INT4_SINK_PAGE='maybe'" in out
+    )
+    assert "int4 in BF16" not in out
 
 
 def test_doctor_says_how_many_compiles_run_at_once_and_refuses_a_bad_count(
