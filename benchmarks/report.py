@@ -46,6 +46,16 @@ def _provenance(doc: dict) -> str:
     return " and ".join(f"{q['date']}, commit `{q['git_commit'][:7]}`" for q in parts)
 
 
+def _run_of_row(doc: dict, label: str) -> str:
+    """The run (``_provenance``'s form) a row of a file merged from several came from: the part
+    whose ``rows`` note lists ``label`` (before any bracketed remark), else the file's own stamp."""
+    for q in doc.get("parts", []):
+        listed = str(q.get("rows", "")).split("(")[0]
+        if re.search(rf"(?<![\w]){re.escape(label)}(?![\w])", listed):
+            return f"{q['date']}, commit `{q['git_commit'][:7]}`"
+    return f"{doc['date']}, commit `{doc['git_commit'][:7]}`"
+
+
 def _short(command: str) -> str:
     # The interpreter path and $OUT differ per machine; the script and its flags are what matter.
     parts = command.split()
@@ -978,6 +988,9 @@ def headline(
     details = accuracy_path.with_name(accuracy_path.stem + "_details.json")
     chunk = _load(details).get("settings", {}).get("chunk") if details.exists() else None
     chunks = f", {chunk}-token chunks" if chunk else ""
+    prefill_run = _run_of_row(acc, bf16_prefill["label"])
+    if prefill_run == _run_of_row(acc, ours["label"]):
+        prefill_run = "same run"
     return "\n".join([
         f"- **Capacity:** `int8` holds {ours['kv_cache_tokens'] / ref['kv_cache_tokens']:.2f}x "
         f"the tokens of a BF16 cache in the same memory ({model}, head size "
@@ -993,7 +1006,7 @@ def headline(
         "FlashAttention-2, exactly as with a BF16 cache, and only its earlier chunks come from "
         "the pages (shorter continuations read every key from the pages); so measured, "
         f"perplexity moves {pct(bf16_prefill)} "
-        f"(`{bf16_prefill['label']}`, same run{chunks}).",
+        f"(`{bf16_prefill['label']}`, {prefill_run}{chunks}).",
         *([f"- **Serving** (`vllm serve` + `vllm bench serve`, {_count_models(serving)}): "
            "`int8`'s time per output token and to first token against FlashAttention-2's, by "
            "model and concurrency, in [the serving table](#serving)."] if any(

@@ -528,3 +528,13 @@ def test_warmup_compile_table_sets_each_thread_count_against_one_at_a_time(tmp_p
     assert "| gemma3 | `int4` | 2 | 1 | 28 | 60.0 | - |" in table
     assert "| gemma3 | `int4` | 2 | 16 | 28 | 12.0 | 5.0x faster |" in table
     assert "| smollm2 | `int4` | 1 | 16 | - | failed: `a \\| b` | - |" in table
+
+
+def test_a_merged_files_row_is_credited_to_the_run_that_lists_it() -> None:
+    doc = {"date": "2026-12-02", "git_commit": "b" * 40, "parts": [
+        {"rows": "auto_fa2, int8_bf16_prefill (its int8 row was replaced by the latest run)",
+         "date": "2026-12-01", "git_commit": "a" * 40}]}  # fmt: skip
+    assert report._run_of_row(doc, "int8_bf16_prefill") == "2026-12-01, commit `aaaaaaa`"
+    # a name only in the remark, or only as a prefix of a listed one, is the file's own run
+    assert report._run_of_row(doc, "int8") == "2026-12-02, commit `bbbbbbb`"
+    assert report._run_of_row(doc, "auto") == "2026-12-02, commit `bbbbbbb`"
