@@ -40,20 +40,24 @@ def _provenance(doc: dict) -> str:
     """``2026-12-01, commit `c1c5ebb```: when the measurement entered the repository."""
     if "git_commit" not in doc:
         return "date and commit not recorded"
-    first = {"date": doc["date"], "git_commit": doc["git_commit"]}
     # a file whose rows came from several runs names each run's commit
-    parts = [first] + [q for q in doc.get("parts", []) if q["git_commit"] != doc["git_commit"]]
-    return " and ".join(f"{q['date']}, commit `{q['git_commit'][:7]}`" for q in parts)
+    parts = [doc] + [q for q in doc.get("parts", []) if q["git_commit"] != doc["git_commit"]]
+    return " and ".join(map(_run, parts))
+
+
+def _run(stamp: dict) -> str:
+    """``2026-12-01, commit `c1c5ebb```: one run's date and commit (a file's or a part's)."""
+    return f"{stamp['date']}, commit `{stamp['git_commit'][:7]}`"
 
 
 def _run_of_row(doc: dict, label: str) -> str:
-    """The run (``_provenance``'s form) a row of a file merged from several came from: the part
-    whose ``rows`` note lists ``label`` (before any bracketed remark), else the file's own stamp."""
+    """The run (``_run``'s form) a row of a file merged from several came from: the part whose
+    ``rows`` note lists ``label`` (before any bracketed remark), else the file's own stamp."""
     for q in doc.get("parts", []):
         listed = str(q.get("rows", "")).split("(")[0]
         if re.search(rf"(?<![\w]){re.escape(label)}(?![\w])", listed):
-            return f"{q['date']}, commit `{q['git_commit'][:7]}`"
-    return f"{doc['date']}, commit `{doc['git_commit'][:7]}`"
+            return _run(q)
+    return _run(doc)
 
 
 def _short(command: str) -> str:

@@ -37,18 +37,23 @@ def _name(span: str) -> str | None:
     return name if " " in name else name.split(".")[-1]
 
 
+def _names(text: str) -> list[str]:
+    """The names of ``text``'s code spans, in order."""
+    return [n for n in map(_name, CODE.findall(text)) if n]
+
+
 def test_references_point_at_what_their_row_names() -> None:
     """Each file:line holds the name it cites: the row's own (its first name) or the name just
     before the reference (a row citing a second site, "``x``, ``file.py:N``")."""
     wrong = []
     checked = 0
     for text in DOC.read_text().splitlines():
-        names = [n for n in map(_name, CODE.findall(text)) if n]
+        names = _names(text)
         for ref in REFERENCE.finditer(text):
             path, number = ref.groups()
             source = (REPO / path).read_text().splitlines()
             assert names, f"a row without a name cites {path}:{number}"
-            before = [n for n in map(_name, CODE.findall(text[: ref.start()])) if n]
+            before = _names(text[: ref.start()])
             cited = {names[0], *before[-1:]}
             checked += path.startswith(SHIM)
             line = source[int(number) - 1] if int(number) <= len(source) else ""
