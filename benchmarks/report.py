@@ -936,13 +936,11 @@ def dtype_choice_table(
     return "\n\n".join([caption, "\n".join(lines), details, *notes])
 
 
-# The newest serving runs of each model: the README's serving table quotes them and the serving
-# targets table judges them. Gemma 3 has two: the newest beside FlashAttention-2 and the newest
-# beside upstream's int8_per_token_head, which no run of it has both of.
+# The newest serving run of each model: the README's serving table quotes them and the serving
+# targets table judges them.
 SERVING_NEWEST: tuple[Path, ...] = (
     RESULTS / "serving_smollm2_55cdbef.json",
-    RESULTS / "serving_gemma3.json",
-    RESULTS / "serving_gemma3_55cdbef.json",
+    RESULTS / "serving_gemma3_ce3fe6a.json",
     RESULTS / "serving_llama3_8b_shape.json",
 )
 # runs in paired rounds (serve_bench --interleave --rounds), judged beside the newest
@@ -2329,6 +2327,7 @@ TABLES = {
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
     "decode_ab_int8_head256": lambda: decode_ab_table(RESULTS / "decode_ab_int8_head256.json"),
     "decode_ab_int8_pairs": lambda: decode_ab_table(RESULTS / "decode_ab_int8_pairs.json"),
+    "decode_ab_int4_tail_tile": lambda: decode_ab_table(RESULTS / "decode_ab_int4_tail_tile.json"),
     "int4_decode_head64": lambda: int4_decode_table(
         RESULTS / "kernels_int4_head64.json", "int4_sink_tail2"
     ),
@@ -2342,6 +2341,11 @@ TABLES = {
     ),
     **serving_run_tables(
         "gemma3_55cdbef", RESULTS / "serving_gemma3_55cdbef.json", "ttft", "steps", "starts"
+    ),
+    **serving_run_tables(
+        "gemma3_ce3fe6a",
+        RESULTS / "serving_gemma3_ce3fe6a.json",
+        *("ttft", "steps", "layers", "starts"),
     ),
     **serving_run_tables(
         "gemma3_14f89bb",
