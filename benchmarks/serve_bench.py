@@ -78,7 +78,9 @@ metadata builds, forward and sampling, the wait for the sampled tokens), and eac
 phase, the model runner's ``execute_model`` also apart for decode steps and for steps that carry a
 prompt chunk (``execute_model.decode``, ``execute_model.prompt``), and each layer's attention
 and cache update on the host, ours or FlashAttention-2's, by the kind of step they ran in
-(``attention_forward.prompt``, ``kv_cache_update.prompt``, ...), and each new request's age, since
+(``attention_forward.prompt``, ``kv_cache_update.prompt``, ...) with the parts of an attention
+call (``fa2_call``: FlashAttention-2's varlen call; ``attention_ours``: our kernels' launches;
+``int4_write``), and each new request's age, since
 the API server stamped its arrival, when the engine core's input thread and then its scheduler
 took it (``request_age_at_engine_core``, ``request_age_at_scheduler``), and the API server's
 processing of the engine's outputs (``process_outputs``). ``--sync-debug`` (implies it)

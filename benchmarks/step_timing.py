@@ -7,7 +7,8 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 :data:`SITES` and sum each one's calls and wall time (for the model runner's ``execute_model``
 also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
 layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
-steps), and dates each new request as the API server hands it to the engine core and the engine
+steps, and for the parts of an attention call: FlashAttention-2's varlen call, our kernels'
+launches, ``int4``'s write), and dates each new request as the API server hands it to the engine core and the engine
 core's input thread and then its scheduler take it (:data:`REQUEST_AGE`), and in the API server
 its tokenising of each prompt and its processing of the engine's outputs. A daemon
 thread writes each process's running sums to ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json``
@@ -44,7 +45,7 @@ ENGINE_STEP = "engine_step"
 RENDER = "render"
 # (module, class, method, phase): the V1 engine core's step (with or without the batch queue of
 # asynchronous scheduling), the scheduler, and both model runners' per-step methods
-SITES: tuple[tuple[str, str, str, str], ...] = (
+SITES: tuple[tuple[str, str | None, str, str], ...] = (
     ("vllm.v1.engine.core", "EngineCore", "step", ENGINE_STEP),
     ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue", ENGINE_STEP),
     # a new request in the engine core: its preparation in the input thread (block hashes), and
@@ -94,13 +95,21 @@ SITES: tuple[tuple[str, str, str, str], ...] = (
         "do_kv_cache_update",
         "kv_cache_update",
     ),
+    # inside a layer's attention: FlashAttention-2's varlen call (a module function, class None:
+    # the name vLLM's backend and our prefill path both import), our kernels' launches, and int4's
+    # page and tail write, so that an attention call's host time splits into what it runs
+    ("vllm.vllm_flash_attn", None, "flash_attn_varlen_func", "fa2_call"),
+    ("int8kv_shim.attention_impl", "Int8KVAttentionImpl", "_paged", "attention_ours"),
+    ("int8kv_shim.attention_impl", "Int8KVAttentionImpl", "_write_with_tail", "int4_write"),
 )
 # Phases also summed by the kind of step they ran, as ``<phase>.<kind>`` (see :func:`step_kind`):
 # a step that carries a prompt chunk runs eagerly, outside CUDA graphs, and its host work is not
 # a decode step's.
 BY_STEP_KIND = frozenset({"execute_model"})
 # Phases called inside execute_model (once a layer), summed by the kind of the step that runs them
-PER_LAYER = frozenset({"attention_forward", "kv_cache_update"})
+PER_LAYER = frozenset(
+    {"attention_forward", "kv_cache_update", "fa2_call", "attention_ours", "int4_write"}
+)
 # Phases whose call also dates the request it is handed, as ``<name>``: its age, the seconds since
 # the API server stamped its arrival (before tokenising it; one host, one clock). Sent by the API
 # server, reaching the engine core's input thread, then vLLM's scheduler, which stamps it queued:
@@ -294,13 +303,17 @@ def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_
 
     directory.mkdir(parents=True, exist_ok=True)
 
-    by_module: dict[str, list[tuple[str, str, str]]] = {}
-    for module_name, *site in SITES:
-        by_module.setdefault(module_name, []).append(tuple(site))
+    by_module: dict[str, list[tuple[str | None, str, str]]] = {}
+    for module_name, cls_name, method, phase in SITES:
+        by_module.setdefault(module_name, []).append((cls_name, method, phase))
 
-    def hook(module_name: str, sites: list[tuple[str, str, str]]) -> Callable[[Any], None]:
+    def hook(module_name: str, sites: list[tuple[str | None, str, str]]) -> Callable[[Any], None]:
         def apply(module: Any) -> None:
             for cls_name, method, phase in sites:
+                if cls_name is None:  # a module function, wrapped where the module holds it
+                    if callable(getattr(module, method, None)):
+                        wrapt.wrap_function_wrapper(module, method, timer.timed(phase))
+                    continue
                 cls = getattr(module, cls_name, None)
                 if cls is not None and method in vars(cls):
                     ranged = (module_name, cls_name, method) in STEP_RANGE_SITES

@@ -26,6 +26,15 @@ def test_every_site_is_a_method_of_vllm_0_24() -> None:
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin, module
         tree = ast.parse(Path(spec.origin).read_text())
+        if cls_name is None:  # a module function: defined or imported at the module's top level
+            names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+                a.asname or a.name
+                for n in tree.body
+                if isinstance(n, ast.ImportFrom)
+                for a in n.names
+            }
+            assert method in names, f"{module}.{method}"
+            continue
         classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         assert cls_name in classes, f"{module}.{cls_name}"
         methods = {
@@ -48,9 +57,12 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             time.sleep(0.002)
             return "stepped"
 
+    def varlen(x: int) -> int:
+        return x * 2
+
     class Layer:
         def forward(self) -> str:
-            return "attended"
+            return f"attended {mod.varlen(1)}"
 
     class Runner:
         layers: tuple = ()
@@ -67,6 +79,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             return "sampled"
 
     mod.Engine, mod.Runner, mod.Layer = Engine, Runner, Layer  # type: ignore[attr-defined]
+    mod.varlen = varlen  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(
         step_timing,
@@ -76,7 +89,9 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             (name, "Runner", "execute_model", "execute_model"),
             (name, "Runner", "sample_tokens", "sample_tokens"),
             (name, "Layer", "forward", "attention_forward"),
+            (name, None, "varlen", "fa2_call"),
             (name, "Missing", "nothing", "never"),
+            (name, None, "missing_function", "never"),
         ),
     )
     return mod
@@ -149,10 +164,13 @@ def test_each_layers_attention_is_timed_by_the_kind_of_its_step(
     runner.execute_model(scheduled(1, 1))
     runner.execute_model(scheduled(1, 7))
     runner.execute_model(scheduled(1, 7))
-    assert fake_engine.Layer().forward() == "attended"  # outside a step: the phase only
+    assert fake_engine.Layer().forward() == "attended 2"  # outside a step: the phase only
     calls = timer.snapshot()["calls"]
     assert calls["attention_forward"] == 7
     assert calls["attention_forward.decode"] == 2 and calls["attention_forward.prompt"] == 4
+    # a module function called inside a layer's attention: timed per call and by step kind
+    assert calls["fa2_call"] == 7 and calls["fa2_call.prompt"] == 4
+    assert "never" not in calls
     assert timer.step_kind is None
 
 
