@@ -107,9 +107,9 @@ SITES: tuple[tuple[str, str | None, str, str], ...] = (
 # a decode step's.
 BY_STEP_KIND = frozenset({"execute_model"})
 # Phases called inside execute_model (once a layer), summed by the kind of the step that runs them
-PER_LAYER = frozenset(
-    {"attention_forward", "kv_cache_update", "fa2_call", "attention_ours", "int4_write"}
-)
+PER_LAYER = frozenset({"attention_forward", "kv_cache_update"})
+# Per-layer phases that run inside attention_forward (its parts, not more time beside it)
+ATTENTION_PARTS = frozenset({"fa2_call", "attention_ours", "int4_write"})
 # Phases whose call also dates the request it is handed, as ``<name>``: its age, the seconds since
 # the API server stamped its arrival (before tokenising it; one host, one clock). Sent by the API
 # server, reaching the engine core's input thread, then vLLM's scheduler, which stamps it queued:
@@ -154,15 +154,16 @@ class StepTimer:
         self, phase: str, step_range: bool = False, asynchronous: bool = False
     ) -> Callable[..., Any]:
         """A wrapt wrapper that adds each call's wall time to ``phase`` (and, for a phase of
-        :data:`BY_STEP_KIND` or :data:`PER_LAYER`, to ``<phase>.<kind>`` too, the kind of the step
-        it runs in; for the engine step, the kind of the model step it ran); with
+        :data:`BY_STEP_KIND`, :data:`PER_LAYER` or :data:`ATTENTION_PARTS`, to
+        ``<phase>.<kind>`` too, the kind of the step it runs in; for the engine step, the kind
+        of the model step it ran); with
         ``step_range``, each call is also a :data:`STEP_RANGE` range for a torch profiler (a few
         µs a call when none records). ``asynchronous``: the method is a coroutine function, timed
         until its coroutine returns (an API server method; no step kind, no range)."""
         if asynchronous:
             return self._timed_coroutine(phase)
         by_kind = phase in BY_STEP_KIND
-        per_layer = phase in PER_LAYER
+        per_layer = phase in PER_LAYER | ATTENTION_PARTS
         engine_step = phase == ENGINE_STEP
         age = REQUEST_AGE.get(phase)
         scope: Callable[[str], Any] = contextlib.nullcontext

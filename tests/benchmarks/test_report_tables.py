@@ -340,7 +340,7 @@ def test_serving_layer_host_table_sets_each_rounds_layer_time_against_the_baseli
 ) -> None:
     from benchmarks import step_timing
 
-    assert set(report.LAYER_PHASES) == step_timing.PER_LAYER
+    assert set(report.LAYER_PHASES) == step_timing.PER_LAYER  # not its parts, ATTENTION_PARTS
 
     def timing(attention_us: float, update_us: float) -> dict:
         return {"engine_steps": 10, "phases": {
