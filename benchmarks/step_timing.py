@@ -8,12 +8,13 @@ host's waits for the GPU) can vanish under it. This times the engine's per-step 
 also by the kind of step, :func:`step_kind`, and so for the engine step around it and for each
 layer's attention and cache update, ours and FlashAttention-2's, which run on the host in eager
 steps, and for the parts of an attention call: FlashAttention-2's varlen call, our kernels'
-launches, ``int4``'s write), and dates each new request as the API server hands it to the engine core and the engine
-core's input thread and then its scheduler take it (:data:`REQUEST_AGE`), and in the API server
-its tokenising of each prompt and its processing of the engine's outputs. A daemon
-thread writes each process's running sums to ``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json``
-twice a second (only once a site has been called), so ``serve_bench.py --step-timing`` takes the
-difference across each timed point, summed over the processes.
+launches, ``int4``'s write), and dates each new request as the API server hands it to the engine
+core and the engine core's input thread and then its scheduler take it (:data:`REQUEST_AGE`),
+and in the API server its tokenising of each prompt and its processing of the engine's outputs.
+A daemon thread writes each process's running sums to
+``$SERVE_BENCH_STEP_TIMING_DIR/steps_<pid>.json`` twice a second (only once a site has been
+called), so ``serve_bench.py --step-timing`` takes the difference across each timed point,
+summed over the processes.
 
 With ``SERVE_BENCH_SYNC_DEBUG=1`` it also turns on ``torch.cuda.set_sync_debug_mode("warn")`` after
 the first :data:`WARMUP_STEPS` engine steps and counts every synchronizing CUDA call by the Python
