@@ -1707,6 +1707,58 @@ def serving_layer_host_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+# the parts of an attention call the step timer times (benchmarks/step_timing.py ATTENTION_PARTS),
+# as the parts table orders them, with their column names
+ATTENTION_PARTS = (("fa2_call", "FlashAttention-2's call"), ("attention_ours", "our kernels"),
+                   ("int4_write", "`int4`'s write"))  # fmt: skip
+
+
+def serving_attention_parts_table(path: Path) -> str:
+    """In the steps that carry a prompt, a layer's attention call on the host split into the parts
+    the step timer times inside it (µs per attention call: a part called twice in one call counts
+    twice) and the rest (our Python and torch ops between them), per point and round."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    names = " | ".join(f"of it: {label}" for _, label in ATTENTION_PARTS)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Host time at "
+        "full speed in the steps that carry a prompt chunk, µs per layer's attention call; "
+        "n/a: not timed.",
+        "",
+        f"| model | input | concurrency | dtype | a layer's attention µs | {names} | the rest | "
+        "attention vs `auto_fa2` |",
+        "|---|---|---|---|---|" + "---|" * len(ATTENTION_PARTS) + "---|---|",
+    ]
+
+    def per_call(point: dict) -> tuple[float | None, list[float | None]]:
+        whole = _phase(point, "attention_forward.prompt")
+        if not whole.get("calls"):
+            return None, [None] * len(ATTENTION_PARTS)
+        parts = []
+        for name, _ in ATTENTION_PARTS:
+            p = _phase(point, f"{name}.prompt")
+            parts.append(p["calls"] * p["us_per_call"] / whole["calls"] if p else None)
+        return whole["us_per_call"], parts
+
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        for label, point, base in _round_points(rows[key], base_row):
+            whole, parts = per_call(point)
+            timed = [x for x in parts if x is not None]
+            rest = whole - sum(timed) if whole is not None and timed else None
+            theirs = per_call(base)[0]
+            vs = "reference" if dtype == "auto_fa2" else (
+                f"{whole / theirs:.2f}x" if whole is not None and theirs else "n/a"
+            )  # fmt: skip
+            cells = " | ".join(_num(x, ".1f") for x in (whole, *parts, rest))
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {cells} | {vs} |"
+            )
+    return "\n".join(lines)
+
+
 def _round_points(row: dict, base: dict) -> list[tuple[str, dict, dict]]:
     """A serving row's points, each with its baseline: the row itself against ``base`` (the
     baseline's row), or for a run in rounds each round, labelled ", round r" (and " (1st)" where
@@ -2209,10 +2261,11 @@ def warmup_compile_table(path: Path = RESULTS / "warmup_compile.json") -> str:
 def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
     """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
     :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``,
-    ``rounds``, ``layers``, ``kinds``), ``serving_<kind>_<tag>``."""
+    ``rounds``, ``layers``, ``parts``, ``kinds``), ``serving_<kind>_<tag>``."""
     tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
               "steps": serving_steps_table, "rounds": serving_rounds_table,
               "layers": serving_layer_host_table,
+              "parts": serving_attention_parts_table,
               "kinds": serving_step_kinds_table}  # fmt: skip
     return {
         f"serving_{tag}": functools.partial(serving_table, path),

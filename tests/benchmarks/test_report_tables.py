@@ -369,6 +369,39 @@ def test_serving_layer_host_table_sets_each_rounds_layer_time_against_the_baseli
     ]
 
 
+def test_serving_attention_parts_table_splits_a_layer_call_into_its_timed_parts(
+    tmp_path: Path,
+) -> None:
+    from benchmarks import step_timing
+
+    assert {name for name, _ in report.ATTENTION_PARTS} == step_timing.ATTENTION_PARTS
+
+    def timing(attention_us: float, **parts: tuple[int, float]) -> dict:
+        phases = {"attention_forward.prompt": {"calls": 18, "us_per_call": attention_us}}
+        for name, (calls, us) in parts.items():
+            phases[f"{name}.prompt"] = {"calls": calls, "us_per_call": us}
+        return {"engine_steps": 10, "phases": phases}
+
+    fa2 = {
+        **serving_row("auto_fa2", 32, 100.0, None),
+        "step_timing": timing(140.0, fa2_call=(18, 100.0)),
+    }
+    # our kernels launched twice in each attention call (the decodes, then the rest)
+    ours = {
+        **serving_row("int8", 32, 100.0, None),
+        "step_timing": timing(320.0, fa2_call=(18, 60.0), attention_ours=(36, 50.0)),
+    }
+    path = write(tmp_path, {"command": "x", "rows": [
+        fa2, ours, serving_row("int4", 32, 100.0, None)]})  # fmt: skip
+    lines = report.serving_attention_parts_table(path).splitlines()[4:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[3:] for c in cells] == [
+        ["`auto_fa2`", "140.0", "100.0", "n/a", "n/a", "40.0", "reference"],
+        ["`int8`", "320.0", "60.0", "100.0", "n/a", "160.0", "2.29x"],
+        ["`int4`", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"],
+    ]
+
+
 def test_serving_attention_ops_table_lists_what_each_op_calls(tmp_path: Path) -> None:
     opened = {"vllm::unified_attention_with_output": {
         "calls": 60, "us_per_call": 300.0, "self_us_per_call": 180.0,
