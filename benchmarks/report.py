@@ -1143,6 +1143,14 @@ def _ratio(ours: dict, base: dict | None, key: str) -> str:
     return f"{ours[key] / base[key]:.2f}x" if base and base.get(key) else "n/a"
 
 
+def _vs_fa2(dtype: str, ours: float | None, theirs: float | None) -> str:
+    """A serving table's ratio cell: ``ours`` over FlashAttention-2's ``theirs`` ("reference" in
+    FlashAttention-2's own row, "n/a" where either was not measured)."""
+    if dtype == "auto_fa2":
+        return "reference"
+    return f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
+
+
 def serving_table(path: Path = RESULTS / "serving.json") -> str:
     """Per model, input length and concurrency: TTFT, TPOT and output tok/s of every dtype, with
     ``int8``'s ratios to FlashAttention-2 on BF16 (``auto_fa2``) beside them."""
@@ -1220,9 +1228,7 @@ def serving_ttft_table(path: Path = RESULTS / "serving.json") -> str:
         for label, r, base in _round_points(rows[key], base_row):
             m = r.get("server_metrics") or {}
             ours, theirs = engine_ms(r), engine_ms(base)
-            vs = "reference" if dtype == "auto_fa2" else (
-                f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
-            )  # fmt: skip
+            vs = _vs_fa2(dtype, ours, theirs)
             age_us = [_phase(r, a).get("us_per_call") for a in dated]
             ages = "".join(f"{_num(None if us is None else us / 1e3, '.0f')} | " for us in age_us)
             lines.append(
@@ -1693,9 +1699,7 @@ def serving_layer_host_table(path: Path) -> str:
         base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
         for label, point, base in _round_points(rows[key], base_row):
             ours, theirs = layer_us(point), layer_us(base)
-            vs = "reference" if dtype == "auto_fa2" else (
-                f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
-            )  # fmt: skip
+            vs = _vs_fa2(dtype, ours, theirs)
             cells = " | ".join(
                 _num(_phase(point, f"{n}.prompt").get("us_per_call"), ".1f") for n in LAYER_PHASES
             )
@@ -1748,9 +1752,7 @@ def serving_attention_parts_table(path: Path) -> str:
             timed = [x for x in parts if x is not None]
             rest = whole - sum(timed) if whole is not None and timed else None
             theirs = per_call(base)[0]
-            vs = "reference" if dtype == "auto_fa2" else (
-                f"{whole / theirs:.2f}x" if whole is not None and theirs else "n/a"
-            )  # fmt: skip
+            vs = _vs_fa2(dtype, whole, theirs)
             cells = " | ".join(_num(x, ".1f") for x in (whole, *parts, rest))
             lines.append(
                 f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
