@@ -821,12 +821,14 @@ def paged_attention(
             num_splits=num_splits, sink=sink, sink_of_seq=sink_of_seq,
         )  # fmt: skip
     # Everything that decides the launches (checks, grid, binary, arguments) but the addresses of
-    # the calling layer's own tensors: a model's layers repeat one step's call with only those
-    # changed, and a replay skips this wrapper and Triton's binder (launch.py, ReplayCache).
+    # the calling layer's own tensors and of the batch's metadata: a model's layers repeat one
+    # step's call with only those changed (each KV-cache group its own block table, a mixed batch
+    # metadata sliced per step), and a replay skips this wrapper and Triton's binder (launch.py,
+    # ReplayCache). The kernels take the metadata at any alignment, so any address replays.
     key = (
         query.shape, query.stride(), output.shape, output.stride(), kv_cache.stride(),
-        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
-        seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
+        query_start_loc.shape, query_start_loc.dtype, seq_lens.shape, seq_lens.dtype,
+        block_table.stride(), block_table.dtype,
         kv_dtype, block_size, num_kv_heads, max_query_len, softmax_scale, sliding_window, soft_cap,
         # max_seq_len only picks the split count, which a given num_splits fixes: then the next
         # step of a batch that keeps its shape and buffers replays from its first layer on
@@ -837,7 +839,8 @@ def paged_attention(
         sink is None, sink_of_seq is None,  # int4's sink pages, unused here
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache, static_k_ptr=k_scale,
-                    static_v_ptr=v_scale):  # fmt: skip
+                    static_v_ptr=v_scale, block_table_ptr=block_table, qsl_ptr=query_start_loc,
+                    seq_lens_ptr=seq_lens):  # fmt: skip
         return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
@@ -863,12 +866,15 @@ def paged_attention(
     )
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = seq_lens
-    # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split;
-    # the static scales' slots hold seq_lens, which the key covers, when there are none).
+    # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split)
+    # and the batch's metadata (the static scales' slots hold seq_lens when there are none).
     swap = [("q_ptr",), ("out_ptr", *(() if use_split else ("ws_acc_ptr", "ws_m_ptr", "ws_l_ptr"))),
-            ("cache_ptr", "cache16_ptr")]  # fmt: skip
-    if not dynamic:
-        swap += [("static_k_ptr",), ("static_v_ptr",)]
+            ("cache_ptr", "cache16_ptr"), ("block_table_ptr",), ("qsl_ptr",)]  # fmt: skip
+    if dynamic:
+        swap.append(("seq_lens_ptr", *(() if k_scale is not None else ("static_k_ptr",)),
+                     *(() if v_scale is not None else ("static_v_ptr",))))  # fmt: skip
+    else:
+        swap += [("seq_lens_ptr",), ("static_k_ptr",), ("static_v_ptr",)]
     attn = launch_attn.record(
         swap,
         (num_q_blocks, num_kv_heads, splits),

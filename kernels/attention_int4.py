@@ -872,7 +872,8 @@ def paged_attention_int4(
         choose_config_int4,  # tests swap the config chooser
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache.view(torch.uint8),
-                    tail_ptr=tail, tail_page_ptr=tail_page, sink_ptr=sink):  # fmt: skip
+                    tail_ptr=tail, tail_page_ptr=tail_page, sink_ptr=sink,
+                    qsl_ptr=query_start_loc):  # fmt: skip
         return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]

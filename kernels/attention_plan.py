@@ -367,12 +367,13 @@ def launch_split_merge(
     launcher: DirectLauncher | None = None,
 ) -> Replay | None:
     """Merge the split-KV partials in ``workspace`` into ``output`` [tokens, q_heads, head_size];
-    returns the launch's Replay (swapping ``output``) where it went direct. ``launcher``: the
+    returns the launch's Replay (swapping ``output`` and ``query_start_loc``: ``out_ptr``,
+    ``qsl_ptr``) where it went direct. ``launcher``: the
     merge's launcher as the caller's module holds it (tests swap it there), ``launch_merge``
     by default."""
     num_tokens, num_q_heads, head_size = output.shape
     return (launcher or launch_merge).record(
-        [("out_ptr",)],
+        [("out_ptr",), ("qsl_ptr",)],
         (num_tokens, num_q_heads),
         output,
         workspace.acc,

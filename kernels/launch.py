@@ -173,8 +173,13 @@ class DirectLauncher:
         for group in swap:
             positions = tuple(names.index(name) for name in group)
             # Triton specialized each pointer on whether its address is a multiple of 16 ("D"):
-            # a binary compiled for aligned addresses must never get another
-            aligned = any(specialization[i][1] == "D" for i in positions)
+            # a binary compiled for aligned addresses must never get another. None: a group of
+            # pointers the kernel does not specialize on alignment takes any address.
+            params = self.fn.params
+            aligned = (
+                None if all(params[i].do_not_specialize_on_alignment for i in positions)
+                else any(specialization[i][1] == "D" for i in positions)
+            )  # fmt: skip
             slots.append((group[0], positions, bound[group[0]].dtype, aligned))
         return Replay(self, kernel, (g0, g1, g2), index, values, tuple(slots))
 
@@ -210,7 +215,7 @@ class Replay:
         grid: tuple[int, int, int],
         index: int,
         values: list,
-        slots: tuple[tuple[str, tuple[int, ...], torch.dtype, bool], ...],
+        slots: tuple[tuple[str, tuple[int, ...], torch.dtype, bool | None], ...],
     ) -> None:
         self.launcher, self.kernel, self.grid, self.index = launcher, kernel, grid, index
         self.values, self.slots = values, slots
@@ -234,7 +239,7 @@ class Replay:
             if tensor.dtype != dtype or (on_cuda and not tensor.is_cuda):
                 return None
             address = tensor.data_ptr()
-            if aligned != (address % 16 == 0):
+            if aligned is not None and aligned != (address % 16 == 0):
                 return None
             for i in positions:
                 values[i] = address

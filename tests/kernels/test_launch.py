@@ -6,6 +6,8 @@ kernels launched both ways give bit-identical outputs, and the cached path is th
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from kvbatch import make_batch, make_cache, run_attention
@@ -29,17 +31,23 @@ class _Kernel:
 class _Jit:
     """Stands in for a JITFunction: a binder specializing ints as Triton does (1, %16), and a
     run() that 'compiles' one _Kernel per specialization. ``pointer``: the name of its first
-    (pointer) argument."""
+    (pointer) argument; ``any_alignment``: whether that argument is in the kernel's
+    do_not_specialize_on_alignment."""
 
-    def __init__(self, pointer: str = "x"):
+    def __init__(self, pointer: str = "x", any_alignment: bool = False):
         self.arg_names = [pointer, "n", "BLOCK"]
+        self.params = [SimpleNamespace(do_not_specialize_on_alignment=any_alignment),
+                       *[SimpleNamespace(do_not_specialize_on_alignment=False)] * 2]  # fmt: skip
         self.device_caches = {0: (None, None, None, None, self._bind)}
         self.compiled: list[_Kernel] = []
         self.indexed: list[tuple] = []
         self.queued: list[tuple] = []  # run(warmup=True): compiled, not launched
 
     def _bind(self, x, n, BLOCK=None, **options):
-        spec = [("*fp32", "D"), ("constexpr", 1) if n == 1 else ("i32", "D" if n % 16 == 0 else "")]
+        spec = [
+            ("*fp32", "" if self.params[0].do_not_specialize_on_alignment else "D"),
+            ("constexpr", 1) if n == 1 else ("i32", "D" if n % 16 == 0 else ""),
+        ]
         return (
             {self.arg_names[0]: x, "n": n, "BLOCK": BLOCK},
             [*spec, ("constexpr", BLOCK)],
@@ -158,14 +166,29 @@ def test_a_replay_relaunches_the_recorded_binary_with_the_swapped_tensor(fake, m
     assert launcher.direct_launches == 2
 
 
+def test_a_replay_takes_any_address_where_the_kernel_does_not_specialize_on_alignment(monkeypatch):
+    """The batch metadata (block table, query starts, lengths) is sliced per step at any row: a
+    kernel compiled without alignment specialization for it replays with any address."""
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda index: 7)
+    launcher = DirectLauncher(_Jit(any_alignment=True))
+    launcher.direct = True  # a stand-in is not a JITFunction
+    launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)  # compiles
+    replay = launcher.record([("x",)], (1,), _CudaArg(4100), 32, BLOCK=64)
+    for address in (4096, 4100, 8196):
+        assert replay.bind({"x": _CudaArg(address)}) is not None
+    assert replay.bind({"x": _Half()}) is None  # the dtype still decides
+
+
+class _Half(_CudaArg):
+    dtype = torch.float16
+
+
 def test_a_replay_refuses_tensors_its_binary_does_not_fit(fake, monkeypatch):
     jit, launcher = fake
     launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)  # compiles
     replay = launcher.record([("x",)], (1,), _CudaArg(), 32, BLOCK=64)
     assert replay.bind({"x": _CudaArg(4096 + 512)}) is not None
-
-    class _Half(_CudaArg):
-        dtype = torch.float16
 
     class _Host(_CudaArg):
         is_cuda = False
@@ -322,6 +345,46 @@ def test_replays_across_layers_match_triton_launches_gpu(kv_dtype, splits, monke
     plain_outs, plain_caches = step()
     for x, y in zip(outs + caches, plain_outs + plain_caches, strict=True):
         assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4])  # 4: the merge kernel is replayed too
+def test_replays_take_each_groups_block_table_and_each_steps_metadata_gpu(splits, monkeypatch):
+    """Gemma 3's layers as vLLM runs them: several KV-cache groups, each with its own block
+    table, and a mixed batch's metadata sliced anew every step. Only the first layer of the first
+    step launches through the binder; the rest replay with their own block table and the step's
+    metadata, and every output equals a plain ``kernel[grid]`` launch's."""
+    from dataclasses import replace
+
+    from int8kv_kernels import make_workspace
+
+    nq, nkv, d, bs = 8, 2, 128, 16
+    b = make_batch([1, 1, 1, 1], [300, 40, 1000, 77], nq, d, bs, "cuda")
+    ws = make_workspace(8, nq, d, device="cuda")
+    cache = make_cache("int8", bs, nkv, d, b.num_blocks, "cuda")[0]
+    # every group's table a permutation of the blocks: each reads other pages
+    tables = [torch.randperm(b.num_blocks, device="cuda").to(torch.int32)[b.block_table.long()]
+              for _ in range(3)]  # fmt: skip
+    queries = [torch.randn_like(b.query) for _ in tables]
+
+    def step():
+        # fresh metadata tensors, as a mixed batch's rows are sliced every step
+        meta = dict(query_start_loc=b.query_start_loc.clone(), seq_lens=b.seq_lens.clone())
+        return [run_attention(replace(b, query=q, block_table=t.clone(), **meta), cache,
+                              kv_dtype="int8", block_size=bs, nkv=nkv, workspace=ws,
+                              num_splits=splits)
+                for q, t in zip(queries, tables, strict=True)]  # fmt: skip
+
+    step()  # compiles, records the first layer
+    attn0 = launch_attn.direct_launches
+    outs = step()  # every launch a replay
+    assert launch_attn.direct_launches - attn0 == len(tables)
+    for launcher in (launch_attn, launch_merge):
+        monkeypatch.setattr(launcher, "direct", False)
+    plain = step()
+    for x, y in zip(outs, plain, strict=True):
+        assert torch.equal(x, y)
+    assert not torch.equal(outs[0], outs[1])  # the groups did read their own pages
 
 
 def test_launch_hooks_count_only_when_a_hook_is_registered():

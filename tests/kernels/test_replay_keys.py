@@ -76,10 +76,9 @@ def _any_attention_changes(a):
         "query": [q[:3], torch.randn(4, 2 * NQ, D, dtype=q.dtype)[:, ::2]],
         "output": [torch.empty(4, 2 * NQ, D, dtype=out.dtype)[:, ::2], out[:3]],
         "kv_cache": [wide[:, : cache.shape[1]]],
-        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
-        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
-        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
-                        _as_int64(a["block_table"])],
+        "query_start_loc": [a["query_start_loc"][:4], _as_int64(a["query_start_loc"])],
+        "seq_lens": [a["seq_lens"][:3], _as_int64(a["seq_lens"])],
+        "block_table": [torch.zeros(4, 3, dtype=torch.int32)[:, :2], _as_int64(a["block_table"])],
         "max_query_len": [2], "max_seq_len": [4096], "softmax_scale": [0.1],
         "sliding_window": [8], "soft_cap": [30.0],
         "workspace": [make_workspace(4, NQ, D, device="cpu")], "num_splits": [2],
@@ -173,7 +172,8 @@ def _gather_changes(a):
 
 CASES = {
     "paged_attention": (attention, attention.paged_attention, _attention_args, _attention_changes,
-                        ("query", "output", "kv_cache", "k_scale", "v_scale")),
+                        ("query", "output", "kv_cache", "k_scale", "v_scale", "query_start_loc",
+                         "seq_lens", "block_table")),
     "write_kv_cache": (cache_write, cache_write.write_kv_cache, _write_args, _write_changes,
                        ("key", "value", "kv_cache", "k_scale", "v_scale")),
     "gather_kv_context": (context_gather, context_gather.gather_kv_context, _gather_args,
@@ -276,6 +276,10 @@ def _attention_int4_changes(a):
         "slot_of_seq": [a["slot_of_seq"].clone(), a["slot_of_seq"][:3],
                         _as_int64(a["slot_of_seq"])],
         "sink": [_tail(1)], "sink_of_seq": [_int32(4)],
+        # int4 keys on the batch's metadata by address (int8 swaps it)
+        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
+        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
+        "block_table": [a["block_table"].clone(), _as_int64(a["block_table"])],
     }  # fmt: skip
 
 
