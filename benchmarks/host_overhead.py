@@ -8,9 +8,12 @@ SmolLM2-135M's attention (9 query / 3 KV heads, head size 64, 30 layers; block s
 31 decodes + a 2048-token first chunk; 31 decodes + a 2048-token chunk over 5888 cached tokens
 (the context gather + FlashAttention-2 path of flash_prefill.py; ``int4``'s chunk ran on our
 kernels until 2026-12-06, as in the committed results).
-Every step empties the kernels' replay caches first (a real decode step's key changes every step),
-so layer 1 runs each wrapper whole and records its launches, layers 2-30 replay them, as on a GPU;
-the replays are stand-ins with the real ones' host checks minus the CUDA ones. Each launch that is
+Every step empties the kernels' replay caches first (the worst case: a batch whose shape changed),
+so layer 1 runs each wrapper whole and records its launches, layers 2-30 replay what they can, as
+on a GPU; the replays are stand-ins with the real ones' host checks minus the CUDA ones.
+``--groups N`` splits the layers into N KV-cache groups, each with its own block table, built as
+vLLM's model runner does (one build, then ``update_block_table`` for every other group; Gemma 3
+270M has six groups of three layers). Each launch that is
 not a replay also runs Triton's binder, built for an sm80 target (what ``DirectLauncher`` runs on a
 GPU host before its launch); ``--no-binder`` leaves it out.
 
@@ -80,11 +83,15 @@ class Launches:
             if swap is None:
                 return None
             names = launcher.fn.arg_names
-            slots = tuple(
-                (g[0], tuple(names.index(n) for n in g), args[names.index(g[0])].dtype, True)
-                for g in swap
-            )
-            return StandInReplay(launcher, None, (*grid, 1, 1)[:3], 0, list(args), slots)
+            params = launcher.fn.params
+            slots = []
+            for g in swap:
+                positions = tuple(names.index(n) for n in g)
+                # as DirectLauncher.record: None where the kernel takes any alignment; the
+                # tensors here are taken as aligned where it specializes
+                free = all(params[i].do_not_specialize_on_alignment for i in positions)
+                slots.append((g[0], positions, args[positions[0]].dtype, None if free else True))
+            return StandInReplay(launcher, None, (*grid, 1, 1)[:3], 0, list(args), tuple(slots))
 
         launch.DirectLauncher._launch = run  # type: ignore[method-assign]
 
@@ -123,9 +130,11 @@ class Step:
     value: torch.Tensor
     output: torch.Tensor
     req_ids: list[str]
+    # each KV-cache group's block table (the first is common.block_table_tensor)
+    tables: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
-def make_step(batch: str, block_size: int, device: torch.device) -> Step:
+def make_step(batch: str, block_size: int, device: torch.device, groups: int = 1) -> Step:
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     decodes = NUM_REQS if batch == "decode" else NUM_REQS - 1
@@ -155,7 +164,12 @@ def make_step(batch: str, block_size: int, device: torch.device) -> Step:
     qkv = torch.zeros(n, NQ + 2 * NKV, D, dtype=torch.bfloat16, device=device)
     query, key, value = qkv.split([NQ, NKV, NKV], dim=1)  # strided views, as vLLM's qkv split
     output = torch.empty(n, NQ, D, dtype=torch.bfloat16, device=device)
-    return Step(common, query, key, value, output, [f"r{i}" for i in range(len(q_lens))])
+    # every group's table its own buffer, as each KV-cache group's BlockTable is
+    tables = [
+        common.block_table_tensor,
+        *[common.block_table_tensor.clone() for _ in range(1, groups)],
+    ]
+    return Step(common, query, key, value, output, [f"r{i}" for i in range(len(q_lens))], tables)
 
 
 def make_layers(kv_dtype: str, device: torch.device) -> tuple[Any, list[Any], list[torch.Tensor]]:
@@ -211,9 +225,15 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
     times: dict[str, list[int]] = {"build": [], "update": [], "forward": []}
     t0 = t()
     md = builder.build(0, step.common)
+    # the other groups' metadata: vLLM's model runner calls update_block_table per group
+    mds = [
+        md,
+        *[builder.update_block_table(md, table, md.slot_mapping) for table in step.tables[1:]],
+    ]
     times["build"].append(t() - t0)
     layer = SimpleNamespace(layer_name="layer")
-    for impl, cache in zip(impls, caches, strict=True):
+    for i, (impl, cache) in enumerate(zip(impls, caches, strict=True)):
+        md = mds[i % len(mds)]  # groups interleaved along the layers, as Gemma 3's
         t0 = t()
         impl.do_kv_cache_update(layer, step.key, step.value, cache, md.slot_mapping)
         t1 = t()
@@ -224,10 +244,12 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
     return times
 
 
-def measure(kv_dtype: str, batch: str, steps: int, launches: Launches) -> dict[str, Any]:
+def measure(
+    kv_dtype: str, batch: str, steps: int, launches: Launches, groups: int = 1
+) -> dict[str, Any]:
     device = torch.device("cpu")
     builder, impls, caches = make_layers(kv_dtype, device)
-    step = make_step(batch, BLOCK_SIZES[kv_dtype], device)
+    step = make_step(batch, BLOCK_SIZES[kv_dtype], device, groups)
     if builder.slots is not None:
         builder.slots.assign(step.req_ids)
     for _ in range(5):
@@ -292,6 +314,9 @@ def main() -> None:
     ap.add_argument("--batches", default=",".join(BATCHES))
     ap.add_argument("--no-binder", action="store_true", help="leave Triton's binder out")
     ap.add_argument("--check-syncs", action="store_true", help="also run on the meta device")
+    ap.add_argument(
+        "--groups", type=int, default=1, help="KV-cache groups, each its own block table"
+    )
     args = ap.parse_args()
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "" or torch.cuda.is_available():
         sys.exit("run with CUDA_VISIBLE_DEVICES= (a CPU measurement)")
@@ -310,8 +335,8 @@ def main() -> None:
     }
     for kv_dtype in args.dtypes.split(","):
         for batch in args.batches.split(","):
-            row = {"dtype": kv_dtype, "batch": batch, **measure(kv_dtype, batch, args.steps,
-                                                                   launches)}  # fmt: skip
+            row = {"dtype": kv_dtype, "batch": batch, "groups": args.groups,
+                   **measure(kv_dtype, batch, args.steps, launches, args.groups)}  # fmt: skip
             if args.check_syncs:
                 row["sync"] = check_syncs(kv_dtype, batch)
             res["rows"].append(row)

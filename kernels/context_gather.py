@@ -323,7 +323,8 @@ def gather_kv_context(
     # (its cache, new K/V, static scales and the buffers made here): every layer of a step repeats
     # the call with only those changed, and replays the first layer's launch (launch.py).
     key = (
-        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k),
+        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k,
+                    addresses=False),
         kv_dtype, block_size, max_seqlen_k, num_k_tokens,
         None if k_scale is None else k_scale.shape, None if v_scale is None else v_scale.shape,
         v_format,
@@ -334,7 +335,8 @@ def gather_kv_context(
     v_out = torch.empty_like(k_out)
     if _replays.run(key, cache_ptr=kv_cache, new_k_ptr=new_key, new_v_ptr=new_value,
                     k_out_ptr=k_out, v_out_ptr=v_out, k_scale_ptr=k_scale,
-                    v_scale_ptr=v_scale):  # fmt: skip
+                    v_scale_ptr=v_scale, block_table_ptr=block_table, cu_q_ptr=cu_seqlens_q,
+                    cu_k_ptr=cu_seqlens_k):  # fmt: skip
         return k_out, v_out
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)  # refuses int4
     v_e4m3 = check_v_format(kv_dtype, v_format)
@@ -346,10 +348,12 @@ def gather_kv_context(
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_k_tokens == 0 or num_seqs == 0:
         return k_out, v_out
-    dummy = cu_seqlens_q  # never read when DYNAMIC (the pointer must still be a tensor)
+    # never read when DYNAMIC (the pointer must still be a tensor): a replay keeps the recorded one
+    dummy = cu_seqlens_q
     grid = (-(-max_seqlen_k // _BLOCK_T), num_seqs, num_kv_heads)  # no triton.cdiv: ~2 us per call
+    # the layer's tensors and the batch's (each KV-cache group has its own block table)
     swap = [("cache_ptr", "cache16_ptr"), ("new_k_ptr",), ("new_v_ptr",), ("k_out_ptr",),
-            ("v_out_ptr",)]  # fmt: skip
+            ("v_out_ptr",), *((name,) for name in _BATCH_PTRS)]  # fmt: skip
     if not dynamic:
         swap += [("k_scale_ptr",), ("v_scale_ptr",)]
     replay = launch_gather.record(
@@ -388,14 +392,17 @@ def _batch_key(
     block_table: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
+    addresses: bool = True,
 ) -> tuple:
     """The part of both gathers' replay keys that describes the batch and the layer's tensors'
-    shapes: everything but the addresses of the layer's own tensors (new K/V, cache)."""
+    shapes: everything but the addresses of the layer's own tensors (new K/V, cache), and, with
+    ``addresses`` off (a gather whose replays swap them), of the batch's tensors."""
+    batch = (block_table, cu_seqlens_q, cu_seqlens_k)
     return (
         new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
-        block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
-        cu_seqlens_q.data_ptr(), cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_k.data_ptr(),
-        cu_seqlens_k.shape, cu_seqlens_k.dtype,
+        block_table.shape, block_table.stride(), block_table.dtype, cu_seqlens_q.shape,
+        cu_seqlens_q.dtype, cu_seqlens_k.shape, cu_seqlens_k.dtype,
+        *((t.data_ptr() for t in batch) if addresses else ()),
     )  # fmt: skip
 
 

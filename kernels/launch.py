@@ -109,6 +109,7 @@ class DirectLauncher:
         # key -> (compiled kernel, positions of its pointer arguments)
         self._kernels: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
         self.direct_launches = 0  # launches of a cached binary (tests, benchmarks)
+        self.replays = 0  # of them, replays (Replay.launch)
 
     def __call__(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
         self._launch(grid, args, kwargs, None)
@@ -248,6 +249,7 @@ class Replay:
     def launch(self, values: list) -> None:
         kernel = self.kernel
         self.launcher.direct_launches += 1
+        self.launcher.replays += 1
         kernel.run(*self.grid, _current_stream(self.index), kernel.function,
                    kernel.packed_metadata, None, None, None, *values)  # fmt: skip
 

@@ -239,11 +239,11 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def assert_layers_replay(launcher, step, num_layers: int, monkeypatch) -> None:
     """``step()`` runs one launch per layer through ``launcher`` and returns each layer's
     (K, V): its first call compiles and records, its second replays every launch (as many
-    direct launches as layers), and a plain ``kernel[grid]`` launch gives the same bits."""
+    replays as layers), and a plain ``kernel[grid]`` launch gives the same bits."""
     step()  # compiles, records
-    before = launcher.direct_launches
+    before = launcher.replays
     outs = step()  # every launch a replay
-    assert launcher.direct_launches - before == num_layers
+    assert launcher.replays - before == num_layers
     monkeypatch.setattr(launcher, "direct", False)
     for (k, v), (k2, v2) in zip(outs, step(), strict=True):
         assert same_bits(k, k2) and same_bits(v, v2)

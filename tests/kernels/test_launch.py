@@ -163,7 +163,7 @@ def test_a_replay_relaunches_the_recorded_binary_with_the_swapped_tensor(fake, m
     replay.launch(replay.bind({"x": _CudaArg(8192)}))
     assert kernel.launches[-1] == (3, 2, 1, 99, kernel.function, kernel.packed_metadata, None,
                                    None, None, 8192, 48, 64)  # fmt: skip
-    assert launcher.direct_launches == 2
+    assert launcher.direct_launches == 2 and launcher.replays == 1
 
 
 def test_a_replay_takes_any_address_where_the_kernel_does_not_specialize_on_alignment(monkeypatch):
@@ -336,10 +336,10 @@ def test_replays_across_layers_match_triton_launches_gpu(kv_dtype, splits, monke
         return outs, [c.clone() for (c, _, _), _ in layers]
 
     step()  # compiles, records
-    attn0, write0 = launch_attn.direct_launches, launch_write.direct_launches
+    attn0, write0 = launch_attn.replays, launch_write.replays
     outs, caches = step()  # every launch a replay
-    assert launch_attn.direct_launches - attn0 == len(layers)
-    assert launch_write.direct_launches - write0 == len(layers)
+    assert launch_attn.replays - attn0 == len(layers)
+    assert launch_write.replays - write0 == len(layers)
     for launcher in (launch_attn, launch_write, launch_merge):
         monkeypatch.setattr(launcher, "direct", False)
     plain_outs, plain_caches = step()
@@ -376,9 +376,9 @@ def test_replays_take_each_groups_block_table_and_each_steps_metadata_gpu(splits
                 for q, t in zip(queries, tables, strict=True)]  # fmt: skip
 
     step()  # compiles, records the first layer
-    attn0 = launch_attn.direct_launches
+    attn0 = launch_attn.replays
     outs = step()  # every launch a replay
-    assert launch_attn.direct_launches - attn0 == len(tables)
+    assert launch_attn.replays - attn0 == len(tables)
     for launcher in (launch_attn, launch_merge):
         monkeypatch.setattr(launcher, "direct", False)
     plain = step()
@@ -469,9 +469,9 @@ def test_int4_replays_across_layers_match_triton_launches_gpu(q_lens, sinks, mon
 
     step()  # compiles, records
     launchers = (launch_attn_int4, launch_flush, launch_tail, launch_sink)
-    before = [x.direct_launches for x in launchers]
+    before = [x.replays for x in launchers]
     outs = step()  # every launch a replay
-    launched = [x.direct_launches - y for x, y in zip(launchers, before, strict=True)]
+    launched = [x.replays - y for x, y in zip(launchers, before, strict=True)]
     assert launched == [3, 3, 3, 3 if sinks else 0]
     for launcher in (*launchers, launch_merge):
         monkeypatch.setattr(launcher, "direct", False)

@@ -158,12 +158,9 @@ def _gather_changes(a):
         "kv_cache": [wide[:, : cache.shape[1]]], "new_key": [k[:3], strided],
         "new_value": [a["new_value"][:3], strided], "kv_dtype": ["int8_static"],
         "block_size": [32],
-        "block_table": [a["block_table"].clone(), torch.zeros(2, 3, dtype=torch.int32)[:, :2],
-                        _as_int64(a["block_table"])],
-        "cu_seqlens_q": [a["cu_seqlens_q"].clone(), a["cu_seqlens_q"][:2],
-                         _as_int64(a["cu_seqlens_q"])],
-        "cu_seqlens_k": [a["cu_seqlens_k"].clone(), a["cu_seqlens_k"][:2],
-                         _as_int64(a["cu_seqlens_k"])],
+        "block_table": [torch.zeros(2, 3, dtype=torch.int32)[:, :2], _as_int64(a["block_table"])],
+        "cu_seqlens_q": [a["cu_seqlens_q"][:2], _as_int64(a["cu_seqlens_q"])],
+        "cu_seqlens_k": [a["cu_seqlens_k"][:2], _as_int64(a["cu_seqlens_k"])],
         "max_seqlen_k": [11], "num_k_tokens": [21], "k_scale": [torch.ones(NKV, D)],
         "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
         **{name: [1] for name in INT4_GATHER_ARGS},
@@ -178,7 +175,8 @@ CASES = {
                        ("key", "value", "kv_cache", "k_scale", "v_scale")),
     "gather_kv_context": (context_gather, context_gather.gather_kv_context, _gather_args,
                           _gather_changes, ("kv_cache", "new_key", "new_value", "k_scale",
-                                            "v_scale")),
+                                            "v_scale", "block_table", "cu_seqlens_q",
+                                            "cu_seqlens_k")),
 }  # fmt: skip
 # each wrapper's launchers
 LAUNCHERS = {attention: ("launch_attn", "launch_merge"), cache_write: ("launch_write",),
@@ -346,6 +344,9 @@ def _gather_int4_changes(a):
     changes = _gather_changes(a)
     for name in ("k_scale", "v_scale", "v_format"):  # int8's only
         del changes[name]
+    # int4 keys on the batch's tensors by address (int8 swaps them)
+    for name in ("block_table", "cu_seqlens_q", "cu_seqlens_k"):
+        changes[name].append(a[name].clone())
     return changes | {
         "kv_dtype": ["int4_other"], "block_size": [32],
         "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
