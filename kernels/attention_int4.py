@@ -855,14 +855,16 @@ def paged_attention_int4(
     same. reference_int4.paged_attention_int4_ref is the spec.
     """
     # Everything that decides the launches but the addresses of the calling layer's own tensors
-    # (query, output, cache, tail pool and its pages, sink pool): every layer of a step repeats the
-    # call with only those changed, and replays the first layer's launches (launch.py).
+    # (query, output, cache, tail pool and its pages, sink pool) and of the batch's block table,
+    # query starts and lengths (each KV-cache group has its own block table): every layer of a
+    # step repeats the call with only those changed, and replays the first layer's launches
+    # (launch.py; paged_attention's key).
     key = (
         query.shape, query.stride(), output.shape, output.stride(), kv_cache.stride(),
         tail.shape, tail.stride(), tail_page.shape, tail_page.stride(),
         None if sink is None else (sink.shape, sink.stride()),
-        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.shape,
-        seq_lens.dtype, block_table.data_ptr(), block_table.stride(), block_table.dtype,
+        query_start_loc.shape, query_start_loc.dtype, seq_lens.shape, seq_lens.dtype,
+        block_table.stride(), block_table.dtype,
         slot_of_seq.data_ptr(), slot_of_seq.shape, slot_of_seq.dtype,
         None if sink_of_seq is None else (sink_of_seq.data_ptr(), sink_of_seq.shape,
                                           sink_of_seq.dtype),
@@ -873,7 +875,8 @@ def paged_attention_int4(
     )  # fmt: skip
     if _replays.run(key, q_ptr=query, out_ptr=output, cache_ptr=kv_cache.view(torch.uint8),
                     tail_ptr=tail, tail_page_ptr=tail_page, sink_ptr=sink,
-                    qsl_ptr=query_start_loc):  # fmt: skip
+                    block_table_ptr=block_table, qsl_ptr=query_start_loc,
+                    seq_lens_ptr=seq_lens):  # fmt: skip
         return
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
@@ -896,10 +899,10 @@ def paged_attention_int4(
         sink, sink_of_seq = tail, slot_of_seq
     ss = sink.stride()
     # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split;
-    # without a sink pool the tail stands in for it)
+    # without a sink pool the tail stands in for it) and the batch's
     swap = [("q_ptr",), ("out_ptr", *(() if use_split else ("ws_acc_ptr", "ws_m_ptr", "ws_l_ptr"))),
             ("cache_ptr", "cache16_ptr"), ("tail_ptr", *(() if has_sink else ("sink_ptr",))),
-            ("tail_page_ptr",)]  # fmt: skip
+            ("tail_page_ptr",), *((name,) for name in SLICED_METADATA_PTRS)]  # fmt: skip
     if has_sink:
         swap.append(("sink_ptr",))
     attn = launch_attn_int4.record(

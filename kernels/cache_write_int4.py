@@ -531,17 +531,19 @@ def write_kv_cache_int4(
     no host sync, CUDA-graph safe.
     """
     # Everything that decides the launches but the addresses of the calling layer's own tensors
-    # (new K/V, cache, tail pool and its pages): every layer of a step repeats the call with only
-    # those changed, and replays the first layer's launches (launch.py).
+    # (new K/V, cache, tail pool and its pages) and of the batch's block table, query starts and
+    # lengths (each KV-cache group has its own block table): every layer of a step repeats the
+    # call with only those changed, and replays the first layer's launches (launch.py).
     memo = (
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(), tail.shape,
         tail.stride(), tail_page.shape, tail_page.stride(), kv_dtype, block_size,
-        query_start_loc.data_ptr(), query_start_loc.dtype, seq_lens.data_ptr(), seq_lens.dtype,
-        block_table.data_ptr(), block_table.stride(), block_table.dtype, slot_of_seq.data_ptr(),
-        slot_of_seq.dtype, slot_is_new.data_ptr(), slot_is_new.dtype, num_seqs, max_query_len,
+        query_start_loc.dtype, seq_lens.dtype, block_table.stride(), block_table.dtype,
+        slot_of_seq.data_ptr(), slot_of_seq.dtype, slot_is_new.data_ptr(), slot_is_new.dtype,
+        num_seqs, max_query_len,
     )  # fmt: skip
     if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache.view(torch.uint8),
-                    tail_ptr=tail, tail_page_ptr=tail_page):  # fmt: skip
+                    tail_ptr=tail, tail_page_ptr=tail_page, block_table_ptr=block_table,
+                    qsl_ptr=query_start_loc, seq_lens_ptr=seq_lens):  # fmt: skip
         return
     _, num_kv_heads, head_size = key.shape
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
@@ -555,7 +557,8 @@ def write_kv_cache_int4(
     per_seq = 0 if max_query_len <= 1 else 2
     programs = num_seqs if per_seq == 0 else key.shape[0] // block_size + per_seq * num_seqs
     ts = tail.stride()
-    layer = [("key_ptr",), ("value_ptr",), ("tail_ptr",), ("tail_page_ptr",)]
+    layer = [("key_ptr",), ("value_ptr",), ("tail_ptr",), ("tail_page_ptr",),
+             *((name,) for name in SLICED_METADATA_PTRS)]  # fmt: skip
     flush = launch_flush.record(
         [*layer, ("cache_ptr", "cache16_ptr")],
         (programs, num_kv_heads),

@@ -323,8 +323,7 @@ def gather_kv_context(
     # (its cache, new K/V, static scales and the buffers made here): every layer of a step repeats
     # the call with only those changed, and replays the first layer's launch (launch.py).
     key = (
-        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k,
-                    addresses=False),
+        *_batch_key(new_key, new_value, kv_cache, block_table, cu_seqlens_q, cu_seqlens_k),
         kv_dtype, block_size, max_seqlen_k, num_k_tokens,
         None if k_scale is None else k_scale.shape, None if v_scale is None else v_scale.shape,
         v_format,
@@ -392,17 +391,15 @@ def _batch_key(
     block_table: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
-    addresses: bool = True,
 ) -> tuple:
     """The part of both gathers' replay keys that describes the batch and the layer's tensors'
-    shapes: everything but the addresses of the layer's own tensors (new K/V, cache), and, with
-    ``addresses`` off (a gather whose replays swap them), of the batch's tensors."""
-    batch = (block_table, cu_seqlens_q, cu_seqlens_k)
+    shapes: everything but the addresses of the layer's own tensors (new K/V, cache) and of the
+    batch's (block table, cumulative lengths: each KV-cache group has its own block table), which
+    the replays swap."""
     return (
         new_key.shape, new_key.stride(), new_value.shape, new_value.stride(), kv_cache.stride(),
         block_table.shape, block_table.stride(), block_table.dtype, cu_seqlens_q.shape,
         cu_seqlens_q.dtype, cu_seqlens_k.shape, cu_seqlens_k.dtype,
-        *((t.data_ptr() for t in batch) if addresses else ()),
     )  # fmt: skip
 
 
@@ -463,7 +460,8 @@ def gather_kv_context_int4(
     v_out = torch.empty_like(k_out)
     if _replays.run(key, cache_ptr=kv_cache.view(torch.uint8), new_k_ptr=new_key,
                     new_v_ptr=new_value, k_out_ptr=k_out, v_out_ptr=v_out, tail_ptr=tail,
-                    tail_page_ptr=tail_page, sink_ptr=sink):  # fmt: skip
+                    tail_page_ptr=tail_page, sink_ptr=sink, block_table_ptr=block_table,
+                    cu_q_ptr=cu_seqlens_q, cu_k_ptr=cu_seqlens_k):  # fmt: skip
         return k_out, v_out
     layout = cached_int4_layout(kv_dtype, block_size, num_kv_heads, head_size)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -482,7 +480,7 @@ def gather_kv_context_int4(
     ts, ss = tail.stride(), sink.stride()
     swap = [("cache_ptr", "cache16_ptr"), ("new_k_ptr",), ("new_v_ptr",), ("k_out_ptr",),
             ("v_out_ptr",), ("tail_ptr", *(() if has_sink else ("sink_ptr",))),
-            ("tail_page_ptr",)]  # fmt: skip
+            ("tail_page_ptr",), *((name,) for name in _BATCH_PTRS)]  # fmt: skip
     if has_sink:
         swap.append(("sink_ptr",))
     grid = (-(-max_seqlen_k // _BLOCK_T), num_seqs, num_kv_heads)

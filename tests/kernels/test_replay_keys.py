@@ -274,10 +274,6 @@ def _attention_int4_changes(a):
         "slot_of_seq": [a["slot_of_seq"].clone(), a["slot_of_seq"][:3],
                         _as_int64(a["slot_of_seq"])],
         "sink": [_tail(1)], "sink_of_seq": [_int32(4)],
-        # int4 keys on the batch's metadata by address (int8 swaps it)
-        "query_start_loc": [a["query_start_loc"].clone(), _as_int64(a["query_start_loc"])],
-        "seq_lens": [a["seq_lens"].clone(), a["seq_lens"][:3], _as_int64(a["seq_lens"])],
-        "block_table": [a["block_table"].clone(), _as_int64(a["block_table"])],
     }  # fmt: skip
 
 
@@ -303,10 +299,9 @@ def _write_int4_changes(a):
         "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
         "tail_page": [_int32(3), _int32(4, 2), torch.zeros(8, dtype=torch.int32)[::2]],
         "block_size": [32],
-        **{name: [a[name].clone(), _as_int64(a[name])]
-           for name in ("query_start_loc", "seq_lens", "slot_of_seq", "slot_is_new")},
-        "block_table": [a["block_table"].clone(), torch.zeros(4, 3, dtype=torch.int32)[:, :2],
-                        _as_int64(a["block_table"])],
+        **{name: [a[name].clone(), _as_int64(a[name])] for name in ("slot_of_seq", "slot_is_new")},
+        **{name: [_as_int64(a[name])] for name in ("query_start_loc", "seq_lens")},
+        "block_table": [torch.zeros(4, 3, dtype=torch.int32)[:, :2], _as_int64(a["block_table"])],
         "num_seqs": [3], "max_query_len": [2], "kv_dtype": ["int4_other"],
     }  # fmt: skip
 
@@ -344,9 +339,6 @@ def _gather_int4_changes(a):
     changes = _gather_changes(a)
     for name in ("k_scale", "v_scale", "v_format"):  # int8's only
         del changes[name]
-    # int4 keys on the batch's tensors by address (int8 swaps them)
-    for name in ("block_table", "cu_seqlens_q", "cu_seqlens_k"):
-        changes[name].append(a[name].clone())
     return changes | {
         "kv_dtype": ["int4_other"], "block_size": [32],
         "tail": [_tail(3), _tail(pages=2), _tail(8)[::2]],
@@ -360,15 +352,18 @@ def _gather_int4_changes(a):
 INT4_CASES = {
     "paged_attention_int4": (attention_int4, attention_int4.paged_attention_int4,
                              _attention_int4_args, _attention_int4_changes,
-                             ("query", "output", "kv_cache", "tail", "tail_page", "sink")),
+                             ("query", "output", "kv_cache", "tail", "tail_page", "sink",
+                              "query_start_loc", "seq_lens", "block_table")),
     "write_kv_cache_int4": (cache_write_int4, cache_write_int4.write_kv_cache_int4,
                             _write_int4_args, _write_int4_changes,
-                            ("key", "value", "kv_cache", "tail", "tail_page")),
+                            ("key", "value", "kv_cache", "tail", "tail_page", "query_start_loc",
+                             "seq_lens", "block_table")),
     "write_sink_int4": (cache_write_int4, cache_write_int4.write_sink_int4, _sink_args,
                         _sink_changes, ("key", "value", "sink")),
     "gather_kv_context_int4": (context_gather, context_gather.gather_kv_context_int4,
                                _gather_int4_args, _gather_int4_changes,
-                               ("kv_cache", "new_key", "new_value", "tail", "tail_page", "sink")),
+                               ("kv_cache", "new_key", "new_value", "tail", "tail_page", "sink",
+                                "block_table", "cu_seqlens_q", "cu_seqlens_k")),
 }  # fmt: skip
 # each int4 wrapper's launchers, by their owning module
 INT4_LAUNCHERS = {
