@@ -130,8 +130,9 @@ class Step:
     value: torch.Tensor
     output: torch.Tensor
     req_ids: list[str]
-    # each KV-cache group's block table (the first is common.block_table_tensor)
+    # each KV-cache group's block table and slot mapping (the first group's are common's)
     tables: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    slot_mappings: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
 def make_step(batch: str, block_size: int, device: torch.device, groups: int = 1) -> Step:
@@ -164,12 +165,14 @@ def make_step(batch: str, block_size: int, device: torch.device, groups: int = 1
     qkv = torch.zeros(n, NQ + 2 * NKV, D, dtype=torch.bfloat16, device=device)
     query, key, value = qkv.split([NQ, NKV, NKV], dim=1)  # strided views, as vLLM's qkv split
     output = torch.empty(n, NQ, D, dtype=torch.bfloat16, device=device)
-    # every group's table its own buffer, as each KV-cache group's BlockTable is
-    tables = [
-        common.block_table_tensor,
-        *[common.block_table_tensor.clone() for _ in range(1, groups)],
-    ]
-    return Step(common, query, key, value, output, [f"r{i}" for i in range(len(q_lens))], tables)
+    # every group's table and slot mapping its own buffer, as each KV-cache group's BlockTable's
+    tables = [common.block_table_tensor]
+    slot_mappings = [common.slot_mapping]
+    for _ in range(1, groups):
+        tables.append(common.block_table_tensor.clone())
+        slot_mappings.append(common.slot_mapping.clone())
+    req_ids = [f"r{i}" for i in range(len(q_lens))]
+    return Step(common, query, key, value, output, req_ids, tables, slot_mappings)
 
 
 def make_layers(kv_dtype: str, device: torch.device) -> tuple[Any, list[Any], list[torch.Tensor]]:
@@ -228,7 +231,10 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
     # the other groups' metadata: vLLM's model runner calls update_block_table per group
     mds = [
         md,
-        *[builder.update_block_table(md, table, md.slot_mapping) for table in step.tables[1:]],
+        *[
+            builder.update_block_table(md, table, slots)
+            for table, slots in zip(step.tables[1:], step.slot_mappings[1:], strict=True)
+        ],
     ]
     times["build"].append(t() - t0)
     layer = SimpleNamespace(layer_name="layer")

@@ -242,11 +242,12 @@ def write_kv_cache(
     # without a slot have nowhere to go, and a slot index past the mapping must never be read.
     num_tokens = min(key.shape[0], value.shape[0], slot_mapping.shape[0])
     launch = write_launch(num_tokens)
-    # Everything that decides the launch but the addresses of the calling layer's tensors (see
-    # paged_attention): every layer of a step repeats the call with only those changed.
+    # Everything that decides the launch but the addresses of the calling layer's tensors and of
+    # its KV-cache group's slot mapping (see paged_attention): every layer of a step repeats the
+    # call with only those changed.
     memo = (
         key.shape, key.stride(), value.shape, value.stride(), kv_cache.stride(),
-        slot_mapping.data_ptr(), slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
+        slot_mapping.shape, slot_mapping.dtype, kv_dtype, block_size,
         None if k_scale is None else k_scale.shape, None if v_scale is None else v_scale.shape,
         v_format, launch,  # tests vary it
         # int4's keywords, unused here: passing one is another call (tests/kernels' key check)
@@ -254,7 +255,7 @@ def write_kv_cache(
          num_seqs, max_query_len).count(None),
     )  # fmt: skip
     if _replays.run(memo, key_ptr=key, value_ptr=value, cache_ptr=kv_cache, k_scale_ptr=k_scale,
-                    v_scale_ptr=v_scale):  # fmt: skip
+                    v_scale_ptr=v_scale, slot_ptr=slot_mapping):  # fmt: skip
         return
     _, num_kv_heads, head_size = key.shape
     layout = cached_page_layout(kv_dtype, block_size, num_kv_heads, head_size)
@@ -269,9 +270,11 @@ def write_kv_cache(
     if num_tokens == 0:
         return
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
-    dummy = slot_mapping  # never read when DYNAMIC (the pointer must still be a tensor)
+    # never read when DYNAMIC (the pointer must still be a tensor): a replay keeps the recorded one
+    dummy = slot_mapping
     tile, warps = launch
-    swap = [("key_ptr",), ("value_ptr",), ("cache_ptr", "cache16_ptr")]
+    # the layer's tensors and its KV-cache group's slot mapping
+    swap = [("key_ptr",), ("value_ptr",), ("cache_ptr", "cache16_ptr"), ("slot_ptr",)]
     if not dynamic:
         swap += [("k_scale_ptr",), ("v_scale_ptr",)]
     replay = launch_write.record(

@@ -118,8 +118,7 @@ def _write_changes(a):
     strided = torch.randn(4, 2 * NKV, D, dtype=k.dtype)[:, ::2]
     return {
         "key": [k[:3], strided], "value": [a["value"][:3], strided], "kv_cache": [wide[:, :-16]],
-        "slot_mapping": [a["slot_mapping"].clone(), a["slot_mapping"][:3],
-                         _as_int64(a["slot_mapping"])],
+        "slot_mapping": [a["slot_mapping"][:3], _as_int64(a["slot_mapping"])],
         "kv_dtype": ["int8_static"], "block_size": [32], "k_scale": [torch.ones(NKV, D)],
         "v_scale": [torch.ones(NKV, D)], "v_format": ["e4m3"],
         **{name: [1] for name in INT4_WRITE_ARGS},
@@ -172,7 +171,7 @@ CASES = {
                         ("query", "output", "kv_cache", "k_scale", "v_scale", "query_start_loc",
                          "seq_lens", "block_table")),
     "write_kv_cache": (cache_write, cache_write.write_kv_cache, _write_args, _write_changes,
-                       ("key", "value", "kv_cache", "k_scale", "v_scale")),
+                       ("key", "value", "kv_cache", "k_scale", "v_scale", "slot_mapping")),
     "gather_kv_context": (context_gather, context_gather.gather_kv_context, _gather_args,
                           _gather_changes, ("kv_cache", "new_key", "new_value", "k_scale",
                                             "v_scale", "block_table", "cu_seqlens_q",
