@@ -678,12 +678,21 @@ def host_overhead_table(
 
         return one(r) if w is None else f"{one(w)} → {one(r)}"
 
+    groups = after["rows"][0].get("groups", 1)
     lines = [
         f"{after['cpu']} CPU, torch {after['torch']}, every kernel launch and FlashAttention-2 "
         "stubbed (Triton's binder run on each launch that is not a replay), SmolLM2-135M's "
-        "attention (9/3 heads of 64, 30 layers)"
+        "attention (9/3 heads of 64, 30 layers"
+        + (
+            f", in {groups} KV-cache groups, each with its own block table and slot mapping"
+            if groups > 1
+            else ""
+        )
+        + ")"
         + (f", `{env}`" if env else "")
-        + f"; before: {_provenance(before)}, `{_short(before['command'])}`; after: "
+        + f"; before: {_provenance(before)}"
+        + (f" ({before['note']})" if "note" in before else "")
+        + f", `{_short(before['command'])}`; after: "
         f"{_provenance(after)}, `{_short(after['command'])}`. Microseconds of host time, "
         "medians over the steps, before → after; in brackets the aten ops dispatched."
         + (
@@ -953,6 +962,7 @@ SERVING_PAIRED: tuple[Path, ...] = (
     RESULTS / "serving_llama3_8b_shape_4_layers_8465ab0.json",
     RESULTS / "serving_llama3_8b_shape_4_layers_bb40257.json",
     RESULTS / "serving_gemma3_14f89bb.json",
+    RESULTS / "serving_gemma3_parts_14914a9.json",
 )
 
 
@@ -2377,6 +2387,9 @@ TABLES = {
     # docs/measurement-history.md
     "int4_decode": int4_decode_table,
     "host_overhead": host_overhead_table,
+    "host_overhead_groups": lambda: host_overhead_table(
+        RESULTS / "host_overhead_groups.json", RESULTS / "host_overhead_groups_14914a9.json"
+    ),
     "int4_decode_head256": lambda: int4_decode_table(RESULTS / "kernels_head256.json"),
     "int4_decode_h100": lambda: int4_decode_table(RESULTS / "kernels_h100.json", "int4_sink_tail2"),
     "kernel_speed_targets_h100": lambda: kernel_speed_targets_table(RESULTS / "kernels_h100.json"),
@@ -2401,6 +2414,11 @@ TABLES = {
         "gemma3_ce3fe6a",
         RESULTS / "serving_gemma3_ce3fe6a.json",
         *("ttft", "steps", "layers", "starts"),
+    ),
+    **serving_run_tables(
+        "gemma3_parts_14914a9",
+        RESULTS / "serving_gemma3_parts_14914a9.json",
+        *("ttft", "steps", "layers", "parts", "starts"),
     ),
     **serving_run_tables(
         "gemma3_14f89bb",
