@@ -11,11 +11,11 @@ kernels until 2026-12-06, as in the committed results).
 Every step empties the kernels' replay caches first (the worst case: a batch whose shape changed),
 so layer 1 runs each wrapper whole and records its launches, layers 2-30 replay what they can, as
 on a GPU; the replays are stand-ins with the real ones' host checks minus the CUDA ones.
-``--groups N`` splits the layers into N KV-cache groups, each with its own block table, built as
-vLLM's model runner does (one build, then ``update_block_table`` for every other group; Gemma 3
-270M has six groups of three layers). Each launch that is
-not a replay also runs Triton's binder, built for an sm80 target (what ``DirectLauncher`` runs on a
-GPU host before its launch); ``--no-binder`` leaves it out.
+``--groups N`` splits the layers into N KV-cache groups, each with its own block table and slot
+mapping, built as vLLM's model runner does (one build, then ``update_block_table`` for every other
+group; Gemma 3 270M has six groups of three layers). Each launch that is not a replay also runs
+Triton's binder, built for an sm80 target (what ``DirectLauncher`` runs on a GPU host before its
+launch); ``--no-binder`` leaves it out.
 
 Per call: the median over ``--steps`` steps of the builder's µs, of the first layer's and of the
 other layers' forward and update µs, and the aten ops each dispatched (TorchDispatchMode, views
@@ -321,7 +321,10 @@ def main() -> None:
     ap.add_argument("--no-binder", action="store_true", help="leave Triton's binder out")
     ap.add_argument("--check-syncs", action="store_true", help="also run on the meta device")
     ap.add_argument(
-        "--groups", type=int, default=1, help="KV-cache groups, each its own block table"
+        "--groups",
+        type=int,
+        default=1,
+        help="KV-cache groups, each its own block table and slot mapping",
     )
     args = ap.parse_args()
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "" or torch.cuda.is_available():

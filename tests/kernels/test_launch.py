@@ -166,6 +166,10 @@ def test_a_replay_relaunches_the_recorded_binary_with_the_swapped_tensor(fake, m
     assert launcher.direct_launches == 2 and launcher.replays == 1
 
 
+class _Half(_CudaArg):
+    dtype = torch.float16
+
+
 def test_a_replay_takes_any_address_where_the_kernel_does_not_specialize_on_alignment(monkeypatch):
     """The batch metadata (block table, query starts, lengths) is sliced per step at any row: a
     kernel compiled without alignment specialization for it replays with any address."""
@@ -178,10 +182,6 @@ def test_a_replay_takes_any_address_where_the_kernel_does_not_specialize_on_alig
     for address in (4096, 4100, 8196):
         assert replay.bind({"x": _CudaArg(address)}) is not None
     assert replay.bind({"x": _Half()}) is None  # the dtype still decides
-
-
-class _Half(_CudaArg):
-    dtype = torch.float16
 
 
 def test_a_replay_refuses_tensors_its_binary_does_not_fit(fake, monkeypatch):
