@@ -83,13 +83,12 @@ class Launches:
             if swap is None:
                 return None
             names = launcher.fn.arg_names
-            params = launcher.fn.params
             slots = []
             for g in swap:
                 positions = tuple(names.index(n) for n in g)
                 # as DirectLauncher.record: None where the kernel takes any alignment; the
                 # tensors here are taken as aligned where it specializes
-                free = all(params[i].do_not_specialize_on_alignment for i in positions)
+                free = launch.takes_any_alignment(launcher.fn, positions)
                 slots.append((g[0], positions, args[positions[0]].dtype, None if free else True))
             return StandInReplay(launcher, None, (*grid, 1, 1)[:3], 0, list(args), tuple(slots))
 

@@ -867,14 +867,12 @@ def paged_attention(
     cache16 = kv_cache.view(torch.float16) if dynamic else kv_cache
     dummy = seq_lens
     # The tensors a replay swaps: the layer's own (ws_* alias the output when nothing is split)
-    # and the batch's metadata (the static scales' slots hold seq_lens when there are none).
+    # and the batch's metadata. Dynamic pages never read the static scales' slots (seq_lens stands
+    # in): a replay keeps the recorded address, as the write and the gather do.
     swap = [("q_ptr",), ("out_ptr", *(() if use_split else ("ws_acc_ptr", "ws_m_ptr", "ws_l_ptr"))),
-            ("cache_ptr", "cache16_ptr"), ("block_table_ptr",), ("qsl_ptr",)]  # fmt: skip
-    if dynamic:
-        swap.append(("seq_lens_ptr", *(() if k_scale is not None else ("static_k_ptr",)),
-                     *(() if v_scale is not None else ("static_v_ptr",))))  # fmt: skip
-    else:
-        swap += [("seq_lens_ptr",), ("static_k_ptr",), ("static_v_ptr",)]
+            ("cache_ptr", "cache16_ptr"), *((name,) for name in SLICED_METADATA_PTRS)]  # fmt: skip
+    if not dynamic:
+        swap += [("static_k_ptr",), ("static_v_ptr",)]
     attn = launch_attn.record(
         swap,
         (num_q_blocks, num_kv_heads, splits),

@@ -176,13 +176,18 @@ class DirectLauncher:
             # Triton specialized each pointer on whether its address is a multiple of 16 ("D"):
             # a binary compiled for aligned addresses must never get another. None: a group of
             # pointers the kernel does not specialize on alignment takes any address.
-            params = self.fn.params
             aligned = (
-                None if all(params[i].do_not_specialize_on_alignment for i in positions)
+                None if takes_any_alignment(self.fn, positions)
                 else any(specialization[i][1] == "D" for i in positions)
             )  # fmt: skip
             slots.append((group[0], positions, bound[group[0]].dtype, aligned))
         return Replay(self, kernel, (g0, g1, g2), index, values, tuple(slots))
+
+
+def takes_any_alignment(fn: Any, positions: Sequence[int]) -> bool:
+    """Whether the kernel ``fn`` takes the pointer arguments at ``positions`` at any address: all
+    in its ``do_not_specialize_on_alignment``, so Triton recorded no alignment for them."""
+    return all(fn.params[i].do_not_specialize_on_alignment for i in positions)
 
 
 def kernel_launchers() -> list[DirectLauncher]:
