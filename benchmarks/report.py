@@ -23,7 +23,7 @@ from benchmarks.common import config_for
 from benchmarks.profile_summary import NAMES as PROFILE_CATEGORIES
 from benchmarks.step_timing import RENDER, REQUEST_MILESTONES
 from benchmarks.warmup_compile import MODELS as WARMUP_MODELS
-from int8kv_kernels.catalogue import CATALOGUE
+from int8kv_kernels.catalogue import CATALOGUE, TAIL_DTYPES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -963,6 +963,7 @@ SERVING_PAIRED: tuple[Path, ...] = (
     RESULTS / "serving_llama3_8b_shape_4_layers_bb40257.json",
     RESULTS / "serving_gemma3_14f89bb.json",
     RESULTS / "serving_gemma3_parts_14914a9.json",
+    RESULTS / "serving_gemma3_parts_a01bc15.json",
 )
 
 
@@ -1496,24 +1497,26 @@ def serving_targets_table(*paths: Path) -> str:
             fa2 = rows.get((model, input_len, conc, "auto_fa2"))
             upstream = rows.get((model, input_len, conc, UPSTREAM))
             long = conc >= 32 and input_len >= SERVING_LONG_INPUT
-            checks = []  # (what, int8's ratio and rounds, bound, whether the bound is a floor)
+            # (what, int8's ratio and rounds, bound, whether the bound is a floor, the other row)
+            checks = []
             if fa2:
                 tpot = SERVING_TPOT_ONE if conc == 1 else (
                     SERVING_TPOT_LONG.get(model, SERVING_TPOT_LONG_DEFAULT) if long else None
                 )  # fmt: skip
                 if tpot is not None:
                     checks.append(("TPOT p50 vs `auto_fa2`",
-                                   _paired_ratio(ours, fa2, "tpot_ms_p50"), tpot, False))  # fmt: skip
+                                   _paired_ratio(ours, fa2, "tpot_ms_p50"), tpot, False, fa2))  # fmt: skip
                 checks.append(("TTFT p50 vs `auto_fa2`", _paired_ratio(ours, fa2, "ttft_ms_p50"),
-                               SERVING_TTFT, False))  # fmt: skip
+                               SERVING_TTFT, False, fa2))  # fmt: skip
             if upstream and long:
                 checks.append((f"output tok/s vs `{UPSTREAM}`",
                                _paired_ratio(ours, upstream, "output_tok_s"), SERVING_VS_UPSTREAM,
-                               True))  # fmt: skip
-            for what, (value, rounds), bound, at_least in checks:
+                               True, upstream))  # fmt: skip
+            for what, (value, rounds), bound, at_least, base in checks:
                 met = value >= bound if at_least else value <= bound
-                pairing = _pairing(rounds, ours)
-                paired = f" ({pairing})" if pairing else ""
+                control = host_control_note(ours, base).removeprefix(", ")
+                how = ", ".join(x for x in (_pairing(rounds, ours), control) if x)
+                paired = f" ({how})" if how else ""
                 lines.append(
                     f"| {_serving_model_name(model, result)} | {run} | {input_len} | {conc} | "
                     f"{what} | {'≥' if at_least else '≤'} {bound:.2f}x | {value:.2f}x{paired} | "
@@ -1771,6 +1774,69 @@ def serving_attention_parts_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+# vLLM's own per-step work, the same in two servers of one page size at one point: the
+# scheduler's two calls in the engine core and the API server's output processing
+# (benchmarks/step_timing.py); their ratio across two such servers is how fast each one's host
+# ran. Our code runs in them only as int4's prefix-hit check, once per starting request.
+HOST_CONTROL_PHASES = (("schedule", "scheduler's `schedule`"),
+                       ("update_from_output", "scheduler's `update_from_output`"),
+                       ("process_outputs", "API server's `process_outputs`"))  # fmt: skip
+
+
+# beyond this fraction either way, a point's host control says its servers' hosts ran unlike
+HOST_CONTROL_LEVEL = 0.10
+
+
+def host_control_note(ours: dict, base: dict) -> str:
+    """``, vLLM's `schedule` took 1.40x as long in `int8`'s server`` where the first control of
+    :data:`HOST_CONTROL_PHASES` differs by more than :data:`HOST_CONTROL_LEVEL` between the two
+    rows' servers (the same work: the hosts ran unlike), else ""."""
+    name = HOST_CONTROL_PHASES[0][0]
+    mine, theirs = (_phase(r, name).get("us_per_call") for r in (ours, base))
+    if not mine or not theirs or abs(mine / theirs - 1) <= HOST_CONTROL_LEVEL:
+        return ""
+    return f", vLLM's `{name}` took {mine / theirs:.2f}x as long in `{ours['dtype']}`'s server"
+
+
+def serving_host_control_table(path: Path) -> str:
+    """Per point (per round), the median TPOT against ``auto_fa2``'s beside a host-speed control:
+    the host time of each of vLLM's own per-step calls in :data:`HOST_CONTROL_PHASES`, µs per
+    call, against ``auto_fa2``'s server at the same point. Level controls: the servers' hosts ran
+    alike and the TPOT ratio is the dtype's; unlevel: the host moved the TPOT ratio too.
+    ``int4``'s rows are left out: its 64-token pages give the scheduler a quarter of the blocks
+    to allocate and hash, so its calls are not the same work."""
+    result = _load(path)
+    rows = _serving_rows(result)
+    names = " | ".join(f"{label} µs (vs `auto_fa2`)" for _, label in HOST_CONTROL_PHASES)
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. Host time of "
+        "vLLM's own per-step calls, the same work in servers of one page size (`int4` left "
+        "out: 64-token pages), means over each point's calls; n/a: not timed.",
+        "",
+        f"| model | input | concurrency | dtype | TPOT p50 ms | vs `auto_fa2` | {names} |",
+        "|---|---|---|---|---|---|" + "---|" * len(HOST_CONTROL_PHASES),
+    ]
+    for key in _serving_keys(rows):
+        model, input_len, conc, dtype = key
+        if config_for(dtype)["kv_cache_dtype"] in TAIL_DTYPES:
+            continue
+        base_row = rows.get((model, input_len, conc, "auto_fa2")) or {}
+        for label, point, base in _round_points(rows[key], base_row):
+            cells = []
+            for name, _ in HOST_CONTROL_PHASES:
+                ours = _phase(point, name).get("us_per_call")
+                theirs = _phase(base, name).get("us_per_call")
+                vs = _vs_fa2(dtype, ours, theirs)
+                cells.append("n/a" if ours is None else f"{ours:.0f} ({vs})")
+            tpot_vs = _vs_fa2(dtype, point["tpot_ms_p50"], base.get("tpot_ms_p50"))
+            lines.append(
+                f"| {SERVING_MODEL_NAMES.get(model, model)} | {input_len} | {conc} | "
+                f"`{dtype}`{label} | {point['tpot_ms_p50']:.2f} | {tpot_vs} | "
+                f"{' | '.join(cells)} |"
+            )
+    return "\n".join(lines)
+
+
 def _round_points(row: dict, base: dict) -> list[tuple[str, dict, dict]]:
     """A serving row's points, each with its baseline: the row itself against ``base`` (the
     baseline's row), or for a run in rounds each round, labelled ", round r" (and " (1st)" where
@@ -1837,11 +1903,13 @@ def serving_summary_table(
                                   (upstream, "output_tok_s"))
             )  # fmt: skip
             how = _pairing(n or n_up, ours) or "one pass"
+            control = host_control_note(ours, fa2) if fa2 else ""
             name = _serving_model_name(m, result)
             points.append((
                 (name, input_len, conc),
                 f"| {name} | {input_len} | {conc} | {times(tpot)} | {times(ttft)} | "
-                f"{times(tok_s)} | {how}{notes} | {result['gpu']}, {_provenance(result)} |",
+                f"{times(tok_s)} | {how}{notes}{control} | {result['gpu']}, "
+                f"{_provenance(result)} |",
             ))  # fmt: skip
         return points
 
@@ -2273,12 +2341,13 @@ def warmup_compile_table(path: Path = RESULTS / "warmup_compile.json") -> str:
 def serving_run_tables(tag: str, path: Path, *kinds: str) -> dict[str, Callable[[], str]]:
     """The :data:`TABLES` entries of one serving result file: ``serving_<tag>`` (its
     :func:`serving_table`) and, for each of ``kinds`` (``ttft``, ``starts``, ``steps``,
-    ``rounds``, ``layers``, ``parts``, ``kinds``), ``serving_<kind>_<tag>``."""
+    ``rounds``, ``layers``, ``parts``, ``kinds``, ``control``), ``serving_<kind>_<tag>``."""
     tables = {"ttft": serving_ttft_table, "starts": serving_starts_table,
               "steps": serving_steps_table, "rounds": serving_rounds_table,
               "layers": serving_layer_host_table,
               "parts": serving_attention_parts_table,
-              "kinds": serving_step_kinds_table}  # fmt: skip
+              "kinds": serving_step_kinds_table,
+              "control": serving_host_control_table}  # fmt: skip
     return {
         f"serving_{tag}": functools.partial(serving_table, path),
         **{f"serving_{kind}_{tag}": functools.partial(tables[kind], path) for kind in kinds},
@@ -2418,7 +2487,12 @@ TABLES = {
     **serving_run_tables(
         "gemma3_parts_14914a9",
         RESULTS / "serving_gemma3_parts_14914a9.json",
-        *("ttft", "steps", "layers", "parts", "starts"),
+        *("ttft", "steps", "layers", "parts", "control", "starts"),
+    ),
+    **serving_run_tables(
+        "gemma3_parts_a01bc15",
+        RESULTS / "serving_gemma3_parts_a01bc15.json",
+        *("ttft", "steps", "layers", "parts", "control", "starts"),
     ),
     **serving_run_tables(
         "gemma3_14f89bb",

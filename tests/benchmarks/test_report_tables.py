@@ -402,6 +402,53 @@ def test_serving_attention_parts_table_splits_a_layer_call_into_its_timed_parts(
     ]
 
 
+def controlled(row: dict, schedule_us: float, tpot: float = 2.0) -> dict:
+    """``row`` with a step timing whose host controls took ``schedule_us`` (and a tenth of it)."""
+    phases = {name: {"calls": 100, "us_per_call": schedule_us / (1 if i == 0 else 10)}
+              for i, (name, _) in enumerate(report.HOST_CONTROL_PHASES)}  # fmt: skip
+    return {**row, "tpot_ms_p50": tpot, "step_timing": {"engine_steps": 100, "phases": phases}}
+
+
+def test_serving_host_control_table_sets_vllms_own_calls_against_the_baseline(
+    tmp_path: Path,
+) -> None:
+    from benchmarks import step_timing
+
+    sites = {phase for *_, phase in step_timing.SITES}
+    assert {name for name, _ in report.HOST_CONTROL_PHASES} <= sites
+    path = write(tmp_path, {"command": "x", "rows": [
+        controlled(serving_row("auto_fa2", 32, 100.0, None), 1000.0, 4.0),
+        controlled(serving_row("int8", 32, 100.0, None), 1400.0, 5.2),
+        # int4's pages hold other block counts: not the same scheduler work, left out
+        controlled(serving_row("int4", 32, 100.0, None), 500.0, 3.0),
+        serving_row("int8", 8, 100.0, None)]})  # fmt: skip
+    lines = report.serving_host_control_table(path).splitlines()[4:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[2:] for c in cells] == [
+        ["8", "`int8`", "2.00", "n/a", "n/a", "n/a", "n/a"],
+        ["32", "`auto_fa2`", "4.00", "reference", "1000 (reference)", "100 (reference)",
+         "100 (reference)"],
+        ["32", "`int8`", "5.20", "1.30x", "1400 (1.40x)", "140 (1.40x)", "140 (1.40x)"],
+    ]  # fmt: skip
+
+
+def test_a_serving_point_whose_servers_hosts_ran_unlike_says_so(tmp_path: Path) -> None:
+    base = controlled(serving_row("auto_fa2", 32, 100.0, None), 1000.0)
+    assert report.host_control_note(controlled(serving_row("int8", 32, 100.0, None), 1090.0),
+                                    base) == ""  # fmt: skip
+    unlike = controlled(serving_row("int8", 32, 100.0, None), 700.0)
+    assert report.host_control_note(unlike, base) == (
+        ", vLLM's `schedule` took 0.70x as long in `int8`'s server"
+    )
+    assert report.host_control_note(serving_row("int8", 32, 100.0, None), base) == ""
+    path = write(tmp_path, {"command": "python -m benchmarks.serve_bench --models smollm2",
+                            "rows": [base, unlike]})  # fmt: skip
+    summary = report.serving_summary_table(newest=[path], paired=[])
+    assert "one pass, vLLM's `schedule` took 0.70x as long in `int8`'s server |" in summary
+    targets = report.serving_targets_table(path)
+    assert "| 1.00x (vLLM's `schedule` took 0.70x as long in `int8`'s server) |" in targets
+
+
 def test_serving_attention_ops_table_lists_what_each_op_calls(tmp_path: Path) -> None:
     opened = {"vllm::unified_attention_with_output": {
         "calls": 60, "us_per_call": 300.0, "self_us_per_call": 180.0,
