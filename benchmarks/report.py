@@ -1777,7 +1777,8 @@ def serving_attention_parts_table(path: Path) -> str:
 # vLLM's own per-step work, the same in two servers of one page size at one point: the
 # scheduler's two calls in the engine core and the API server's output processing
 # (benchmarks/step_timing.py); their ratio across two such servers is how fast each one's host
-# ran. Our code runs in them only as int4's prefix-hit check, once per starting request.
+# ran. Our code runs in them only as the prefix-hit check of tail dtypes (int4), once per starting
+# request, and it gives nothing back for the others.
 HOST_CONTROL_PHASES = (("schedule", "scheduler's `schedule`"),
                        ("update_from_output", "scheduler's `update_from_output`"),
                        ("process_outputs", "API server's `process_outputs`"))  # fmt: skip
@@ -1790,12 +1791,21 @@ HOST_CONTROL_LEVEL = 0.10
 def host_control_note(ours: dict, base: dict) -> str:
     """``, vLLM's `schedule` took 1.40x as long in `int8`'s server`` where the first control of
     :data:`HOST_CONTROL_PHASES` differs by more than :data:`HOST_CONTROL_LEVEL` between the two
-    rows' servers (the same work: the hosts ran unlike), else ""."""
+    rows' servers (the same work: the hosts ran unlike; for rows in rounds, the median of the
+    rounds' ratios), else ""."""
     name = HOST_CONTROL_PHASES[0][0]
-    mine, theirs = (_phase(r, name).get("us_per_call") for r in (ours, base))
-    if not mine or not theirs or abs(mine / theirs - 1) <= HOST_CONTROL_LEVEL:
+    ratios = []
+    for _, mine, theirs in _round_points(ours, base):
+        a, b = (_phase(r, name).get("us_per_call") for r in (mine, theirs))
+        if a and b:
+            ratios.append(a / b)
+    if not ratios or abs(statistics.median(ratios) - 1) <= HOST_CONTROL_LEVEL:
         return ""
-    return f", vLLM's `{name}` took {mine / theirs:.2f}x as long in `{ours['dtype']}`'s server"
+    median = "a median of " if len(ratios) > 1 else ""
+    return (
+        f", vLLM's `{name}` took {median}{statistics.median(ratios):.2f}x as long in "
+        f"`{ours['dtype']}`'s server"
+    )
 
 
 def serving_host_control_table(path: Path) -> str:

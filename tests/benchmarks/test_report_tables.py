@@ -449,6 +449,21 @@ def test_a_serving_point_whose_servers_hosts_ran_unlike_says_so(tmp_path: Path) 
     assert "| 1.00x (vLLM's `schedule` took 0.70x as long in `int8`'s server) |" in targets
 
 
+def test_a_point_in_rounds_takes_the_median_of_its_rounds_host_controls() -> None:
+    def rounds(dtype: str, schedule_us: list[float]) -> dict:
+        each = [{"round": i, **controlled({}, us)} for i, us in enumerate(schedule_us)]
+        return {**serving_row(dtype, 32, 100.0, None), "rounds": each}
+
+    base = rounds("auto_fa2", [1000.0, 1000.0, 1000.0])
+    # per round 1.30x, 0.80x, 1.20x: the median 1.20x, where the mean would say 1.10x
+    ours = rounds("int8", [1300.0, 800.0, 1200.0])
+    assert report.host_control_note(ours, base) == (
+        ", vLLM's `schedule` took a median of 1.20x as long in `int8`'s server"
+    )
+    level = rounds("int8", [1300.0, 1000.0, 950.0])  # median 1.00x
+    assert report.host_control_note(level, base) == ""
+
+
 def test_serving_attention_ops_table_lists_what_each_op_calls(tmp_path: Path) -> None:
     opened = {"vllm::unified_attention_with_output": {
         "calls": 60, "us_per_call": 300.0, "self_us_per_call": 180.0,
