@@ -1799,13 +1799,11 @@ def host_control_note(ours: dict, base: dict) -> str:
         a, b = (_phase(r, name).get("us_per_call") for r in (mine, theirs))
         if a and b:
             ratios.append(a / b)
-    if not ratios or abs(statistics.median(ratios) - 1) <= HOST_CONTROL_LEVEL:
+    ratio = statistics.median(ratios) if ratios else 1.0
+    if abs(ratio - 1) <= HOST_CONTROL_LEVEL:
         return ""
     median = "a median of " if len(ratios) > 1 else ""
-    return (
-        f", vLLM's `{name}` took {median}{statistics.median(ratios):.2f}x as long in "
-        f"`{ours['dtype']}`'s server"
-    )
+    return f", vLLM's `{name}` took {median}{ratio:.2f}x as long in `{ours['dtype']}`'s server"
 
 
 def serving_host_control_table(path: Path) -> str:
