@@ -9,12 +9,13 @@ a few GiB (an 8B model on a 24 GB card at vLLM's default of 256 sequences) it ta
 
 * before the engine is built (patch P10), when the user gave no ``--max-num-seqs``,
   :func:`capped_max_num_seqs` lowers vLLM's default to the largest power of two whose pool fits
-  ``GOAL_SHARE`` of the KV memory, estimated as GPU memory x ``--gpu-memory-utilization`` minus the
-  rank's share of the weight files (activations are not known yet, so the estimate is high and the
-  cap errs towards more sequences), never below ``MIN_CAPPED_SEQS``, and never below the number of
-  ``max_model_len``-token sequences the cache holds beside their slots: fewer slots than that would
-  leave cache memory that no running sequence can fill (at 8K on SmolLM2, 256 slots used a third
-  of an ``int4`` cache); a warning says so;
+  ``GOAL_SHARE`` of the KV memory (``--kv-cache-memory-bytes`` when given, else estimated as GPU
+  memory x ``--gpu-memory-utilization`` minus the rank's share of the weight files: activations
+  are not known yet, so the estimate is high and the cap errs towards more sequences), never below
+  ``MIN_CAPPED_SEQS``, and never below the number of ``max_model_len``-token sequences the cache
+  holds beside their slots, sliding-window layers holding only their window: fewer slots than that
+  would leave cache memory that no running sequence can fill (at 8K on SmolLM2, 256 slots used a
+  third of an ``int4`` cache); a warning says so;
 * once the engine core has sized the cache (patch P13), :func:`report` logs the cache's bytes and
   the pool's, the tokens per byte against a BF16 cache of the same memory, and, when the pool takes
   more than ``WARN_SHARE`` of it, the ``--max-num-seqs`` that would bring it within ``GOAL_SHARE``.
@@ -183,13 +184,14 @@ def capped_max_num_seqs(
     share: float = GOAL_SHARE,
     pages: int | None = None,
     max_model_len: int | None = None,
+    window: SlidingWindow | None = None,
 ) -> int | None:
     """The largest power of two (at least ``MIN_CAPPED_SEQS``) whose tail pool of ``layers``
     layers fits ``share`` of ``kv_memory_estimate`` bytes, or, when more, the number of
     ``max_model_len``-token sequences the cache holds beside their slots
-    (:func:`full_length_seqs`), when it is below ``vllm_default``; None to keep vLLM's default
-    (no tail, or the default already fits). A slot holds ``pages`` BF16 pages a layer, by
-    default this process's (``pages_per_slot``)."""
+    (:func:`full_length_seqs`, ``window``'s layers holding only their window), when it is below
+    ``vllm_default``; None to keep vLLM's default (no tail, or the default already fits). A slot
+    holds ``pages`` BF16 pages a layer, by default this process's (``pages_per_slot``)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
@@ -198,7 +200,7 @@ def capped_max_num_seqs(
     cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
     if max_model_len:
         cap = max(cap, full_length_seqs(kv_dtype, kv_memory_estimate, layers, num_kv_heads,
-                                        head_size, max_model_len, slot))  # fmt: skip
+                                        head_size, max_model_len, slot, window))  # fmt: skip
     return cap if cap < vllm_default else None
 
 
@@ -210,13 +212,44 @@ def full_length_seqs(
     head_size: int,
     max_model_len: int,
     slot: int,
+    window: SlidingWindow | None = None,
 ) -> int:
     """How many sequences of ``max_model_len`` tokens ``kv_memory`` bytes hold, each with its
     ``slot`` bytes of tail pool: more slots than this only serve shorter sequences, fewer leave
-    cache memory that no running sequence fills."""
+    cache memory that no running sequence fills. ``window``'s layers hold only the newest
+    ``window.tokens`` tokens of a sequence (vLLM frees the blocks behind a sliding window)."""
     entry = load_catalogue().get_dtype(kv_dtype)
-    token = layers * num_kv_heads * entry.bytes_per_token_head(head_size)
-    return int(kv_memory // (max_model_len * token + slot))
+    token_layer = num_kv_heads * entry.bytes_per_token_head(head_size)
+    windowed = min(window.layers, layers) if window else 0
+    tokens = (layers - windowed) * max_model_len
+    if window:
+        tokens += windowed * min(window.tokens, max_model_len)
+    return int(kv_memory // (tokens * token_layer + slot))
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """A model's sliding-window attention: ``layers`` of a worker's layers keep only the newest
+    ``tokens`` tokens in the cache."""
+
+    layers: int
+    tokens: int
+
+
+def sliding_window(model_config: Any, layers: int) -> SlidingWindow | None:
+    """The sliding window of ``layers`` layers of ``model_config`` (vLLM's ``ModelConfig``) from its
+    Hugging Face config: every layer when it has no ``layer_types`` (Mistral's form), else the
+    share of ``"sliding_attention"`` ones (Gemma 3's five in six); None without one."""
+    tokens = model_config.get_sliding_window()
+    if not tokens:
+        return None
+    layer_types = getattr(model_config.hf_text_config, "layer_types", None)
+    if layer_types is None:
+        return SlidingWindow(layers, tokens)
+    sliding = sum(t == "sliding_attention" for t in layer_types)
+    if not sliding:
+        return None
+    return SlidingWindow(round(layers * sliding / len(layer_types)), tokens)
 
 
 def weight_bytes(model: str, revision: str | None = None) -> int | None:
@@ -272,27 +305,36 @@ def default_max_num_seqs(
         )
         return None
     kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / (tp * pp)
+    memory = f"about {kv_memory / GIB:.1f} GiB: GPU memory x --gpu-memory-utilization - weights"
+    if getattr(engine_args, "kv_cache_memory_bytes", None):  # the user sized the cache
+        kv_memory = engine_args.kv_cache_memory_bytes
+        memory = f"{kv_memory / GIB:.1f} GiB: --kv-cache-memory-bytes"
     layers = max(1, model_config.get_total_num_hidden_layers() // pp)
     kv_heads = max(1, model_config.get_total_num_kv_heads() // tp)
     head_size, elem_bytes = model_config.get_head_size(), model_config.dtype.itemsize
     max_model_len = getattr(model_config, "max_model_len", None)
+    window = sliding_window(model_config, layers)
     cap = capped_max_num_seqs(
         kv_dtype, vllm_default, kv_memory, layers, kv_heads, head_size, elem_bytes,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, window=window,
     )  # fmt: skip
     if cap is None:
         return None
     slot = slot_bytes(kv_dtype, layers, kv_heads, head_size, elem_bytes)
-    memory = f"about {kv_memory / GIB:.1f} GiB: GPU memory x --gpu-memory-utilization - weights"
     full = (
-        full_length_seqs(kv_dtype, kv_memory, layers, kv_heads, head_size, max_model_len, slot)
+        full_length_seqs(kv_dtype, kv_memory, layers, kv_heads, head_size, max_model_len, slot,
+                         window)
         if max_model_len else 0
     )  # fmt: skip
     if cap == full and cap * slot > GOAL_SHARE * kv_memory:  # max_model_len's sequences decided
+        windowed = (
+            f", {window.layers} of its {layers} layers holding their {window.tokens}-token window"
+            if window else ""
+        )  # fmt: skip
         why = (
             f"as many slots as the cache holds sequences of {max_model_len} tokens "
-            f"(max_model_len); its tail pool ({slot / 2**20:.1f} MiB a sequence) takes about "
-            f"{cap * slot / kv_memory:.0%} of the KV memory ({memory})"
+            f"(max_model_len{windowed}); its tail pool ({slot / 2**20:.1f} MiB a sequence) takes "
+            f"about {cap * slot / kv_memory:.0%} of the KV memory ({memory})"
         )
     else:
         why = (

@@ -232,6 +232,83 @@ def _weights(folder, sizes: dict[str, int]) -> None:
             f.truncate(size)  # sparse: the size without the disk
 
 
+def test_sliding_window_layers_hold_only_their_window() -> None:
+    """Gemma 3 270M: 18 layers of one 256-wide kv-head, 15 of them on a 512-token window. Counting
+    every layer at 32K tokens held 98 sequences where vLLM itself reported 151, and capped int4's
+    default at 128 sequences on an H100 at --gpu-memory-utilization 0.2."""
+    slot = tail_pool_memory.slot_bytes("int4", 18, 1, 256, 2, pages=3)
+    token = INT4.bytes_per_token_head(256)
+    full = tail_pool_memory.full_length_seqs
+    window = tail_pool_memory.SlidingWindow(layers=15, tokens=512)
+    everything = full("int4", 15.5 * GIB, 18, 1, 256, 32768, slot)
+    assert everything == 98
+    windowed = full("int4", 15.5 * GIB, 18, 1, 256, 32768, slot, window)
+    per_seq = (3 * 32768 + 15 * 512) * token + slot
+    assert windowed == int(15.5 * GIB // per_seq) == 501
+    # a window longer than the sequences changes nothing; a window on every layer counts them all
+    longer = tail_pool_memory.SlidingWindow(layers=15, tokens=65536)
+    assert full("int4", 15.5 * GIB, 18, 1, 256, 32768, slot, longer) == everything
+    every = tail_pool_memory.SlidingWindow(layers=40, tokens=512)
+    assert full("int4", 15.5 * GIB, 18, 1, 256, 32768, slot, every) == int(
+        15.5 * GIB // (18 * 512 * token + slot)
+    )
+    # so the 4% goal (188 slots: 128) no longer caps Gemma 3 below vLLM's default there
+    gemma = ("int4", 256, 15.5 * GIB, 18, 1, 256, 2)
+    assert tail_pool_memory.capped_max_num_seqs(*gemma, pages=3, max_model_len=32768) == 128
+    assert tail_pool_memory.capped_max_num_seqs(*gemma, pages=3, max_model_len=32768,
+                                                window=window) is None  # fmt: skip
+
+
+def _model_config(window: int | None, layer_types: list[str] | None = None) -> SimpleNamespace:
+    text = SimpleNamespace() if layer_types is None else SimpleNamespace(layer_types=layer_types)
+    return SimpleNamespace(get_sliding_window=lambda: window, hf_text_config=text)
+
+
+def test_the_sliding_window_is_read_from_the_models_config() -> None:
+    window = tail_pool_memory.sliding_window
+    gemma3 = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert window(_model_config(512, gemma3), 18) == tail_pool_memory.SlidingWindow(15, 512)
+    # pipeline parallelism: a worker's share of the layers
+    assert window(_model_config(512, gemma3), 9) == tail_pool_memory.SlidingWindow(8, 512)
+    # Mistral's form: a window and no layer types is a window on every layer
+    assert window(_model_config(4096), 32) == tail_pool_memory.SlidingWindow(32, 4096)
+    assert window(_model_config(None), 32) is None
+    assert window(_model_config(4096, ["full_attention"] * 32), 32) is None
+
+
+def test_the_users_kv_cache_memory_is_the_memory_the_cap_divides(tmp_path) -> None:
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    # 0.9 x 80 GiB - 15 GiB = 57 GiB: vLLM's 256 fit; 2 GiB of cache: 4% holds 10 slots of 8 MiB
+    args = _engine_args(tmp_path)
+    assert tail_pool_memory.default_max_num_seqs(args, 256, 80 * GIB) is None
+    args = _engine_args(tmp_path, kv_cache_memory_bytes=2 * GIB)
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 80 * GIB)
+    assert seqs == 8
+    assert "(8.0 MiB a sequence) stays within 4% of the KV memory (2.0 GiB: " in warning
+    assert "--kv-cache-memory-bytes)" in warning
+
+
+def test_the_warning_names_the_window_when_full_length_sequences_set_the_cap(tmp_path) -> None:
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    args = _engine_args(tmp_path)
+    config = args.create_model_config()
+    config.max_model_len = 8192
+    config.get_sliding_window = lambda: 1024
+    config.hf_text_config = SimpleNamespace(
+        layer_types=["sliding_attention", "full_attention"] * 16
+    )
+    # 6.6 GiB of 8 MiB slots: 4% holds 32, 8192-token sequences on every layer 23, 40 with the window
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    slot = tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2)
+    window = tail_pool_memory.SlidingWindow(16, 1024)
+    assert slot == 8 * 2**20 + 128
+    assert seqs == 40 == tail_pool_memory.full_length_seqs("int4", 6.6 * GIB, 32, 8, 128, 8192,
+                                                           slot, window)  # fmt: skip
+    assert tail_pool_memory.full_length_seqs("int4", 6.6 * GIB, 32, 8, 128, 8192, slot) == 23
+    assert "sequences of 8192 tokens (max_model_len, 16 of its 32 layers holding their " in warning
+    assert "1024-token window); its tail pool" in warning
+
+
 def test_weight_bytes_reads_the_weight_files(tmp_path) -> None:
     sharded = tmp_path / "sharded"
     _weights(sharded, {"model-1.safetensors": 3 * GIB, "model-2.safetensors": GIB,
@@ -264,7 +341,8 @@ def _engine_args(model_dir, **overrides) -> _EngineArgs:
     model_config = SimpleNamespace(
         model=str(model_dir), revision=None, dtype=SimpleNamespace(itemsize=2),
         get_total_num_hidden_layers=lambda: 32, get_total_num_kv_heads=lambda: 8,
-        get_head_size=lambda: 128,
+        get_head_size=lambda: 128, get_sliding_window=lambda: None,
+        hf_text_config=SimpleNamespace(),
     )  # fmt: skip
     values = dict(kv_cache_dtype="int4", max_num_seqs=None, tensor_parallel_size=1,
                   pipeline_parallel_size=1, gpu_memory_utilization=0.9, performance_mode=None,
