@@ -76,6 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ctx", default=DEFAULT_CTX, help="comma list of context lengths (tokens)")
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument(
+        "--kv-cache-memory-gib",
+        type=float,
+        default=0,
+        help="KV memory per configuration (vLLM's kv_cache_memory_bytes; an int4 tail pool comes "
+        "out of it); 0 = what --gpu-memory-utilization leaves. A small one makes the cache, not "
+        "max_num_seqs, bound the batch of a small model",
+    )
     p.add_argument("--max-model-len", type=int, default=0, help="0 = max_position_embeddings")
     p.add_argument("--fill", type=float, default=1.0, help="prompts = fill x cache / seq len")
     p.add_argument("--num-prompts", type=int, default=0, help="fixed count instead of --fill")
@@ -226,6 +234,8 @@ def worker(args: argparse.Namespace) -> int:
     )
     if args.max_num_seqs:
         kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.kv_cache_memory_gib:
+        kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_memory_gib * 2**30)
     if args.step_stats:
         kwargs["disable_log_stats"] = False
     if args.max_cudagraph_capture_size:
@@ -580,6 +590,8 @@ def worker_argv(args: argparse.Namespace, label: str, result: Path) -> list[str]
         str(args.seed),
         "--gpu-memory-utilization",
         str(args.gpu_memory_utilization),
+        "--kv-cache-memory-gib",
+        str(args.kv_cache_memory_gib),
         *(["--profile", "--profile-prompts", str(args.profile_prompts)] if args.profile else []),
         *(["--step-stats"] if args.step_stats else []),
         "--repeats",
@@ -655,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     details: dict[str, Any] = {
         "settings": {
             "gpu_memory_utilization": args.gpu_memory_utilization,
+            "kv_cache_memory_gib": args.kv_cache_memory_gib or None,
             "max_model_len": max_len,
             "output_len": args.output_len,
             "fill": args.fill,

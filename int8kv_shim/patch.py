@@ -668,14 +668,62 @@ def patch_v2_runner_tail_slots(runner: ModuleType) -> None:
     _wrap_method(cls, "capture_model", _before_dummy_run, "v2_runner_tail_slots")
 
 
+# P16  vllm.v1.worker.gpu_worker: Worker.determine_available_memory (the pool inside a given size)
+
+
+def patch_worker_kv_memory_holds_tail_pool(gpu_worker: ModuleType) -> None:
+    """``Worker.determine_available_memory``: with ``--kv-cache-memory-bytes`` the tail pool comes
+    out of the given bytes, as it comes out of the profiled memory without it.
+
+    vLLM returns a user's ``kv_cache_memory_bytes`` as the cache's size without profiling, so the
+    pool, allocated with the model, would be memory on top of it, and the tokens the cache holds
+    "in that memory" overstated. The worker loaded the model (and the pools) before vLLM calls
+    this, so the process's slot manager knows their bytes.
+    """
+    if is_applied("worker_kv_memory_holds_tail_pool"):
+        return
+
+    def less_the_pool(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        available = wrapped(*args, **kwargs)
+        worker = instance if instance is not None else args[0]
+        from int8kv_shim import tail_slots
+
+        slots = tail_slots.manager()
+        given = worker.cache_config.kv_cache_memory_bytes
+        if not given or slots is None or not slots.pool_bytes:
+            return available  # profiled: the pool is already non-KV memory
+        left = available - slots.pool_bytes
+        if left <= 0:
+            raise ValueError(
+                f"int8kv-shim: --kv-cache-memory-bytes {given} cannot hold the tail pool of "
+                f"{slots.num_slots} slots ({slots.pool_bytes} bytes) and a cache: give more "
+                "bytes or a lower --max-num-seqs"
+            )
+        get_logger().info(
+            "int8kv-shim: --kv-cache-memory-bytes %.2f GiB holds the tail pool (%.2f GiB) and "
+            "the KV cache (%.2f GiB)",
+            available / 2**30,
+            slots.pool_bytes / 2**30,
+            left / 2**30,
+        )
+        return left
+
+    _wrap_method(
+        gpu_worker.Worker, "determine_available_memory", less_the_pool,
+        "worker_kv_memory_holds_tail_pool",
+    )  # fmt: skip
+
+
 RUNNER_SITES: dict[str, Callable[[ModuleType], None]] = {
     _V1_RUNNER: patch_v1_runner_tail_slots,
     _V2_RUNNER: patch_v2_runner_tail_slots,
+    "vllm.v1.worker.gpu_worker": patch_worker_kv_memory_holds_tail_pool,
 }
 
 
 def attach_runner_hooks() -> None:
-    """Hook both model runners (now if imported, else when they are). Idempotent."""
+    """Hook both model runners and the worker's KV-memory sizing (now if imported, else when they
+    are). Idempotent."""
     for name, apply in RUNNER_SITES.items():
         wrapt.register_post_import_hook(apply, name)
 

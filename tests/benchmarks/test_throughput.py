@@ -193,7 +193,10 @@ def _fake_llm(on_generate: Any) -> type:
     import types
 
     class _LLM:
+        made: list[dict] = []
+
         def __init__(self, **kwargs) -> None:
+            _LLM.made.append(kwargs)
             cfg = types.SimpleNamespace(
                 cache_config=types.SimpleNamespace(num_gpu_blocks=100, block_size=16),
                 model_config=types.SimpleNamespace(get_vocab_size=lambda: 5000),
@@ -515,3 +518,27 @@ def test_throughput_paired_refusals(
     with pytest.raises(SystemExit):
         throughput.parse_args(args)
     assert message in capsys.readouterr().err
+
+
+def test_throughput_worker_sizes_the_kv_memory_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import vllm
+
+    llm = _fake_llm(lambda prompts: time.sleep(0.02))
+    monkeypatch.setattr(vllm, "LLM", llm)
+    result = tmp_path / "int4.json"
+    spec = {"plan": [[512, 500]], "max_model_len": 600}
+    result.with_suffix(".spec.json").write_text(json.dumps(spec))
+    base = ["--worker", "--label", "int4", "--result", str(result), "--model", str(tmp_path),
+            "--num-prompts", "4", "--output-len", "20"]  # fmt: skip
+    assert throughput.worker(throughput.parse_args(base)) == 0
+    assert throughput.worker(throughput.parse_args([*base, "--kv-cache-memory-gib", "1.5"])) == 0
+    assert "kv_cache_memory_bytes" not in llm.made[0]
+    assert llm.made[1]["kv_cache_memory_bytes"] == 3 * 2**29
+    # the driver hands it to each configuration's worker
+    args = throughput.parse_args(["--kv-cache-memory-gib", "1.5"])
+    command = throughput.worker_argv(args, "int4", result)
+    assert command[command.index("--kv-cache-memory-gib") + 1] == "1.5"

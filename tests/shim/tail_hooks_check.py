@@ -25,6 +25,7 @@ import vllm.utils.torch_utils as torch_utils  # noqa: E402
 torch_utils.PIN_MEMORY = False  # no driver: vLLM's InputBatch would pin its host buffers
 import vllm.v1.worker.gpu.model_runner as v2  # noqa: E402
 import vllm.v1.worker.gpu_model_runner as v1  # noqa: E402
+import vllm.v1.worker.gpu_worker as gpu_worker  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.output import (  # noqa: E402
     CachedRequestData,
@@ -43,12 +44,18 @@ V2_METHODS = ("finish_requests", "prepare_inputs", "_dummy_run", "capture_model"
 def kinds() -> dict[str, str]:
     out = {f"v1.{m}": type(vars(v1.GPUModelRunner)[m]).__name__ for m in V1_METHODS}
     out.update({f"v2.{m}": type(vars(v2.GPUModelRunner)[m]).__name__ for m in V2_METHODS})
+    method = vars(gpu_worker.Worker)["determine_available_memory"]
+    out["worker.determine_available_memory"] = type(method).__name__
     return out
 
 
 def originals_kept() -> bool:
     """Each wrapper wraps vLLM's own function directly (no wrapper around a wrapper)."""
-    for cls, methods in ((v1.GPUModelRunner, V1_METHODS), (v2.GPUModelRunner, V2_METHODS)):
+    for cls, methods in (
+        (v1.GPUModelRunner, V1_METHODS),
+        (v2.GPUModelRunner, V2_METHODS),
+        (gpu_worker.Worker, ("determine_available_memory",)),
+    ):
         for m in methods:
             if type(getattr(vars(cls)[m], "__wrapped__", None)).__name__ != "function":
                 return False
@@ -192,6 +199,42 @@ def v2_shaped(slots: tail_slots.TailSlots) -> dict[str, Any]:
     return result
 
 
+def worker_memory(slots: tail_slots.TailSlots) -> dict[str, Any]:
+    """vLLM's real ``Worker.determine_available_memory`` with ``kv_cache_memory_bytes`` given (it
+    then skips profiling), on a stand-in worker, before and after the layers count their pools."""
+    gib = 2**30
+    worker = SimpleNamespace(
+        cache_config=SimpleNamespace(kv_cache_memory_bytes=2 * gib),
+        model_runner=SimpleNamespace(profile_run=lambda: None),
+        init_snapshot=SimpleNamespace(free_memory=70 * gib),
+    )
+    determine = bound(gpu_worker.Worker, "determine_available_memory", worker)
+    result: dict[str, Any] = {"no_pool": determine()}
+    slots.count_pool(gib // 2, 1)
+    result["pool"] = determine()
+    worker.cache_config.kv_cache_memory_bytes = gib // 4
+    try:
+        determine()
+    except ValueError as exc:
+        result["too_small"] = str(exc)
+    return result
+
+
+def worker_shaped() -> dict[str, Any]:
+    """Without ``kv_cache_memory_bytes`` vLLM profiled, and the pool is already non-KV memory."""
+
+    class Worker:
+        cache_config = SimpleNamespace(kv_cache_memory_bytes=None)
+
+        def determine_available_memory(self) -> int:
+            return 10 * 2**30
+
+    module = types.ModuleType("worker_shaped")
+    module.Worker = Worker
+    patch.patch_worker_kv_memory_holds_tail_pool(module)
+    return {"profiled": Worker().determine_available_memory()}
+
+
 def main() -> None:
     assert int8kv_shim.mode() == "active"
     result: dict[str, Any] = {"before_install": kinds(), "slots_before": tail_slots.manager()}
@@ -206,9 +249,11 @@ def main() -> None:
         result["other_size"] = str(exc)
     result["v1"] = v1_steps(slots)
     result["v2"] = v2_steps(slots)
+    result["worker"] = worker_memory(slots)
     int8kv_shim.uninstrument()
     result["after_uninstrument"] = kinds()
     result["v2_shaped"] = v2_shaped(slots)
+    result["worker"].update(worker_shaped())
     probe.emit(result)
 
 
