@@ -24,7 +24,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, command_line, write_json
 from int8kv_kernels.catalogue import get_dtype
-from int8kv_shim.tail_pool_memory import capped_max_num_seqs
+from int8kv_shim.tail_pool_memory import SlidingWindow, capped_max_num_seqs
 
 GIB = 2**30
 # name: (layers, kv heads, head size) of each model's attention (their config.json)
@@ -42,6 +42,8 @@ MAX_MODEL_LEN = {
     "SmolLM2-135M": 8192,
     "Gemma 3 270M": 32768,
 }
+# layers on a sliding window, which hold only its tokens of a sequence (their config.json)
+WINDOWS = {"Gemma 3 270M": SlidingWindow(layers=15, tokens=512)}
 KV_GIB = (4, 8, 16, 32, 64)
 MAX_NUM_SEQS = (16, 64, 256, 1024)
 # BF16 pages a tail slot holds in every layer (int8kv_shim/tail_pool_memory.pages_per_slot)
@@ -105,7 +107,7 @@ def default_rows(
             for gib in kv_gib:
                 seqs = capped_max_num_seqs(
                     "int4", vllm_default, gib * GIB, layers, nkv, d, 2, pages=pages,
-                    max_model_len=MAX_MODEL_LEN.get(model),
+                    max_model_len=MAX_MODEL_LEN.get(model), window=WINDOWS.get(model),
                 )  # fmt: skip
                 seqs = vllm_default if seqs is None else seqs
                 tokens = int4.tokens_with_tail(

@@ -104,11 +104,21 @@ def test_the_shims_default_pays_for_more_pages_a_slot_in_sequences() -> None:
     for (model, gib, pages), r in rows.items():
         layers, nkv, d = tpc.MODELS[model]
         slot = slot_bytes("int4", layers, nkv, d, 2, pages=pages)
-        full = full_length_seqs("int4", gib * GIB, layers, nkv, d, tpc.MAX_MODEL_LEN[model], slot)
+        full = full_length_seqs(
+            "int4",
+            gib * GIB,
+            layers,
+            nkv,
+            d,
+            tpc.MAX_MODEL_LEN[model],
+            slot,
+            tpc.WINDOWS.get(model),
+        )
         seqs = r["max_num_seqs"]
         # the pool within 4% of the memory, or no more slots than full-length sequences fit
         assert seqs == 256 or seqs * slot <= 0.04 * gib * GIB or seqs == full, (model, gib, pages)
-        assert r["int4_vs_bf16"] >= 3.28, (model, gib, pages)
+        # Gemma 3 in 4 GiB: 129 slots for the 32K-token sequences its sliding windows let it hold
+        assert r["int4_vs_bf16"] >= 3.27, (model, gib, pages)
         # what the extra pages cost is sequences: never more than with fewer pages
         if pages > 1:
             assert r["max_num_seqs"] <= rows[(model, gib, pages - 1)]["max_num_seqs"]
