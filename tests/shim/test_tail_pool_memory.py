@@ -276,6 +276,26 @@ def test_the_sliding_window_is_read_from_the_models_config() -> None:
     assert window(_model_config(4096, ["full_attention"] * 32), 32) is None
 
 
+def test_the_sliding_window_of_vllms_own_model_config(tmp_path) -> None:
+    """vLLM's ModelConfig of a Gemma 3 text config (six layers: transformers' default pattern puts
+    a full-attention layer after five on the window) and of a Llama one (no window)."""
+    pytest.importorskip("vllm")
+    from transformers import Gemma3TextConfig, LlamaConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    shape = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    Gemma3TextConfig(**shape, head_dim=256, sliding_window=8).save_pretrained(tmp_path / "gemma3")
+    LlamaConfig(**shape).save_pretrained(tmp_path / "llama")
+    configs = {
+        name: EngineArgs(model=str(tmp_path / name), skip_tokenizer_init=True).create_model_config()
+        for name in ("gemma3", "llama")
+    }
+    window = tail_pool_memory.sliding_window
+    assert window(configs["gemma3"], 6) == tail_pool_memory.SlidingWindow(5, 8)
+    assert window(configs["llama"], 6) is None
+
+
 def test_the_users_kv_cache_memory_is_the_memory_the_cap_divides(tmp_path) -> None:
     _weights(tmp_path, {"model.safetensors": 15 * GIB})
     # 0.9 x 80 GiB - 15 GiB = 57 GiB: vLLM's 256 fit; 2 GiB of cache: 4% holds 10 slots of 8 MiB
