@@ -157,6 +157,31 @@ def report(
     return cost
 
 
+@dataclass(frozen=True)
+class SlidingWindow:
+    """A model's sliding-window attention: ``layers`` of a worker's layers keep only the newest
+    ``tokens`` tokens in the cache."""
+
+    layers: int
+    tokens: int
+
+
+def sliding_window(model_config: Any, layers: int) -> SlidingWindow | None:
+    """The sliding window of ``layers`` layers of ``model_config`` (vLLM's ``ModelConfig``) from its
+    Hugging Face config: every layer when it has no ``layer_types`` (Mistral's form), else the
+    share of ``"sliding_attention"`` ones (Gemma 3's five in six); None without one."""
+    tokens = model_config.get_sliding_window()
+    if not tokens:
+        return None
+    layer_types = getattr(model_config.hf_text_config, "layer_types", None)
+    if layer_types is None:
+        return SlidingWindow(layers, tokens)
+    sliding = sum(t == "sliding_attention" for t in layer_types)
+    if not sliding:
+        return None
+    return SlidingWindow(round(layers * sliding / len(layer_types)), tokens)
+
+
 def slot_bytes(
     kv_dtype: str,
     layers: int,
@@ -227,31 +252,6 @@ def full_length_seqs(
     return int(kv_memory // (tokens * token_layer + slot))
 
 
-@dataclass(frozen=True)
-class SlidingWindow:
-    """A model's sliding-window attention: ``layers`` of a worker's layers keep only the newest
-    ``tokens`` tokens in the cache."""
-
-    layers: int
-    tokens: int
-
-
-def sliding_window(model_config: Any, layers: int) -> SlidingWindow | None:
-    """The sliding window of ``layers`` layers of ``model_config`` (vLLM's ``ModelConfig``) from its
-    Hugging Face config: every layer when it has no ``layer_types`` (Mistral's form), else the
-    share of ``"sliding_attention"`` ones (Gemma 3's five in six); None without one."""
-    tokens = model_config.get_sliding_window()
-    if not tokens:
-        return None
-    layer_types = getattr(model_config.hf_text_config, "layer_types", None)
-    if layer_types is None:
-        return SlidingWindow(layers, tokens)
-    sliding = sum(t == "sliding_attention" for t in layer_types)
-    if not sliding:
-        return None
-    return SlidingWindow(round(layers * sliding / len(layer_types)), tokens)
-
-
 def weight_bytes(model: str, revision: str | None = None) -> int | None:
     """Bytes of a model's weight files (safetensors, else PyTorch bins; the index's files when
     there is one), from its folder or its Hugging Face cache snapshot; None when not found."""
@@ -279,21 +279,17 @@ def weight_bytes(model: str, revision: str | None = None) -> int | None:
     return None
 
 
-def default_max_num_seqs(
-    engine_args: Any, vllm_default: int, total_gpu_bytes: int | None
-) -> tuple[int, str] | None:
-    """(max_num_seqs, the warning that says why) for ``engine_args`` (vLLM's ``EngineArgs``) when
-    its dtype has a tail pool, the user gave no ``--max-num-seqs`` and vLLM's default
-    (``vllm_default``) would give the pool more than ``GOAL_SHARE`` of the estimated KV memory;
-    None otherwise, or when the GPU memory or the weights are not known."""
-    kv_dtype = getattr(engine_args, "kv_cache_dtype", None)
-    if getattr(engine_args, "max_num_seqs", None) is not None or not needs_tail_pool(kv_dtype):
-        return None
+def kv_memory_of(
+    engine_args: Any, model_config: Any, total_gpu_bytes: int | None, vllm_default: int
+) -> tuple[float, str] | None:
+    """(bytes, where they come from) of one worker's KV memory: ``--kv-cache-memory-bytes`` when
+    given, else GPU memory x ``--gpu-memory-utilization`` minus the rank's share of the weight
+    files; None when neither the GPU memory nor the weight files are known."""
+    given = getattr(engine_args, "kv_cache_memory_bytes", None)
+    if given:
+        return given, f"{given / GIB:.1f} GiB: --kv-cache-memory-bytes"
     if not total_gpu_bytes:
         return None
-    model_config = engine_args.create_model_config()
-    tp = engine_args.tensor_parallel_size
-    pp = engine_args.pipeline_parallel_size
     weights = weight_bytes(model_config.model, getattr(model_config, "revision", None))
     if weights is None:  # not downloaded yet: the next start has them
         logger.info(
@@ -304,11 +300,32 @@ def default_max_num_seqs(
             vllm_default,
         )
         return None
-    kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / (tp * pp)
-    memory = f"about {kv_memory / GIB:.1f} GiB: GPU memory x --gpu-memory-utilization - weights"
-    if getattr(engine_args, "kv_cache_memory_bytes", None):  # the user sized the cache
-        kv_memory = engine_args.kv_cache_memory_bytes
-        memory = f"{kv_memory / GIB:.1f} GiB: --kv-cache-memory-bytes"
+    ranks = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
+    kv_memory = engine_args.gpu_memory_utilization * total_gpu_bytes - weights / ranks
+    return kv_memory, (
+        f"about {kv_memory / GIB:.1f} GiB: GPU memory x --gpu-memory-utilization - weights"
+    )
+
+
+def default_max_num_seqs(
+    engine_args: Any, vllm_default: int, total_gpu_bytes: int | None
+) -> tuple[int, str] | None:
+    """(max_num_seqs, the warning that says why) for ``engine_args`` (vLLM's ``EngineArgs``) when
+    its dtype has a tail pool, the user gave no ``--max-num-seqs`` and vLLM's default
+    (``vllm_default``) would give the pool more than ``GOAL_SHARE`` of the KV memory; None
+    otherwise, or when the KV memory is neither given nor estimable (:func:`kv_memory_of`)."""
+    kv_dtype = getattr(engine_args, "kv_cache_dtype", None)
+    if getattr(engine_args, "max_num_seqs", None) is not None or not needs_tail_pool(kv_dtype):
+        return None
+    if not total_gpu_bytes and not getattr(engine_args, "kv_cache_memory_bytes", None):
+        return None  # no GPU visible: no estimate, and no model config built for nothing
+    model_config = engine_args.create_model_config()
+    found = kv_memory_of(engine_args, model_config, total_gpu_bytes, vllm_default)
+    if found is None:
+        return None
+    kv_memory, memory = found
+    tp = engine_args.tensor_parallel_size
+    pp = engine_args.pipeline_parallel_size
     layers = max(1, model_config.get_total_num_hidden_layers() // pp)
     kv_heads = max(1, model_config.get_total_num_kv_heads() // tp)
     head_size, elem_bytes = model_config.get_head_size(), model_config.dtype.itemsize

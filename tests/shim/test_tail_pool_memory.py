@@ -306,6 +306,10 @@ def test_the_users_kv_cache_memory_is_the_memory_the_cap_divides(tmp_path) -> No
     assert seqs == 8
     assert "(8.0 MiB a sequence) stays within 4% of the KV memory (2.0 GiB: " in warning
     assert "--kv-cache-memory-bytes)" in warning
+    # given bytes need neither the GPU's memory nor the weight files
+    (tmp_path / "no-weights").mkdir()
+    args = _engine_args(tmp_path / "no-weights", kv_cache_memory_bytes=2 * GIB)
+    assert tail_pool_memory.default_max_num_seqs(args, 256, None)[0] == 8
 
 
 def test_the_warning_names_the_window_when_full_length_sequences_set_the_cap(tmp_path) -> None:
