@@ -242,7 +242,8 @@ def full_length_seqs(
     """How many sequences of ``max_model_len`` tokens ``kv_memory`` bytes hold, each with its
     ``slot`` bytes of tail pool: more slots than this only serve shorter sequences, fewer leave
     cache memory that no running sequence fills. ``window``'s layers hold only the newest
-    ``window.tokens`` tokens of a sequence (vLLM frees the blocks behind a sliding window)."""
+    ``window.tokens`` tokens of a sequence (vLLM's hybrid KV-cache manager frees the blocks behind
+    a sliding window)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     token_layer = num_kv_heads * entry.bytes_per_token_head(head_size)
     windowed = min(window.layers, layers) if window else 0
@@ -330,7 +331,9 @@ def default_max_num_seqs(
     kv_heads = max(1, model_config.get_total_num_kv_heads() // tp)
     head_size, elem_bytes = model_config.get_head_size(), model_config.dtype.itemsize
     max_model_len = getattr(model_config, "max_model_len", None)
-    window = sliding_window(model_config, layers)
+    # without vLLM's hybrid manager a sliding-window layer keeps every token, as a full one does
+    hybrid = not getattr(engine_args, "disable_hybrid_kv_cache_manager", False)
+    window = sliding_window(model_config, layers) if hybrid else None
     cap = capped_max_num_seqs(
         kv_dtype, vllm_default, kv_memory, layers, kv_heads, head_size, elem_bytes,
         max_model_len=max_model_len, window=window,

@@ -331,6 +331,10 @@ def test_the_warning_names_the_window_when_full_length_sequences_set_the_cap(tmp
     assert tail_pool_memory.full_length_seqs("int4", 6.6 * GIB, 32, 8, 128, 8192, slot) == 23
     assert "sequences of 8192 tokens (max_model_len, 16 of its 32 layers holding their " in warning
     assert "1024-token window); its tail pool" in warning
+    # without vLLM's hybrid manager every layer keeps every token: 4% decides again
+    args.disable_hybrid_kv_cache_manager = True
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    assert seqs == 32 and "stays within 4% of the KV memory" in warning
 
 
 def test_weight_bytes_reads_the_weight_files(tmp_path) -> None:
