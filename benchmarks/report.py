@@ -964,6 +964,7 @@ SERVING_PAIRED: tuple[Path, ...] = (
     RESULTS / "serving_gemma3_14f89bb.json",
     RESULTS / "serving_gemma3_parts_14914a9.json",
     RESULTS / "serving_gemma3_parts_a01bc15.json",
+    RESULTS / "serving_llama3_8b_shape_c128_998fbe7.json",
 )
 
 
@@ -2479,6 +2480,7 @@ TABLES = {
     "throughput_int4": lambda: throughput_table(RESULTS / "throughput_int4.json"),
     "throughput_int4_8465ab0": lambda: throughput_table(RESULTS / "throughput_int4_8465ab0.json"),
     "throughput_int4_18280da": lambda: throughput_table(RESULTS / "throughput_int4_18280da.json"),
+    "throughput_int4_gemma3": lambda: throughput_table(RESULTS / "throughput_int4_gemma3.json"),
     "int4_prefill": int4_prefill_table,
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(
@@ -2500,6 +2502,11 @@ TABLES = {
     **serving_run_tables(
         "gemma3_parts_a01bc15",
         RESULTS / "serving_gemma3_parts_a01bc15.json",
+        *("ttft", "steps", "layers", "parts", "control", "starts"),
+    ),
+    **serving_run_tables(
+        "llama3_8b_shape_c128_998fbe7",
+        RESULTS / "serving_llama3_8b_shape_c128_998fbe7.json",
         *("ttft", "steps", "layers", "parts", "control", "starts"),
     ),
     **serving_run_tables(
