@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--step-stats",
         action="store_true",
         help="turn vLLM's stats on and record the timed run's engine steps, tokens per step and "
-        "ms per step (throughput_details.json): whether a configuration is slower per step or "
-        "takes more steps",
+        "ms per step, and the requests it ran at once and the KV cache's use, sampled "
+        "(throughput_details.json): whether a configuration is slower per step or takes more "
+        "steps, and whether its cache or its max_num_seqs bound its batch",
     )
     p.add_argument(
         "--repeats",
@@ -307,7 +309,7 @@ def worker(args: argparse.Namespace) -> int:
                     llm.llm_engine.vllm_config.compilation_config.max_cudagraph_capture_size
                 ),
                 "engine_start_s": round(start_s, 1),
-                **{k: run[k] for k in STEP_KEYS if k in run},
+                **{k: run[k] for k in (*STEP_KEYS, *BATCH_KEYS) if k in run},
                 "host_probe_ms": run["host_probe_ms"],
                 "runs": timed,
                 "llm_kwargs": common.llm_kwargs_for(args.label),
@@ -450,8 +452,10 @@ def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[s
     before it and (``with_steps``) its engine steps."""
     probe = host_probe_ms()
     steps0 = iteration_tokens(llm) if with_steps else None
+    batch = BatchSampler(llm if with_steps else None)
     t0 = time.monotonic()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    with batch:
+        outs = llm.generate(prompts, sp, use_tqdm=False)
     wall = time.monotonic() - t0
     steps1 = iteration_tokens(llm) if with_steps else None
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -461,6 +465,7 @@ def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[s
         "output_tokens": out_tokens,
         "host_probe_ms": probe,
         **step_stats(steps0, steps1, wall),
+        **batch.stats(),
     }
 
 
@@ -471,7 +476,59 @@ def iteration_tokens(llm: Any) -> tuple[int, float]:
     return sum(h.count for h in hists), sum(h.sum for h in hists)
 
 
+RUNNING_GAUGE, KV_USAGE_GAUGE = "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
+
+
+class BatchSampler:
+    """Inside ``with``: vLLM's gauges of the requests running and of the KV cache's use, read
+    every ``interval`` s from a thread (a gauge holds only its latest step's value). ``stats``:
+    the most requests running at once, their mean over the samples, and the cache's highest use;
+    so a row says whether its batch was bound by its cache (use near 1) or by ``max_num_seqs``
+    (running at it). Without an engine (``llm`` None) it samples nothing."""
+
+    def __init__(self, llm: Any, interval: float = 0.25) -> None:
+        self.llm, self.interval = llm, interval
+        self.running: list[float] = []
+        self.usage: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        metrics = self.llm.get_metrics()
+        running = [m.value for m in metrics if m.name == RUNNING_GAUGE]
+        usage = [m.value for m in metrics if m.name == KV_USAGE_GAUGE]
+        if running:  # one gauge per engine (data parallelism): the engines' sum
+            self.running.append(sum(running))
+        if usage:
+            self.usage.append(max(usage))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> BatchSampler:
+        if self.llm is not None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.running:
+            out["max_running"] = int(max(self.running))
+            out["mean_running"] = round(statistics.fmean(self.running), 1)
+        if self.usage:
+            out["max_kv_cache_usage"] = round(max(self.usage), 3)
+        return out
+
+
 STEP_KEYS = ("engine_steps", "tokens_per_step", "ms_per_step")
+BATCH_KEYS = ("max_running", "mean_running", "max_kv_cache_usage")
 
 
 def step_stats(

@@ -50,6 +50,46 @@ def test_step_stats_from_vllms_iteration_histogram() -> None:
     assert throughput.step_stats(before, before, 2.0) == {}  # no step seen
 
 
+def test_batch_sampler_reads_vllms_running_and_cache_gauges() -> None:
+    import time
+
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    class _LLM:
+        """Each read moves on to the next step's gauges (two engines' running requests)."""
+
+        def __init__(self, steps: list[tuple[int, int, float]]) -> None:
+            self.steps, self.reads = steps, 0
+
+        def get_metrics(self):
+            a, b, usage = self.steps[min(self.reads, len(self.steps) - 1)]
+            self.reads += 1
+            return [
+                Counter(name="vllm:num_preemptions", labels={}, value=3),
+                Gauge(name="vllm:num_requests_running", labels={"engine": "0"}, value=a),
+                Gauge(name="vllm:num_requests_running", labels={"engine": "1"}, value=b),
+                Gauge(name="vllm:kv_cache_usage_perc", labels={"engine": "0"}, value=usage),
+            ]
+
+    sampler = throughput.BatchSampler(_LLM([(40, 4, 0.5), (100, 21, 0.98), (60, 0, 0.7)]))
+    for _ in range(3):
+        sampler.sample()
+    assert sampler.stats() == {"max_running": 121, "mean_running": 75.0,
+                               "max_kv_cache_usage": 0.98}  # fmt: skip
+    # inside `with`, a thread samples until the block ends
+    llm = _LLM([(8, 0, 0.1)])
+    with throughput.BatchSampler(llm, interval=0.01) as sampler:
+        time.sleep(0.2)
+    reads = llm.reads
+    time.sleep(0.05)
+    assert reads > 0 and llm.reads == reads  # stopped with the block
+    assert sampler.stats() == {"max_running": 8, "mean_running": 8.0, "max_kv_cache_usage": 0.1}
+    # --step-stats off: no engine to read, nothing recorded
+    with throughput.BatchSampler(None) as sampler:
+        pass
+    assert sampler.stats() == {}
+
+
 def test_plot_throughput(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from benchmarks import plot_throughput as plot
