@@ -482,14 +482,17 @@ RUNNING_GAUGE, KV_USAGE_GAUGE = "vllm:num_requests_running", "vllm:kv_cache_usag
 class BatchSampler:
     """Inside ``with``: vLLM's gauges of the requests running and of the KV cache's use, read
     every ``interval`` s from a thread (a gauge holds only its latest step's value). ``stats``:
-    the most requests running at once, their mean over the samples, and the cache's highest use;
-    so a row says whether its batch was bound by its cache (use near 1) or by ``max_num_seqs``
-    (running at it). Without an engine (``llm`` None) it samples nothing."""
+    the most requests running at once, their mean over the samples (wall-clock samples, the
+    run's ramp-up and tail included), and the cache's highest use; so a row says whether its
+    batch was bound by its cache (use near 1) or by ``max_num_seqs`` (running at it). A read
+    that fails stops the sampling and is named in ``stats`` (``batch_sample_error``). Without
+    an engine (``llm`` None) it samples nothing."""
 
     def __init__(self, llm: Any, interval: float = 0.25) -> None:
         self.llm, self.interval = llm, interval
         self.running: list[float] = []
         self.usage: list[float] = []
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -504,10 +507,15 @@ class BatchSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.sample()
+            try:
+                self.sample()
+            except Exception as e:  # a diagnostic: the timed run goes on, the row says so
+                self.error = f"{type(e).__name__}: {e}"
+                return
 
     def __enter__(self) -> BatchSampler:
         if self.llm is not None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
         return self
@@ -524,11 +532,13 @@ class BatchSampler:
             out["mean_running"] = round(statistics.fmean(self.running), 1)
         if self.usage:
             out["max_kv_cache_usage"] = round(max(self.usage), 3)
+        if self.error:
+            out["batch_sample_error"] = self.error
         return out
 
 
 STEP_KEYS = ("engine_steps", "tokens_per_step", "ms_per_step")
-BATCH_KEYS = ("max_running", "mean_running", "max_kv_cache_usage")
+BATCH_KEYS = ("max_running", "mean_running", "max_kv_cache_usage", "batch_sample_error")
 
 
 def step_stats(

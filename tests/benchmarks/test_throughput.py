@@ -69,6 +69,7 @@ def test_batch_sampler_reads_vllms_running_and_cache_gauges() -> None:
                 Gauge(name="vllm:num_requests_running", labels={"engine": "0"}, value=a),
                 Gauge(name="vllm:num_requests_running", labels={"engine": "1"}, value=b),
                 Gauge(name="vllm:kv_cache_usage_perc", labels={"engine": "0"}, value=usage),
+                Gauge(name="vllm:kv_cache_usage_perc", labels={"engine": "1"}, value=usage / 2),
             ]
 
     sampler = throughput.BatchSampler(_LLM([(40, 4, 0.5), (100, 21, 0.98), (60, 0, 0.7)]))
@@ -88,6 +89,45 @@ def test_batch_sampler_reads_vllms_running_and_cache_gauges() -> None:
     with throughput.BatchSampler(None) as sampler:
         pass
     assert sampler.stats() == {}
+
+    class _Broken:
+        def get_metrics(self):
+            raise RuntimeError("registry gone")
+
+    with throughput.BatchSampler(_Broken(), interval=0.01) as sampler:
+        time.sleep(0.1)
+    assert sampler.stats() == {"batch_sample_error": "RuntimeError: registry gone"}
+
+
+def test_timed_run_records_the_batch_it_ran() -> None:
+    """A timed generate with --step-stats carries the sampler's fields beside the step counts."""
+    import time
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.reader import Gauge, Histogram
+
+    class _LLM:
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def get_metrics(self):
+            return [
+                Histogram(name="vllm:iteration_tokens_total", labels={"engine": "0"},
+                          count=self.steps, sum=100.0 * self.steps, buckets={}),
+                Gauge(name="vllm:num_requests_running", labels={"engine": "0"}, value=12),
+                Gauge(name="vllm:kv_cache_usage_perc", labels={"engine": "0"}, value=0.9),
+            ]  # fmt: skip
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            time.sleep(0.6)  # a few of the sampler's 0.25 s reads
+            self.steps += 10
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1, 2, 3])])] * 4
+
+    run = throughput.timed_run(_LLM(), [None] * 4, None, with_steps=True)
+    assert run["engine_steps"] == 10 and run["output_tokens"] == 12
+    assert (run["max_running"], run["mean_running"], run["max_kv_cache_usage"]) == (12, 12.0, 0.9)
+    run = throughput.timed_run(_LLM(), [None] * 4, None, with_steps=False)
+    assert not set(run) & {"engine_steps", *throughput.BATCH_KEYS}
 
 
 def test_plot_throughput(tmp_path: Path) -> None:
