@@ -27,7 +27,7 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
 ``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``,
-``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, ``jit_compiles``: the Triton compiles
+``itl_ms_mean``, ``itl_ms_std``, ``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, ``jit_compiles``: the Triton compiles
 the server logged during the point, from ``--jit-monitor-verbose``, and ``server_metrics``;
 ``engine_starts``: each server's start, its time to healthy split by the phases of its log, the
 shim's kernel compiles among them, and ``--host-state``, what the host had done before) after
@@ -149,6 +149,10 @@ ROW_KEYS = [
     # the median step: a step without a prefill chunk in it, where TPOT averages over those with
     "itl_ms_p50",
     "itl_ms_p99",
+    # with the median: whether the gaps split between short decode steps and long prompt steps
+    # (a median that moves one way while the time per output token moves the other)
+    "itl_ms_mean",
+    "itl_ms_std",
     "output_tok_s",
     "kv_cache_tokens",
     "engine_start_s",
@@ -622,6 +626,8 @@ def result_to_row(
         "tpot_ms_p99": ms("p99_tpot_ms"),
         "itl_ms_p50": ms("median_itl_ms"),
         "itl_ms_p99": ms("p99_itl_ms"),
+        "itl_ms_mean": ms("mean_itl_ms"),
+        "itl_ms_std": ms("std_itl_ms"),
         "output_tok_s": round(float(result["output_throughput"]), 1),
         "kv_cache_tokens": kv_cache_tokens,
         "engine_start_s": round(engine_start_s, 1),

@@ -265,6 +265,8 @@ def bench(argv: list[str]) -> None:
         "median_tpot_ms": 2 * base,
         "p50_tpot_ms": 2 * base,
         "p99_tpot_ms": 3 * base,
+        "mean_itl_ms": 2.5 * base,
+        "std_itl_ms": base,
         "median_itl_ms": 2 * base,
         "p50_itl_ms": 2 * base,
         "p99_itl_ms": 4 * base,

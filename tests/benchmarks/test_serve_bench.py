@@ -247,6 +247,8 @@ def test_result_json_becomes_a_row() -> None:
     for text in (
         'result[f"median_{metric_attribute_name}_ms"]',
         'result[f"p{p_word}_{metric_attribute_name}_ms"]',
+        'result[f"mean_{metric_attribute_name}_ms"]',
+        'result[f"std_{metric_attribute_name}_ms"]',
         '"output_throughput": metrics.output_throughput',
         '"completed": metrics.completed',
         '"failed": metrics.failed',
@@ -278,6 +280,8 @@ def test_result_json_becomes_a_row() -> None:
         "tpot_ms_p99": 3.5,
         "itl_ms_p50": 3.0,
         "itl_ms_p99": 7.25,
+        "itl_ms_mean": 3.1,
+        "itl_ms_std": 0.5,
         "output_tok_s": 655.4,
         "kv_cache_tokens": 1234567,
         "engine_start_s": 63.4,
