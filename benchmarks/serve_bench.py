@@ -27,8 +27,9 @@ the same point), and the row records the real ``input_len``. ``num_prompts`` per
 Writes ``--out`` (``benchmarks/results/serving.json``: ``gpu``, ``command``, ``rows`` of ``model``,
 ``dtype``, ``input_len``, ``output_len``, ``concurrency``, ``num_prompts``, ``ttft_ms_p50``,
 ``ttft_ms_p99``, ``tpot_ms_p50``, ``tpot_ms_p99``, ``itl_ms_p50``, ``itl_ms_p99``,
-``itl_ms_mean``, ``itl_ms_std``, ``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``, ``jit_compiles``: the Triton compiles
-the server logged during the point, from ``--jit-monitor-verbose``, and ``server_metrics``;
+``itl_ms_mean``, ``itl_ms_std``, ``output_tok_s``, ``kv_cache_tokens``, ``engine_start_s``,
+``jit_compiles``: the Triton compiles the server logged during the point, from
+``--jit-monitor-verbose``, and ``server_metrics``;
 ``engine_starts``: each server's start, its time to healthy split by the phases of its log, the
 shim's kernel compiles among them, and ``--host-state``, what the host had done before) after
 EVERY point, so a run cut off keeps what it measured, and a plot beside it (``serving.png``:
