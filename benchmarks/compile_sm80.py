@@ -382,11 +382,13 @@ def compile_int4_write(dt: str, nkv: int, d: int, per_seq: int, tail_pages: int)
     """The int4 write's two launches, the page flush then the tail store, for ``tail_pages``
     pages a tail slot."""
     lay = Int4PageLayout(64, nkv, d)
+    parts = int4_flush_launch(lay)
+    warps = parts.pop("num_warps")
     compile_one(
         _flush_pages_kernel,
         int4_flush_ptrs(dt),
-        dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=tail_pages, **lay.kernel_constexprs()),
-        num_warps=int4_flush_launch(lay),
+        dict(PAGES_PER_SEQ=per_seq, TAIL_PAGES=tail_pages, **lay.kernel_constexprs(), **parts),
+        num_warps=warps,
     )  # fmt: skip
     compile_one(_store_tail_kernel, int4_tail_store_ptrs(dt),
                 dict(HEAD_SIZE=d, BLOCK_SIZE=64, TAIL_PAGES=tail_pages), num_warps=4)  # fmt: skip
