@@ -270,6 +270,116 @@ def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> st
     return "\n".join(lines)
 
 
+def int4_decode_parts_table(path: Path = RESULTS / "kernels_int4_head64_parts.json") -> str:
+    """``int4``'s decode with its parts added one at a time (one BF16 tail page, two, then the
+    sink page; each also without split-KV) against ``int8``'s, µs per launch of one run."""
+    result = _load(path)
+    ms = {(r["impl"], *_point(r)): r["ms"] for r in result["rows"] if r["kernel"] == "decode"}
+    impls = ["int8", "int8_unsplit", "int4", "int4_tail2", "int4_sink_tail2",
+             "int4_sink_tail2_unsplit"]  # fmt: skip
+    impls = [i for i in impls if any(k[0] == i for k in ms)]
+    points = sorted({k[1:] for k in ms})
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. µs per launch "
+        "(a split launch with its merge), CUDA graphs; in brackets the time over `int8`'s. "
+        "`int4`: one BF16 tail page, no sink page; `int4_tail2`: two tail pages; "
+        "`int4_sink_tail2`: two and the sink page (`int4` as it ships); `_unsplit`: "
+        "without split-KV.",
+        "",
+        "| q/kv heads, dim | batch | ctx | " + " | ".join(f"`{i}`" for i in impls) + " |",
+        "|---|---|---|" + "---|" * len(impls),
+    ]
+    for key in points:
+        nq, nkv, d, batch, ctx, _ = key
+        base = ms.get(("int8", *key))
+        cells = []
+        for impl in impls:
+            t = ms.get((impl, *key))
+            cells.append(
+                "n/a" if t is None
+                else f"{t * 1e3:.1f}" if impl == "int8" or base is None
+                else f"{t * 1e3:.1f} ({t / base:.2f}x)"
+            )  # fmt: skip
+        lines.append(f"| {nq}/{nkv}, {d} | {batch} | {ctx} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def kernel_write_table(path: Path) -> str:
+    """The cache write of one step, per dtype: a decode step's tokens at random slots and a
+    prompt's tokens filling whole pages, µs per step against FlashAttention-2's BF16 write."""
+    result = _load(path)
+    rows = [r for r in result["rows"] if r["kernel"] == "write"]
+    ms = {(r["impl"], r["q_heads"], r["kv_heads"], r["head_dim"], r["batch"], r["slots"]): r
+          for r in rows}  # fmt: skip
+    lines = [
+        f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. µs per step's "
+        "write (all of its launches; `int4`'s restores its tail slots' pages first, a copy of one "
+        "int32 per sequence), CUDA graphs.",
+        "",
+        "| q/kv heads, dim | tokens | slots | dtype | µs | vs `bf16_fa2`'s write | vs `int8`'s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(ms, key=lambda k: (k[1:], k[0] != "bf16_fa2", k[0] != "int8", k[0])):
+        impl, nq, nkv, d, tokens, slots = key
+        t = ms[key]["ms"]
+
+        def over(other: str, key: tuple = key, t: float = t) -> str:
+            row = ms.get((other, *key[1:]))
+            return "reference" if other == key[0] else f"{t / row['ms']:.2f}x" if row else "n/a"
+
+        lines.append(
+            f"| {nq}/{nkv}, {d} | {tokens} | {slots} | `{impl}` | {t * 1e3:.1f} | "
+            f"{over('bf16_fa2')} | {over('int8')} |"
+        )
+    return "\n".join(lines)
+
+
+# a row of vLLM's torch-profiler table: name, then 10 columns; Self CUDA total is the 6th and the
+# number of calls the last
+_PROFILE_ROW = re.compile(r"^\s*(\S.*?)\s{2,}((?:\S+\s+){9}\d+)\s*$")
+
+
+def _profile_kernels(path: Path) -> tuple[str, dict[str, tuple[float, int]]]:
+    """A throughput profile's first line with its GPU total, and its rows: name -> (GPU ms,
+    calls), only the GPU kernels (no CPU time of their own), rows of one name summed."""
+    text = path.read_text()
+    total = re.search(r"^Self CUDA time total: (.*)$", text, re.M)
+    first = text.splitlines()[0] + (f"; GPU time in all {total.group(1)}" if total else "")
+    kernels: dict[str, tuple[float, int]] = {}
+    for line in text.splitlines():
+        m = _PROFILE_ROW.match(line)
+        if not m:
+            continue
+        cols = m.group(2).split()
+        if cols[1] != "0.000us" or not cols[5].endswith("ms") and not cols[5].endswith("us"):
+            continue
+        gpu = float(cols[5][:-2]) / (1 if cols[5].endswith("ms") else 1000)
+        t, n = kernels.get(m.group(1), (0.0, 0))
+        kernels[m.group(1)] = (t + gpu, n + int(cols[9]))
+    return first, kernels
+
+
+def profile_kernels_table(paths: dict[str, Path], kernels: list[str]) -> str:
+    """The GPU time of ``kernels`` (the profiler's names) in the profiles of one throughput run,
+    one column per dtype: ms in all (calls, µs a call); "not listed" where a kernel is not among
+    the rows the profiler's table kept (its top 100 by GPU time), or does not run."""
+    profiles = {label: _profile_kernels(path) for label, path in paths.items()}
+    lines = [
+        "; ".join(f"`{label}`: {first}" for label, (first, _) in profiles.items()) + ". "
+        "Not listed: not among the table's top 100 rows by GPU time, or not run.",
+        "",
+        "| kernel | " + " | ".join(f"`{label}`: ms (calls, µs a call)" for label in paths) + " |",
+        "|---|" + "---|" * len(paths),
+    ]
+    for name in kernels:
+        cells = []
+        for _, found in profiles.values():
+            t, n = found.get(name, (0.0, 0))
+            cells.append(f"{t:.1f} ({n}, {1e3 * t / n:.1f})" if n else "not listed")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
     """``int4``'s decode (``impl``: the kernel bench's label of the variant judged, such as
     ``int4_sink_tail2`` for int4 as it ships) against
@@ -2482,6 +2592,29 @@ TABLES = {
     "throughput_int4_18280da": lambda: throughput_table(RESULTS / "throughput_int4_18280da.json"),
     "throughput_int4_gemma3": lambda: throughput_table(RESULTS / "throughput_int4_gemma3.json"),
     "int4_prefill": int4_prefill_table,
+    "int4_decode_parts_head64": int4_decode_parts_table,
+    "int4_prefill_gemma3": lambda: int4_prefill_table(RESULTS / "kernels_gemma3_prefill.json"),
+    "kernel_write_gemma3": lambda: kernel_write_table(RESULTS / "kernels_gemma3_write.json"),
+    "throughput_int4_gemma3_profiled": lambda: throughput_table(
+        RESULTS / "throughput_int4_gemma3_profiled.json"
+    ),
+    "throughput_int4_gemma3_profile_kernels": lambda: profile_kernels_table(
+        {
+            label: RESULTS / f"throughput_int4_gemma3_profile_{label}_8192.txt"
+            for label in ("auto_fa2", "int8", "int4")
+        },
+        [
+            "_attn_fwd",
+            "_attn_int4_fwd",
+            "merge_splits",
+            "_write_kv_kernel",
+            "_flush_pages_kernel",
+            "_store_tail_kernel",
+            "_store_sink_kernel",
+            "_gather_kv_kernel",
+            "_gather_int4_kernel",
+        ],
+    ),  # fmt: skip
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(
         "smollm2_55cdbef", RESULTS / "serving_smollm2_55cdbef.json", "ttft", "steps", "starts"

@@ -633,3 +633,31 @@ def test_a_merged_files_row_is_credited_to_the_run_that_lists_it() -> None:
     # a name only in the remark, or only as a prefix of a listed one, is the file's own run
     assert report._run_of_row(doc, "int8") == "2026-12-02, commit `bbbbbbb`"
     assert report._run_of_row(doc, "auto") == "2026-12-02, commit `bbbbbbb`"
+
+
+PROFILE = """profiled generate: 4 prompts, 64 output tokens each, 1.00 s wall (profiler overhead included)
+
+-------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------
+   Name    Self CPU %      Self CPU   CPU total %     CPU total  CPU time avg     Self CUDA   Self CUDA %    CUDA total  CUDA time avg    # of Calls
+-------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------
+                                _vllm_fa2_C::varlen_fwd         1.13%      34.818ms         2.96%      91.268ms      65.850us     513.169ms        38.40%     513.332ms     370.369us          1386
+                                    _flush_pages_kernel         0.00%       0.000us         0.00%       0.000us       0.000us      84.390ms         7.59%      84.390ms      34.987us          2412
+                                    _flush_pages_kernel         0.00%       0.000us         0.00%       0.000us       0.000us     500.000us         0.05%     500.000us       5.000us           100
+                                     _store_sink_kernel         0.00%       0.000us         0.00%       0.000us       0.000us       5.620ms         0.51%       5.620ms       2.330us          2412
+-------  ------------
+Self CPU time total: 2.525s
+Self CUDA time total: 1.112s
+"""
+
+
+def test_profile_kernels_table_sums_gpu_kernels_and_skips_host_ops(tmp_path: Path) -> None:
+    path = tmp_path / "profile.txt"
+    path.write_text(PROFILE)
+    first, kernels = report._profile_kernels(path)
+    assert first.endswith("(profiler overhead included); GPU time in all 1.112s")
+    # a name's rows are summed (84.39 ms + 0.5 ms, 2412 + 100 calls); an op with host time of
+    # its own (FlashAttention-2's varlen_fwd) is no kernel
+    assert kernels == {"_flush_pages_kernel": (84.89, 2512), "_store_sink_kernel": (5.62, 2412)}
+    table = report.profile_kernels_table({"int4": path}, ["_flush_pages_kernel", "_attn_fwd"])
+    assert "| `_flush_pages_kernel` | 84.9 (2512, 33.8) |" in table
+    assert "| `_attn_fwd` | not listed |" in table
