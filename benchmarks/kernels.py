@@ -413,6 +413,8 @@ def plot(result: dict, path: str) -> None:
 
     rows = [r for r in result["rows"] if r["kernel"] == "decode"]
     base = {(r["q_heads"], r["batch"], r["ctx"]): r["ms"] for r in rows if r["impl"] == "bf16_fa2"}
+    if not base:  # every point of the plot is a ratio to it: an empty plot otherwise
+        raise ValueError("no bf16_fa2 decode rows to plot against")
     shapes = sorted({(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows})
     impls = [i for i in IMPLS[1:] if any(r["impl"] == i for r in rows)]
     batches = sorted({r["batch"] for r in rows})

@@ -386,3 +386,17 @@ def test_int4_sink_tail2_rows_read_each_sequences_first_page_from_its_sink(bench
     cache.sink[:, :, :, :8] = float("nan")
     attend()
     assert out.isnan().all()  # the sink page is
+
+
+def test_a_run_without_bf16_fa2_decode_rows_writes_no_plot(bench, tmp_path, capsys):
+    # every point of the plot is a speedup over bf16_fa2: a run without it (an int4-only run
+    # on a host without vLLM) drew an empty frame before
+    row = {"kernel": "decode", "impl": "int8", "q_heads": 9, "kv_heads": 3, "head_dim": 64,
+           "batch": 1, "ctx": 1024, "ms": 0.01, "gbs": 1.0}  # fmt: skip
+    out = tmp_path / "k.json"
+    bench.save({"gpu": "g", "command": "c", "rows": [row]}, str(out), with_plot=True)
+    assert out.exists() and not (tmp_path / "k.png").exists()
+    assert "no plot: no bf16_fa2 decode rows" in capsys.readouterr().out
+    bench.save({"gpu": "g", "command": "c", "rows": [row, {**row, "impl": "bf16_fa2"}]},
+               str(out), with_plot=True)  # fmt: skip
+    assert (tmp_path / "k.png").exists()
