@@ -313,8 +313,9 @@ def kernel_write_table(path: Path) -> str:
           for r in rows}  # fmt: skip
     lines = [
         f"{result['gpu']}, {_provenance(result)}, `{_short(result['command'])}`. µs per step's "
-        "write (all of its launches; `int4`'s restores its tail slots' pages first, a copy of one "
-        "int32 per sequence), CUDA graphs.",
+        "write, CUDA graphs; `int4`'s is its page flush and tail store after a copy that restores "
+        "its tail slots' pages (one int32 per sequence), without its sink store (a launch of its "
+        "own).",
         "",
         "| q/kv heads, dim | tokens | slots | dtype | µs | vs `bf16_fa2`'s write | vs `int8`'s |",
         "|---|---|---|---|---|---|---|",

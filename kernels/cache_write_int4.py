@@ -441,10 +441,10 @@ def int4_flush_launch(layout: Int4PageLayout) -> dict[str, int]:
     """The flush's programs a page and their warps. K is quantized per channel and V per token,
     so a page splits into programs without changing a bit: K_PARTS programs of 16 channel pairs
     (a [64, 32] fp32 tile) and V_PARTS of 16 tokens (a [16, D] tile). With one program a page,
-    its K and V each [64, D] fp32 in registers, a decode step's write at Gemma 3's 4/1 heads of
-    256 took 33.6 µs on an H100 against ``int8``'s 2.6 (benchmarks/results/kernels_gemma3_write.json):
-    a page's latency, since only the sequences whose token completes a page (about one in 64)
-    quantize one."""
+    its K and V each [64, D] fp32 in registers, a decode step's flush and tail store at Gemma 3's
+    4/1 heads of 256 took 33.6 µs on an H100 against ``int8``'s 2.6 µs write
+    (benchmarks/results/kernels_gemma3_write.json), where only the sequences whose token
+    completes a page (about one in 64) quantize one."""
     return {"K_PARTS": layout.head_size // 32, "V_PARTS": layout.block_size // 16, "num_warps": 4}
 
 
