@@ -272,7 +272,8 @@ def int4_prefill_table(path: Path = RESULTS / "kernels_prefill_int4.json") -> st
 
 def int4_decode_parts_table(path: Path = RESULTS / "kernels_int4_head64_parts.json") -> str:
     """``int4``'s decode with its parts added one at a time (one BF16 tail page, two, then the
-    sink page; each also without split-KV) against ``int8``'s, µs per launch of one run."""
+    sink page; the last, as ``int8``, also without split-KV) against ``int8``'s, µs per launch of
+    one run."""
     result = _load(path)
     ms = {(r["impl"], *_point(r)): r["ms"] for r in result["rows"] if r["kernel"] == "decode"}
     impls = ["int8", "int8_unsplit", "int4", "int4_tail2", "int4_sink_tail2",
@@ -2615,7 +2616,7 @@ TABLES = {
             "_gather_kv_kernel",
             "_gather_int4_kernel",
         ],
-    ),  # fmt: skip
+    ),
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(
         "smollm2_55cdbef", RESULTS / "serving_smollm2_55cdbef.json", "ttft", "steps", "starts"
