@@ -1,6 +1,6 @@
 """benchmarks/report.py's serving TTFT and starts tables, the README's serving table, the kernel
-A/B table, the int4 decode table and the note on int4's default decode, on small result files made
-here (the committed files are pinned by tests/test_readme_results.py)."""
+A/B table, the int4 decode table, the note on int4's default decode and the kernel table of a
+throughput run's profiles, on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
 
 from __future__ import annotations
 
