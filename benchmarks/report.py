@@ -336,52 +336,6 @@ def kernel_write_table(path: Path) -> str:
     return "\n".join(lines)
 
 
-# a row of vLLM's torch-profiler table: name, then 10 columns; Self CUDA total is the 6th and the
-# number of calls the last
-_PROFILE_ROW = re.compile(r"^\s*(\S.*?)\s{2,}((?:\S+\s+){9}\d+)\s*$")
-
-
-def _profile_kernels(path: Path) -> tuple[str, dict[str, tuple[float, int]]]:
-    """A throughput profile's first line with its GPU total, and its rows: name -> (GPU ms,
-    calls), only the GPU kernels (no CPU time of their own), rows of one name summed."""
-    text = path.read_text()
-    total = re.search(r"^Self CUDA time total: (.*)$", text, re.M)
-    first = text.splitlines()[0] + (f"; GPU time in all {total.group(1)}" if total else "")
-    kernels: dict[str, tuple[float, int]] = {}
-    for line in text.splitlines():
-        m = _PROFILE_ROW.match(line)
-        if not m:
-            continue
-        cols = m.group(2).split()
-        if cols[1] != "0.000us" or not cols[5].endswith("ms") and not cols[5].endswith("us"):
-            continue
-        gpu = float(cols[5][:-2]) / (1 if cols[5].endswith("ms") else 1000)
-        t, n = kernels.get(m.group(1), (0.0, 0))
-        kernels[m.group(1)] = (t + gpu, n + int(cols[9]))
-    return first, kernels
-
-
-def profile_kernels_table(paths: dict[str, Path], kernels: list[str]) -> str:
-    """The GPU time of ``kernels`` (the profiler's names) in the profiles of one throughput run,
-    one column per dtype: ms in all (calls, µs a call); "not listed" where a kernel is not among
-    the rows the profiler's table kept (its top 100 by GPU time), or does not run."""
-    profiles = {label: _profile_kernels(path) for label, path in paths.items()}
-    lines = [
-        "; ".join(f"`{label}`: {first}" for label, (first, _) in profiles.items()) + ". "
-        "Not listed: not among the table's top 100 rows by GPU time, or not run.",
-        "",
-        "| kernel | " + " | ".join(f"`{label}`: ms (calls, µs a call)" for label in paths) + " |",
-        "|---|" + "---|" * len(paths),
-    ]
-    for name in kernels:
-        cells = []
-        for _, found in profiles.values():
-            t, n = found.get(name, (0.0, 0))
-            cells.append(f"{t:.1f} ({n}, {1e3 * t / n:.1f})" if n else "not listed")
-        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def int4_decode_table(path: Path = RESULTS / "kernels_int4.json", impl: str = "int4") -> str:
     """``int4``'s decode (``impl``: the kernel bench's label of the variant judged, such as
     ``int4_sink_tail2`` for int4 as it ships) against
@@ -2141,6 +2095,10 @@ _PROFILE_COLS = ("name", "self_cpu_pct", "self_cpu", "cpu_total_pct", "cpu_total
 # shows up (vLLM lists only the rows with the most CUDA time, so one may be missing)
 _ATTENTION_OPS = ("vllm::unified_attention_with_output", "vllm::unified_kv_cache_update",
                   "_vllm_fa2_C::varlen_fwd", "_C_cache_ops::reshape_and_cache_flash")  # fmt: skip
+# our Triton kernels, by the names the profiler gives them: their GPU time and calls
+_OUR_KERNELS = ("_attn_fwd", "_attn_int4_fwd", "merge_splits", "_write_kv_kernel",
+                "_flush_pages_kernel", "_store_tail_kernel", "_store_sink_kernel",
+                "_gather_kv_kernel", "_gather_int4_kernel")  # fmt: skip
 
 
 def _seconds(text: str) -> float:
@@ -2166,19 +2124,25 @@ def parse_profile(path: Path) -> dict:
 
 
 def profile_summary(path: Path) -> dict:
-    """What ``profile_table`` reads of a profile: wall and GPU time, the attention ops' host time.
-    Profiles are text tables too large to keep; a result file keeps this instead."""
+    """What ``profile_table`` and ``profile_kernels_table`` read of a profile: wall and GPU time,
+    the attention ops' host time, our kernels' GPU time. Profiles are text tables too large to
+    keep; a result file keeps this instead."""
     prof = parse_profile(path)
     return {
         "source": path.name,
         "wall_s": prof["wall_s"],
         "gpu_s": prof["gpu_s"],
         "ops": {
-            name: {"cpu_total_s": _seconds(op["cpu_total"]), "calls": int(op["calls"])}
+            name: {"cpu_total_s": round(_seconds(op["cpu_total"]), 6), "calls": int(op["calls"])}
             for name, op in prof["ops"].items()
             if name in _ATTENTION_OPS
-        },  # fmt: skip
-    }
+        },
+        "kernels": {
+            name: {"gpu_s": round(_seconds(op["self_cuda"]), 6), "calls": int(op["calls"])}
+            for name, op in prof["ops"].items()
+            if name in _OUR_KERNELS
+        },
+    }  # fmt: skip
 
 
 def profile_table(throughput_path: Path = RESULTS / "throughput_profiled_1k.json") -> str:
@@ -2203,6 +2167,29 @@ def profile_table(throughput_path: Path = RESULTS / "throughput_profiled_1k.json
             f"| `{row['dtype']}` | {prof['wall_s']:.2f} | {prof['gpu_s']:.2f} | "
             f"{100 * prof['gpu_s'] / prof['wall_s']:.0f}% | {host} |"
         )
+    return "\n".join(lines)
+
+
+def profile_kernels_table(throughput_path: Path) -> str:
+    """Our kernels' GPU time in each configuration's profile (the file's ``profiles``, whose
+    summaries keep them): ms in all, calls and µs a call; "not listed" where the profiler's table
+    (its rows with the most CUDA time) has no row of that name, or the kernel does not run."""
+    profiles = _load(throughput_path)["profiles"]
+    labels = sorted(profiles)
+    names = [k for k in _OUR_KERNELS if any(k in profiles[c].get("kernels", {}) for c in labels)]
+    lines = [
+        "| kernel | " + " | ".join(f"`{c}`: ms (calls, µs a call)" for c in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for name in names:
+        cells = []
+        for c in labels:
+            k = profiles[c].get("kernels", {}).get(name)
+            cells.append(
+                f"{k['gpu_s'] * 1e3:.1f} ({k['calls']}, {k['gpu_s'] * 1e6 / k['calls']:.1f})"
+                if k else "not listed"
+            )  # fmt: skip
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -2597,25 +2584,11 @@ TABLES = {
     "int4_decode_parts_head64": int4_decode_parts_table,
     "int4_prefill_gemma3": lambda: int4_prefill_table(RESULTS / "kernels_gemma3_prefill.json"),
     "kernel_write_gemma3": lambda: kernel_write_table(RESULTS / "kernels_gemma3_write.json"),
-    "throughput_int4_gemma3_profiled": lambda: throughput_table(
+    "throughput_int4_gemma3_profiled": lambda: profile_table(
         RESULTS / "throughput_int4_gemma3_profiled.json"
     ),
     "throughput_int4_gemma3_profile_kernels": lambda: profile_kernels_table(
-        {
-            label: RESULTS / f"throughput_int4_gemma3_profile_{label}_8192.txt"
-            for label in ("auto_fa2", "int8", "int4")
-        },
-        [
-            "_attn_fwd",
-            "_attn_int4_fwd",
-            "merge_splits",
-            "_write_kv_kernel",
-            "_flush_pages_kernel",
-            "_store_tail_kernel",
-            "_store_sink_kernel",
-            "_gather_kv_kernel",
-            "_gather_int4_kernel",
-        ],
+        RESULTS / "throughput_int4_gemma3_profiled.json"
     ),
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(

@@ -350,10 +350,12 @@ def test_parse_profile_reads_wall_gpu_total_and_op_rows(tmp_path) -> None:
     assert prof["wall_s"] == 6.16 and prof["gpu_s"] == 1.508
     assert prof["ops"]["vllm::unified_kv_cache_update"]["cpu_total"] == "800.000ms"
     assert prof["ops"]["_attn_fwd"]["calls"] == "4260"
-    # what a result file keeps of it: the attention ops only, times in seconds
+    # what a result file keeps of it: the attention ops' host time and our kernels' GPU time,
+    # in seconds
     assert _report().profile_summary(path) == {
         "source": "profile_int8_1024.txt", "wall_s": 6.16, "gpu_s": 1.508,
         "ops": {"vllm::unified_kv_cache_update": {"cpu_total_s": 0.8, "calls": 3060}},
+        "kernels": {"_attn_fwd": {"gpu_s": 0.532363, "calls": 4260}},
     }  # fmt: skip
 
 

@@ -1,13 +1,11 @@
 """benchmarks/report.py's serving TTFT and starts tables, the README's serving table, the kernel
 A/B table, the int4 decode table, the note on int4's default decode and the kernel table of a
-throughput run's profiles, on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
+throughput run's profile summaries, on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pytest
 
 from benchmarks import report
 
@@ -637,30 +635,19 @@ def test_a_merged_files_row_is_credited_to_the_run_that_lists_it() -> None:
     assert report._run_of_row(doc, "auto") == "2026-12-02, commit `bbbbbbb`"
 
 
-PROFILE = """profiled generate: 4 prompts, 64 output tokens each, 1.00 s wall (profiler overhead included)
-
--------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------
-   Name    Self CPU %      Self CPU   CPU total %     CPU total  CPU time avg     Self CUDA   Self CUDA %    CUDA total  CUDA time avg    # of Calls
--------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------  ------------
-                                _vllm_fa2_C::varlen_fwd         1.13%      34.818ms         2.96%      91.268ms      65.850us     513.169ms        38.40%     513.332ms     370.369us          1386
-                                    _flush_pages_kernel         0.00%       0.000us         0.00%       0.000us       0.000us      84.390ms         7.59%      84.390ms      34.987us          2412
-                                    _flush_pages_kernel         0.00%       0.000us         0.00%       0.000us       0.000us     500.000us         0.05%     500.000us       5.000us           100
-                                     _store_sink_kernel         0.00%       0.000us         0.00%       0.000us       0.000us       5.620ms         0.51%       5.620ms       2.330us          2412
--------  ------------
-Self CPU time total: 2.525s
-Self CUDA time total: 1.112s
-"""
-
-
-def test_profile_kernels_table_sums_gpu_kernels_and_skips_host_ops(tmp_path: Path) -> None:
-    path = tmp_path / "profile.txt"
-    path.write_text(PROFILE)
-    first, kernels = report._profile_kernels(path)
-    assert first.endswith("(profiler overhead included); GPU time in all 1.112s")
-    # a name's rows are summed (84.39 ms + 0.5 ms, 2412 + 100 calls); an op with host time of
-    # its own (FlashAttention-2's varlen_fwd) is no kernel
-    assert kernels == {"_flush_pages_kernel": (pytest.approx(84.89), 2512),
-                       "_store_sink_kernel": (pytest.approx(5.62), 2412)}  # fmt: skip
-    table = report.profile_kernels_table({"int4": path}, ["_flush_pages_kernel", "_attn_fwd"])
-    assert "| `_flush_pages_kernel` | 84.9 (2512, 33.8) |" in table
-    assert "| `_attn_fwd` | not listed |" in table
+def test_profile_kernels_table_reads_each_profiles_kernels(tmp_path: Path) -> None:
+    profile = {"wall_s": 3.0, "gpu_s": 1.0, "ops": {}}
+    path = write(tmp_path, {"command": "python -m benchmarks.throughput --profile", "rows": [],
+                            "profiles": {
+        "int8": {**profile, "kernels": {"_attn_fwd": {"gpu_s": 0.0849, "calls": 2512}}},
+        "int4": {**profile, "kernels": {"_flush_pages_kernel": {"gpu_s": 0.0849, "calls": 2512}}},
+        "auto_fa2": {**profile, "kernels": {}},
+    }})  # fmt: skip
+    lines = report.profile_kernels_table(path).splitlines()
+    assert lines[0] == ("| kernel | `auto_fa2`: ms (calls, µs a call) | `int4`: ms (calls, µs a "
+                        "call) | `int8`: ms (calls, µs a call) |")  # fmt: skip
+    # only kernels some profile lists, in _OUR_KERNELS' order; ms in all, calls, µs a call
+    assert lines[2:] == [
+        "| `_attn_fwd` | not listed | not listed | 84.9 (2512, 33.8) |",
+        "| `_flush_pages_kernel` | not listed | 84.9 (2512, 33.8) | not listed |",
+    ]
