@@ -11,6 +11,7 @@ verbatim in README.md, docs/results.md or docs/measurement-history.md.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import re
@@ -2057,7 +2058,8 @@ def paired_runs_table(path: Path = RESULTS / "throughput_1k_paired.json") -> str
     lines = [
         _calls_caption(result),
         "",
-        "| call | ctx | turn | order | A gen tok/s (probe ms) | B gen tok/s (probe ms) | B/A |",
+        "| call | ctx | turn | order | A gen tok/s (probe ms; ms a step) "
+        "| B gen tok/s (probe ms; ms a step) | B/A |",
         "|---|---|---|---|---|---|---|",
     ]
     every_call: dict[tuple[str, str, int], list[float]] = {}
@@ -2070,22 +2072,30 @@ def paired_runs_table(path: Path = RESULTS / "throughput_1k_paired.json") -> str
             for k, (ra, rb, order, ratio) in enumerate(turns, 1):
                 lines.append(
                     f"| {i} | {ctx} | {k} | {' '.join(f'`{x}`' for x in order)} "
-                    f"| {ra['gen_tok_s']:.0f} ({ra['host_probe_ms']:.1f}) "
-                    f"| {rb['gen_tok_s']:.0f} ({rb['host_probe_ms']:.1f}) | {ratio:.2f}x |"
+                    f"| {_paired_run(ra)} | {_paired_run(rb)} | {ratio:.2f}x |"
                 )
             lines.append(
                 f"| {i} | {ctx} | median | A = `{a}`, B = `{b}` | | | "
                 f"**{pair['median_ratio']:.2f}x** |"
             )
             every_call.setdefault((a, b, ctx), []).extend(pair["ratios"])
-    if len(result["calls"]) > 1:
-        for (a, b, ctx), ratios in every_call.items():
+    calls_of = collections.Counter(
+        (p["a"], p["b"], p["ctx"]) for call in result["calls"] for p in call.get("paired", [])
+    )
+    for (a, b, ctx), ratios in every_call.items():
+        if calls_of[(a, b, ctx)] > 1:
             # the lower median, as throughput.paired_ratios takes within a call
             lines.append(
                 f"| all calls | {ctx} | median of {len(ratios)} | A = `{a}`, B = `{b}` | | | "
                 f"**{statistics.median_low(ratios):.2f}x** |"
             )
     return "\n".join(lines)
+
+
+def _paired_run(run: dict) -> str:
+    """A timed run of a paired call: generation throughput (host probe ms; ms an engine step)."""
+    step = f"; {run['ms_per_step']:.1f}" if "ms_per_step" in run else ""
+    return f"{run['gen_tok_s']:.0f} ({run['host_probe_ms']:.1f}{step})"
 
 
 # vLLM's torch-profiler table (profile_LABEL_CTX.txt): columns split by runs of 2+ spaces
@@ -2589,6 +2599,13 @@ TABLES = {
     ),
     "throughput_int4_gemma3_profile_kernels": lambda: profile_kernels_table(
         RESULTS / "throughput_int4_gemma3_profiled.json"
+    ),
+    "throughput_int4_gemma3_paired": lambda: paired_runs_table(
+        RESULTS / "throughput_int4_gemma3_paired.json"
+    ),
+    "int4_write_split_flush": lambda: decode_ab_table(RESULTS / "int4_write_split_flush.json"),
+    "int4_decode_keys_together": lambda: decode_ab_table(
+        RESULTS / "int4_decode_keys_together.json"
     ),
     "accuracy_bf16_prefill": lambda: accuracy_table(RESULTS / "accuracy_bf16_prefill.json"),
     **serving_run_tables(

@@ -390,11 +390,16 @@ def _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq
         block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt + pg)
         named = (~new) & (tl.load(entry) == block)
         if (p0 + BLOCK_SIZE > seq_len) | (p0 >= ctx) | named:
-            r = tail_half(pg, TAIL_PAGES) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-            dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
-            _store_rows(key_ptr, value_ptr, dst, stride_tkv, p0 + tl.arange(0, BLOCK_SIZE), q0,
-                        ctx, seq_len, head, stride_kt, stride_kh, stride_vt, stride_vh,
-                        HEAD_SIZE)  # fmt: skip
+            # only the page's new rows, [max(p0, ctx), min(p0 + B, seq_len)), in tiles of 16: a
+            # decode step's one row is one small tile, not a masked [B, D] page
+            lo = tl.maximum(p0, ctx)
+            hi = tl.minimum(p0 + BLOCK_SIZE, seq_len)
+            for r0 in range(lo, hi, 16):
+                pos = r0 + tl.arange(0, 16)
+                r = tail_half(pg, TAIL_PAGES) * BLOCK_SIZE + (pos - p0)
+                dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
+                _store_rows(key_ptr, value_ptr, dst, stride_tkv, pos, q0, ctx, hi, head,
+                            stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
             if head == 0:
                 tl.store(entry, block)
         elif head == 0:
