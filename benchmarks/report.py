@@ -2092,6 +2092,48 @@ def paired_runs_table(path: Path = RESULTS / "throughput_1k_paired.json") -> str
     return "\n".join(lines)
 
 
+# throughput.py --step-timing's phases (benchmarks/step_timing.py), the columns of its table
+THROUGHPUT_STEP_PHASES = (
+    ("engine_step", "engine step"),
+    ("schedule", "schedule"),
+    ("execute_model", "execute_model"),
+    ("attention_forward", "of it: attention, all layers"),
+    ("int4_write", "of that: `int4`'s write"),
+    ("attention_ours", "of that: our kernels' calls"),
+    ("fa2_call", "of that: FlashAttention-2's calls"),
+    ("update_from_output", "update_from_output"),
+)
+
+
+def throughput_steps_table(path: Path) -> str:
+    """``throughput.py --step-timing``: per timed run, its wall time a step beside the host time
+    the engine's step timer summed by phase, in ms per engine step. A file of ``calls`` (paired
+    calls merged) gives each call's runs; a details file, its rows' runs."""
+    result = _load(path)
+    calls = result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
+    lines = [
+        _calls_caption({**result, "calls": calls}) + " Host ms per engine step by phase, each "
+        "timed run's sums over its steps (n/a: the phase was not called in the run).",
+        "",
+        "| call | config | run | wall ms a step | "
+        + " | ".join(title for _, title in THROUGHPUT_STEP_PHASES)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(THROUGHPUT_STEP_PHASES),
+    ]
+    for i, call in enumerate(calls, 1):
+        for row in call["rows"]:
+            for k, run in enumerate(row.get("runs", []), 1):
+                phases = (run.get("step_timing") or {}).get("phases") or {}
+                cells = [_num((phases.get(name) or {}).get("ms_per_step"), ".2f")
+                         for name, _ in THROUGHPUT_STEP_PHASES]  # fmt: skip
+                lines.append(
+                    f"| {i} | `{row['dtype']}` | {k} | {_num(run.get('ms_per_step'), '.2f')} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+    return "\n".join(lines)
+
+
 def _paired_run(run: dict) -> str:
     """A timed run of a paired call: generation throughput (host probe ms; ms an engine step)."""
     step = f"; {run['ms_per_step']:.1f}" if "ms_per_step" in run else ""

@@ -931,7 +931,7 @@ def make_server(
     )
 
 
-STEP_TIMING_SITE = common.BENCH_DIR / "step_timing_site"
+STEP_TIMING_SITE = step_timing.SITE
 STEP_TIMING_SETTLE_S = 3 * step_timing.DUMP_EVERY_S  # the engine's sums reach their file
 
 
@@ -946,18 +946,8 @@ def step_timing_dir(args: argparse.Namespace, spec: ModelSpec, dtype: str) -> Pa
 def step_timing_env(
     args: argparse.Namespace, env: Mapping[str, str], directory: Path
 ) -> dict[str, str]:
-    """What a server needs for ``--step-timing``: our ``sitecustomize`` and the repository ahead
-    of its PYTHONPATH, and where its engine writes its sums (emptied: a file of an earlier
-    server there would count as this one's)."""
-    shutil.rmtree(directory, ignore_errors=True)
-    path = [str(STEP_TIMING_SITE), str(common.REPO), env.get("PYTHONPATH", "")]
-    out = {
-        "PYTHONPATH": os.pathsep.join(p for p in path if p),
-        step_timing.STEP_TIMING_DIR: str(directory),
-    }
-    if args.sync_debug:
-        out[step_timing.SYNC_DEBUG] = "1"
-    return out
+    """What a server needs for ``--step-timing`` (``step_timing.child_env``)."""
+    return step_timing.child_env(directory, env, sync_debug=args.sync_debug)
 
 
 def point_name(

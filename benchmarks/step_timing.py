@@ -22,7 +22,8 @@ line that made it (the first call's stack kept): a host read of a device value o
 stops asynchronous scheduling from overlapping the host's work with the GPU's.
 
 Loaded by ``benchmarks/step_timing_site/sitecustomize.py`` in every Python process of such a
-server; does nothing without ``SERVE_BENCH_STEP_TIMING_DIR``.
+server (and of ``throughput.py --step-timing``'s engines, whose engine core is forked: a forked
+child starts its own writer and sums); does nothing without ``SERVE_BENCH_STEP_TIMING_DIR``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 import threading
 import time
 import traceback
@@ -41,6 +43,9 @@ from typing import Any
 
 STEP_TIMING_DIR = "SERVE_BENCH_STEP_TIMING_DIR"
 SYNC_DEBUG = "SERVE_BENCH_SYNC_DEBUG"
+# the folder whose sitecustomize installs the timer; it and the repository lead a child's path
+SITE = Path(__file__).resolve().parent / "step_timing_site"
+REPO = Path(__file__).resolve().parents[1]
 
 ENGINE_STEP = "engine_step"
 RENDER = "render"
@@ -255,6 +260,13 @@ class StepTimer:
             if stack is not None:
                 self.sync_stacks.setdefault(where, [s.strip() for s in stack])
 
+    def restart_in_child(self) -> None:
+        """In a process forked from a timed one: its own sums from zero (not its parent's), and
+        a fresh lock (another thread of the parent may have held it at the fork)."""
+        self._lock = threading.Lock()
+        self.calls, self.seconds, self.syncs, self.sync_stacks = {}, {}, {}, {}
+        self.step_kind = self.last_step_kind = None
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {
@@ -341,7 +353,17 @@ def install(timer: StepTimer, directory: Path, dump_every_s: float = DUMP_EVERY_
             except OSError:
                 pass
 
-    threading.Thread(target=dump_forever, name="step-timing", daemon=True).start()
+    def start_writer() -> None:
+        threading.Thread(target=dump_forever, name="step-timing", daemon=True).start()
+
+    def in_forked_child() -> None:
+        # An offline LLM's engine core is forked (vLLM's default start method outside its CLI):
+        # a fork keeps the wrapped methods but not the writer thread, and copies the sums.
+        timer.restart_in_child()
+        start_writer()
+
+    start_writer()
+    os.register_at_fork(after_in_child=in_forked_child)
 
 
 def install_from_env(environ: Mapping[str, str] | None = None) -> StepTimer | None:
@@ -352,6 +374,18 @@ def install_from_env(environ: Mapping[str, str] | None = None) -> StepTimer | No
     timer = StepTimer(sync_debug=env.get(SYNC_DEBUG, "") == "1")
     install(timer, Path(directory))
     return timer
+
+
+def child_env(directory: Path, env: Mapping[str, str], sync_debug: bool = False) -> dict[str, str]:
+    """What a process that starts an engine (a server, an ``LLM``) needs for step timing: our
+    ``sitecustomize`` and the repository ahead of its PYTHONPATH, and where its processes write
+    their sums (emptied: a file of an earlier engine there would count as this one's)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    path = [str(SITE), str(REPO), env.get("PYTHONPATH", "")]
+    out = {"PYTHONPATH": os.pathsep.join(p for p in path if p), STEP_TIMING_DIR: str(directory)}
+    if sync_debug:
+        out[SYNC_DEBUG] = "1"
+    return out
 
 
 def read_snapshots(directory: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,9 @@ only as medians of runs in alternating order (``--rows-from-log ... --pool`` poo
 or, better, ``--paired``: both configurations' engines resident at once (separate processes, each
 with its own ``--gpu-memory-utilization``, at most 0.45), their timed runs taken in turn A B, B A,
 A B ..., so a drift of the host's speed reaches both; ``throughput_details.json`` then holds each
-turn pair's B/A ratio (``paired``).
+turn pair's B/A ratio (``paired``). ``--step-timing`` records, per timed run, where the engine's
+steps spend their host time by phase (``benchmarks/step_timing.py``, as ``serve_bench.py
+--step-timing``; ``report.throughput_steps_table`` prints it).
 
 The KV budget is fixed through one ``--gpu-memory-utilization`` for every configuration, so a
 cache format that needs fewer bytes per token gets more tokens (``kv_cache_tokens``, vLLM's own
@@ -53,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
+from benchmarks import common, step_timing
 
 DEFAULT_CONFIGS = "auto_fa2,auto_triton,int8_per_token_head,int8"
 DEFAULT_CTX = "1024,8192,32768"
@@ -120,6 +122,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ms per step, and the requests it ran at once and the KV cache's use, sampled "
         "(throughput_details.json): whether a configuration is slower per step or takes more "
         "steps, and whether its cache or its max_num_seqs bound its batch",
+    )
+    p.add_argument(
+        "--step-timing",
+        action="store_true",
+        help="time each engine's steps' host work by phase (benchmarks/step_timing.py: the "
+        "scheduler, the model runner's phases, each layer's attention and its parts) and record "
+        "each timed run's sums under its 'step_timing' (throughput_details.json): where a "
+        "configuration's time a step goes on the host. The timer's own calls cost a little host "
+        "time in every configuration alike",
     )
     p.add_argument(
         "--repeats",
@@ -260,6 +271,8 @@ def worker(args: argparse.Namespace) -> int:
     print(f"[{args.label}] engine up in {start_s:.0f}s, {kv_tokens} KV tokens", flush=True)
 
     rows, extra = [], []
+    timing = os.environ.get(step_timing.STEP_TIMING_DIR) if args.step_timing else None
+    timing_dir = Path(timing) if timing else None
     turns = Turns(Path(args.turns) if args.turns else None, args.label)
     sp = SamplingParams(
         max_tokens=args.output_len, ignore_eos=True, temperature=0.0, detokenize=False
@@ -278,7 +291,7 @@ def worker(args: argparse.Namespace) -> int:
             seed = args.seed + ctx + 7919 * i
             prompts = [TokensPrompt(prompt_token_ids=p)
                        for p in random_prompts(n, prompt_len, vocab, seed)]  # fmt: skip
-            timed.append(timed_run(llm, prompts, sp, args.step_stats))
+            timed.append(timed_run(llm, prompts, sp, args.step_stats, timing_dir))
             turns.done(turn)
             turn += 1
         run = lower_median(timed)
@@ -447,9 +460,20 @@ def host_probe_ms(rounds: int = 5) -> float:
     return round(statistics.median(times), 2)
 
 
-def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[str, Any]:
+# seconds for every process's step timer to write its sums (it writes every DUMP_EVERY_S)
+STEP_TIMING_SETTLE_S = 3 * step_timing.DUMP_EVERY_S
+
+
+def timed_run(
+    llm: Any, prompts: list[Any], sp: Any, with_steps: bool, timing_dir: Path | None = None
+) -> dict[str, Any]:
     """One timed ``LLM.generate``: gen_tok_s, wall, output tokens, the host probe taken just
-    before it and (``with_steps``) its engine steps."""
+    before it, (``with_steps``) its engine steps and (``timing_dir``, where the engine's step
+    timers write) the step timers' sums over it, read outside the timed wall."""
+    timing_before = None
+    if timing_dir is not None:
+        time.sleep(STEP_TIMING_SETTLE_S)
+        timing_before = step_timing.read_snapshots(timing_dir)
     probe = host_probe_ms()
     steps0 = iteration_tokens(llm) if with_steps else None
     batch = BatchSampler(llm if with_steps else None)
@@ -459,7 +483,7 @@ def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[s
     wall = time.monotonic() - t0
     steps1 = iteration_tokens(llm) if with_steps else None
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {
+    run = {
         "gen_tok_s": round(out_tokens / wall, 1),
         "wall_s": round(wall, 2),
         "output_tokens": out_tokens,
@@ -467,6 +491,11 @@ def timed_run(llm: Any, prompts: list[Any], sp: Any, with_steps: bool) -> dict[s
         **step_stats(steps0, steps1, wall),
         **batch.stats(),
     }
+    if timing_dir is not None and timing_before is not None:
+        time.sleep(STEP_TIMING_SETTLE_S)
+        after = step_timing.read_snapshots(timing_dir)
+        run["step_timing"] = step_timing.difference(timing_before, after)
+    return run
 
 
 def iteration_tokens(llm: Any) -> tuple[int, float]:
@@ -661,6 +690,7 @@ def worker_argv(args: argparse.Namespace, label: str, result: Path) -> list[str]
         str(args.kv_cache_memory_gib),
         *(["--profile", "--profile-prompts", str(args.profile_prompts)] if args.profile else []),
         *(["--step-stats"] if args.step_stats else []),
+        *(["--step-timing"] if args.step_timing else []),
         "--repeats",
         str(args.repeats),
     ]
@@ -692,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"plan": plan, "max_model_len": max_len})
         )
         env = common.with_repo_on_path(common.child_env(label, args.shim_everywhere))
+        if args.step_timing:
+            env |= step_timing.child_env(workdir / "steps" / label, env)
         children.append(
             (label, worker_argv(args, label, result), env, logdir / f"throughput_{label}.log")
         )
@@ -744,6 +776,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "prompts": "uniform random token ids in [1000, vocab)",
             "gen_tok_s": "output tokens / wall time of LLM.generate (prefill included)",
+            "step_timing": args.step_timing,
         },
         "skipped": skipped,
         "runs": runs,

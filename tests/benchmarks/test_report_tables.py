@@ -1,6 +1,7 @@
 """benchmarks/report.py's serving TTFT and starts tables, the README's serving table, the kernel
-A/B table, the int4 decode table, the note on int4's default decode and the kernel table of a
-throughput run's profile summaries, on small result files made here (the committed files are pinned by tests/test_readme_results.py)."""
+A/B table, the int4 decode table, the note on int4's default decode, the kernel table of a
+throughput run's profile summaries and the host phases of a step-timed one, on small result files
+made here (the committed files are pinned by tests/test_readme_results.py)."""
 
 from __future__ import annotations
 
@@ -650,4 +651,26 @@ def test_profile_kernels_table_reads_each_profiles_kernels(tmp_path: Path) -> No
     assert lines[2:] == [
         "| `_attn_fwd` | not listed | not listed | 84.9 (2512, 33.8) |",
         "| `_flush_pages_kernel` | not listed | 84.9 (2512, 33.8) | not listed |",
+    ]
+
+
+def test_throughput_steps_table_gives_each_runs_host_phases_per_step(tmp_path: Path) -> None:
+    def run(wall: float, phases: dict) -> dict:
+        timing = {name: {"calls": 10, "us_per_call": 1.0, "ms_per_step": ms}
+                  for name, ms in phases.items()}  # fmt: skip
+        return {"ms_per_step": wall, "step_timing": {"engine_steps": 10, "phases": timing}}
+
+    call = {"command": "python -m benchmarks.throughput --paired --step-timing", "rows": [
+        {"dtype": "int8", "runs": [run(10.5, {"engine_step": 10.1, "attention_forward": 2.0})]},
+        {"dtype": "int4", "runs": [run(14.0, {"engine_step": 13.9, "int4_write": 0.4}),
+                                   {"ms_per_step": 20.0}]},
+    ]}  # fmt: skip
+    path = write(tmp_path, {"model": "gemma-3-270m", "calls": [call]})
+    lines = report.throughput_steps_table(path).splitlines()
+    assert lines[2].startswith("| call | config | run | wall ms a step | engine step | schedule |")
+    # phases in THROUGHPUT_STEP_PHASES' order; a run without step timing reads n/a throughout
+    assert lines[4:] == [
+        "| 1 | `int8` | 1 | 10.50 | 10.10 | n/a | n/a | 2.00 | n/a | n/a | n/a | n/a |",
+        "| 1 | `int4` | 1 | 14.00 | 13.90 | n/a | n/a | n/a | 0.40 | n/a | n/a | n/a |",
+        "| 1 | `int4` | 2 | 20.00 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
     ]

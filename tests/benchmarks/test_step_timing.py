@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import types
 import warnings
@@ -373,3 +374,33 @@ def test_sitecustomize_installs_and_runs_the_one_it_shadows(tmp_path: Path) -> N
     assert "shadowed sitecustomize ran" in proc.stdout
     assert "hooks True" in proc.stdout and "not installed" not in proc.stderr
     assert steps.is_dir()
+
+
+def test_a_forked_child_writes_its_own_sums(tmp_path: Path) -> None:
+    """A process forked from a timed one (an offline LLM's engine core) gets a writer thread of
+    its own and counts from zero: its file holds its calls only, the parent's its own."""
+    code = textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from benchmarks import step_timing
+        timer = step_timing.StepTimer()
+        step_timing.install(timer, Path({str(tmp_path)!r}), dump_every_s=0.05)
+        call = timer.timed("schedule")
+        call(lambda: None, None, (), {{}})
+        pid = os.fork()
+        if pid == 0:
+            call(lambda: None, None, (), {{}})
+            call(lambda: None, None, (), {{}})
+            time.sleep(0.5)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.3)
+        print(pid)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=common.REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    child = int(proc.stdout.split()[-1])
+    calls = {s["pid"]: s["calls"] for s in step_timing.read_snapshots(tmp_path)}
+    assert calls[child] == {"schedule": 2}
+    assert [c for pid, c in calls.items() if pid != child] == [{"schedule": 1}]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import common, throughput
+from benchmarks import common, step_timing, throughput
 
 
 def test_throughput_ctx_plan_skips_beyond_model() -> None:
@@ -128,6 +128,61 @@ def test_timed_run_records_the_batch_it_ran() -> None:
     assert (run["max_running"], run["mean_running"], run["max_kv_cache_usage"]) == (12, 12.0, 0.9)
     run = throughput.timed_run(_LLM(), [None] * 4, None, with_steps=False)
     assert not set(run) & {"engine_steps", *throughput.BATCH_KEYS}
+
+
+def test_timed_run_records_the_step_timers_sums_over_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a step-timing folder the run carries step_timing.difference of the engine processes'
+    sums read before and after it (each process's file replaced as its timer writes)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(throughput, "STEP_TIMING_SETTLE_S", 0.0)
+
+    def snapshot(pid: int, steps: int, seconds: float) -> None:
+        sums = {"calls": {"engine_step": steps, "execute_model": steps},
+                "seconds": {"engine_step": seconds, "execute_model": seconds / 2}}  # fmt: skip
+        (tmp_path / f"steps_{pid}.json").write_text(json.dumps({"pid": pid, **sums}))
+
+    class _LLM:
+        def generate(self, prompts, sp, use_tqdm=False):
+            snapshot(7, 30, 0.9)  # 20 steps of 30 ms in the run
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1])])] * len(prompts)
+
+    snapshot(7, 10, 0.3)
+    run = throughput.timed_run(_LLM(), [None] * 2, None, with_steps=False, timing_dir=tmp_path)
+    phases = run["step_timing"]["phases"]
+    assert run["step_timing"]["engine_steps"] == 20
+    assert phases["engine_step"]["ms_per_step"] == pytest.approx(30.0)
+    assert phases["execute_model"]["ms_per_step"] == pytest.approx(15.0)
+    assert "step_timing" not in throughput.timed_run(_LLM(), [None], None, with_steps=False)
+
+
+def test_step_timing_reaches_each_worker_with_its_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
+) -> None:
+    """--step-timing: each worker gets the flag, the timer's site first on its path and a
+    folder of its own; without it, neither."""
+    seen: dict[str, tuple[list[str], dict[str, str]]] = {}
+
+    def fake_child(argv, env, timeout_s, log_path):
+        argv = list(argv)
+        seen[argv[argv.index("--label") + 1]] = (argv, dict(env))
+        return 1, 0.1, "stopped"
+
+    monkeypatch.setattr(throughput.common, "run_child", fake_child)
+    base = [*throughput_model, "--out", str(tmp_path / "t.json"), "--configs", "int8,int4"]
+    throughput.main([*base, "--step-timing"])
+    folders = set()
+    for argv, env in seen.values():
+        assert "--step-timing" in argv
+        assert env["PYTHONPATH"].split(os.pathsep)[0] == str(step_timing.SITE)
+        folders.add(env[step_timing.STEP_TIMING_DIR])
+    assert len(folders) == 2
+    seen.clear()
+    throughput.main(base)
+    for argv, env in seen.values():
+        assert "--step-timing" not in argv and step_timing.STEP_TIMING_DIR not in env
 
 
 def test_plot_throughput(tmp_path: Path) -> None:
