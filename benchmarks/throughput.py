@@ -495,6 +495,10 @@ def timed_run(
         time.sleep(STEP_TIMING_SETTLE_S)
         after = step_timing.read_snapshots(timing_dir)
         run["step_timing"] = step_timing.difference(timing_before, after)
+        if not run["step_timing"]["engine_steps"]:
+            # the engine core's timer wrote nothing: say so rather than leave an empty record
+            print(f"throughput: step timing: no engine step timed in {timing_dir} (the timer's "
+                  "sitecustomize not on the engine core's path?)", file=sys.stderr, flush=True)  # fmt: skip
     return run
 
 

@@ -158,6 +158,22 @@ def test_timed_run_records_the_step_timers_sums_over_the_run(
     assert "step_timing" not in throughput.timed_run(_LLM(), [None], None, with_steps=False)
 
 
+def test_step_timing_that_timed_no_engine_step_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(throughput, "STEP_TIMING_SETTLE_S", 0.0)
+
+    class _LLM:
+        def generate(self, prompts, sp, use_tqdm=False):
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1])])]
+
+    run = throughput.timed_run(_LLM(), [None], None, with_steps=False, timing_dir=tmp_path)
+    assert run["step_timing"]["engine_steps"] == 0
+    assert "no engine step timed" in capsys.readouterr().err
+
+
 def test_step_timing_reaches_each_worker_with_its_own_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throughput_model: list[str]
 ) -> None:
