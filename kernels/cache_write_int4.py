@@ -394,10 +394,11 @@ def _keep_page(key_ptr, value_ptr, tail_ptr, tail_page_ptr, block_table_ptr, seq
             # decode step's one row is one small tile, not a masked [B, D] page
             lo = tl.maximum(p0, ctx)
             hi = tl.minimum(p0 + BLOCK_SIZE, seq_len)
+            row0 = tail_ptr + slot * stride_ts + head * stride_th  # the page's first tail row
+            row0 += (tail_half(pg, TAIL_PAGES) * BLOCK_SIZE) * stride_tp
             for r0 in range(lo, hi, 16):
                 pos = r0 + tl.arange(0, 16)
-                r = tail_half(pg, TAIL_PAGES) * BLOCK_SIZE + (pos - p0)
-                dst = tail_ptr + slot * stride_ts + head * stride_th + r * stride_tp
+                dst = row0 + (pos - p0) * stride_tp
                 _store_rows(key_ptr, value_ptr, dst, stride_tkv, pos, q0, ctx, hi, head,
                             stride_kt, stride_kh, stride_vt, stride_vh, HEAD_SIZE)  # fmt: skip
             if head == 0:
