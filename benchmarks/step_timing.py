@@ -44,6 +44,8 @@ from typing import Any
 STEP_TIMING_DIR = "SERVE_BENCH_STEP_TIMING_DIR"
 SYNC_DEBUG = "SERVE_BENCH_SYNC_DEBUG"
 # the folder whose sitecustomize installs the timer; it and the repository lead a child's path
+# (the repository found here, not through benchmarks.common: this module loads in every
+# process of a timed engine, and common imports numpy)
 SITE = Path(__file__).resolve().parent / "step_timing_site"
 REPO = Path(__file__).resolve().parents[1]
 
