@@ -2134,6 +2134,35 @@ def throughput_steps_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def step_cost_table(path: Path) -> str:
+    """``throughput.py --step-stats``: per timed run, its time a step beside the requests it ran at
+    once and the tokens a step carried, and the time a step per running request and per thousand
+    tokens. Where those two stay level across configurations, a cache that holds more requests
+    makes steps longer in proportion and the run no shorter. A file of ``calls`` (paired calls
+    merged) gives each call's runs; a details file, its rows' runs."""
+    result = _load(path)
+    calls = result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
+    lines = [
+        _calls_caption({**result, "calls": calls}) + " Requests running: vLLM's gauge read every "
+        "0.25 s of each timed run's wall time and averaged (its ramp-up and tail included).",
+        "",
+        "| call | config | run | gen tok/s | ms a step | requests running | µs a step per "
+        "running request | tokens a step | ms a step per 1000 tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, call in enumerate(calls, 1):
+        for row in call["rows"]:
+            for k, run in enumerate(row.get("runs") or [row], 1):
+                ms, running = run["ms_per_step"], run["mean_running"]
+                tokens = run["tokens_per_step"]
+                lines.append(
+                    f"| {i} | `{row['dtype']}` | {k} | {run['gen_tok_s']:.0f} | {ms:.2f} "
+                    f"| {running:.1f} | {ms / running * 1e3:.0f} | {tokens:.0f} "
+                    f"| {ms / tokens * 1e3:.2f} |"
+                )
+    return "\n".join(lines)
+
+
 def _paired_run(run: dict) -> str:
     """A timed run of a paired call: generation throughput (host probe ms; ms an engine step)."""
     step = f"; {run['ms_per_step']:.1f}" if "ms_per_step" in run else ""
@@ -2643,6 +2672,9 @@ TABLES = {
         RESULTS / "throughput_int4_gemma3_profiled.json"
     ),
     "throughput_int4_gemma3_paired": lambda: paired_runs_table(
+        RESULTS / "throughput_int4_gemma3_paired.json"
+    ),
+    "throughput_int4_gemma3_paired_steps": lambda: step_cost_table(
         RESULTS / "throughput_int4_gemma3_paired.json"
     ),
     "int4_write_split_flush": lambda: decode_ab_table(RESULTS / "int4_write_split_flush.json"),

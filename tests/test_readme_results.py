@@ -82,6 +82,7 @@ WHERE = {
     "throughput_int4_gemma3_profiled": RESULTS,
     "throughput_int4_gemma3_profile_kernels": RESULTS,
     "throughput_int4_gemma3_paired": RESULTS,
+    "throughput_int4_gemma3_paired_steps": RESULTS,
     "int4_write_split_flush": RESULTS,
     "int4_decode_keys_together": RESULTS,
     "accuracy_bf16_prefill": RESULTS,

@@ -674,3 +674,29 @@ def test_throughput_steps_table_gives_each_runs_host_phases_per_step(tmp_path: P
         "| 1 | `int4` | 1 | 14.00 | 13.90 | n/a | n/a | n/a | 0.40 | n/a | n/a | n/a |",
         "| 1 | `int4` | 2 | 20.00 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
     ]
+
+
+def test_step_cost_table_divides_each_runs_step_by_its_requests_and_tokens(tmp_path: Path) -> None:
+    def run(gen: float, ms: float, running: float, tokens: float) -> dict:
+        return {"gen_tok_s": gen, "ms_per_step": ms, "mean_running": running,
+                "tokens_per_step": tokens}  # fmt: skip
+
+    call = {"command": "python -m benchmarks.throughput --paired --step-stats", "rows": [
+        {"dtype": "int8", "runs": [run(7000.4, 10.0, 80.0, 2500.0)]},
+        {"dtype": "int4", "runs": [run(6000.0, 14.0, 100.0, 3500.0), run(4000.0, 21.0, 105.0, 3500.0)]},
+    ]}  # fmt: skip
+    path = write(tmp_path, {"model": "gemma-3-270m", "calls": [call]})
+    lines = report.step_cost_table(path).splitlines()
+    assert lines[2].startswith("| call | config | run | gen tok/s | ms a step | requests running |")
+    # µs a step per running request = ms a step / requests x 1000; per 1000 tokens likewise
+    assert lines[4:] == [
+        "| 1 | `int8` | 1 | 7000 | 10.00 | 80.0 | 125 | 2500 | 4.00 |",
+        "| 1 | `int4` | 1 | 6000 | 14.00 | 100.0 | 140 | 3500 | 4.00 |",
+        "| 1 | `int4` | 2 | 4000 | 21.00 | 105.0 | 200 | 3500 | 6.00 |",
+    ]
+    # a details file without calls: its rows, each run of them
+    single = write(tmp_path, {"model": "m", "command": "python -m benchmarks.throughput",
+                              "rows": [{"dtype": "auto_fa2", **run(5000.0, 6.0, 40.0, 1300.0)}]})  # fmt: skip
+    assert report.step_cost_table(single).splitlines()[4] == (
+        "| 1 | `auto_fa2` | 1 | 5000 | 6.00 | 40.0 | 150 | 1300 | 4.62 |"
+    )
