@@ -405,16 +405,16 @@ def int4_write_fn(
 def plot(result: dict, path: str) -> None:
     """Decode speedup over bf16_fa2 against context, a panel per model shape: colour = impl,
     line style and marker = batch, the dashed line at the 1.6x decode target."""
+    rows = [r for r in result["rows"] if r["kernel"] == "decode"]
+    base = {(r["q_heads"], r["batch"], r["ctx"]): r["ms"] for r in rows if r["impl"] == "bf16_fa2"}
+    if not base:  # every point of the plot is a ratio to it: an empty plot otherwise
+        raise ValueError("no bf16_fa2 decode rows to plot against")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    rows = [r for r in result["rows"] if r["kernel"] == "decode"]
-    base = {(r["q_heads"], r["batch"], r["ctx"]): r["ms"] for r in rows if r["impl"] == "bf16_fa2"}
-    if not base:  # every point of the plot is a ratio to it: an empty plot otherwise
-        raise ValueError("no bf16_fa2 decode rows to plot against")
     shapes = sorted({(r["q_heads"], r["kv_heads"], r["head_dim"]) for r in rows})
     impls = [i for i in IMPLS[1:] if any(r["impl"] == i for r in rows)]
     batches = sorted({r["batch"] for r in rows})
