@@ -8,6 +8,8 @@ SmolLM2-135M's attention (9 query / 3 KV heads, head size 64, 30 layers; block s
 31 decodes + a 2048-token first chunk; 31 decodes + a 2048-token chunk over 5888 cached tokens
 (the context gather + FlashAttention-2 path of flash_prefill.py; ``int4``'s chunk ran on our
 kernels until 2026-12-06, as in the committed results).
+``int4``'s tail slots and sink rows are assigned as the model runner's hooks assign them
+(``assign_rows``): of the three batches only ``mixed``'s first chunk writes its sink page.
 Every step empties the kernels' replay caches first (the worst case: a batch whose shape changed),
 so layer 1 runs each wrapper whole and records its launches, layers 2-30 replay what they can, as
 on a GPU; the replays are stand-ins with the real ones' host checks minus the CUDA ones.
@@ -61,6 +63,7 @@ class Launches:
     def __init__(self, binder: bool) -> None:
         self.binder = binder
         self.counts: Counter[str] = Counter()
+        self.kernels: Counter[str] = Counter()  # launches and replays by kernel name (tests)
         self._binders: dict[int, Callable[..., Any]] = {}
 
     def install(self) -> None:
@@ -75,9 +78,11 @@ class Launches:
 
             def launch(self, values: list) -> None:
                 stand_in.counts["replays"] += 1
+                stand_in.kernels[self.launcher.fn.__name__] += 1
 
         def run(launcher: Any, grid: Any, args: tuple, kwargs: dict, swap: Any) -> Any:
             self.counts["launches"] += 1
+            self.kernels[launcher.fn.__name__] += 1
             if self.binder and args[0].device.type != "meta":
                 self._bind(launcher.fn, args, kwargs)
             if swap is None:
@@ -249,14 +254,36 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
     return times
 
 
+def assign_rows(builder: Any, step: Step) -> None:
+    """``int4``'s per-step rows, as the model runner's hooks fill them: a tail slot per request and,
+    with sink pages, the sink each reads and writes. Every prompt is its own content; a request
+    whose first page is computed this step (the first chunk of ``mixed``) writes its sink, the
+    others (decodes, the ``gather`` chunk) have theirs in the cache already and write none."""
+    from int8kv_shim import sink_pages
+
+    if builder.slots is None:
+        return
+    builder.slots.assign(step.req_ids)
+    sinks = sink_pages.manager()
+    if sinks is None:
+        return
+    qsl = step.common.query_start_loc_cpu.tolist()
+    for r, req_id in enumerate(step.req_ids):
+        new = qsl[r + 1] - qsl[r]
+        computed = int(step.common.seq_lens_cpu_upper_bound[r]) - new
+        prompt = [1000 + r] * sink_pages.PAGE_TOKENS
+        sinks.add(req_id, sink_pages.sink_key(prompt), computed)
+        sinks.computed(req_id, computed, new)
+    sinks.assign(step.req_ids)
+
+
 def measure(
     kv_dtype: str, batch: str, steps: int, launches: Launches, groups: int = 1
 ) -> dict[str, Any]:
     device = torch.device("cpu")
     builder, impls, caches = make_layers(kv_dtype, device)
     step = make_step(batch, BLOCK_SIZES[kv_dtype], device, groups)
-    if builder.slots is not None:
-        builder.slots.assign(step.req_ids)
+    assign_rows(builder, step)
     for _ in range(5):
         run_step(builder, impls, caches, step)
     launches.counts.clear()
@@ -301,9 +328,7 @@ def check_syncs(kv_dtype: str, batch: str) -> str | None:
     device = torch.device("meta")
     builder, impls, caches = make_layers(kv_dtype, device)
     step = make_step(batch, BLOCK_SIZES[kv_dtype], device)
-    if builder.slots is not None:
-        # the per-step slot rows come from the host (a copy into the device buffer)
-        builder.slots.assign(step.req_ids)
+    assign_rows(builder, step)  # the per-step rows come from the host (a copy to the device)
     try:
         run_step(builder, impls[:2], caches[:2], step)
     except Exception as e:  # noqa: BLE001  the report says which

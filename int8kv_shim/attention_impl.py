@@ -231,7 +231,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         sink_of_seq = sink_store_of_seq = None
         if self.sinks is not None:
             sink_of_seq = self.sinks.sink_of_seq[: m.num_reqs]
-            sink_store_of_seq = self.sinks.sink_store_of_seq[: m.num_reqs]
+            if self.sinks.stores:  # else no sink store launch this step (a capture keeps it)
+                sink_store_of_seq = self.sinks.sink_store_of_seq[: m.num_reqs]
         split = None
         if m.max_query_len > 1:
             split, reason = self._prefill_route(
@@ -369,6 +370,11 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         metadata.num_decodes = metadata.num_decode_tokens = 0
         metadata.decode_rows = metadata.prefill_rows = None
         metadata.num_splits = self._decode_splits(common_attn_metadata.num_reqs)
+        if self.sinks is not None:
+            # and the sink store, which writes only the rows a later batch gives a sink to store
+            metadata.sink_store_of_seq = self.sinks.sink_store_of_seq[
+                : common_attn_metadata.num_reqs
+            ]
         return metadata
 
 

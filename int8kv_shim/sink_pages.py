@@ -102,6 +102,9 @@ class SinkPages:
                                 pin_memory=cuda)  # fmt: skip
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event() if cuda else None
+        # whether a row of the batch last assigned writes its sink: when none does, an eager
+        # step launches no sink store (the metadata builder reads this, on the host)
+        self.stores = False
         self.full_misses = 0  # requests that found every sink in use (logged once)
 
     def __repr__(self) -> str:
@@ -163,6 +166,7 @@ class SinkPages:
         for row, req_id in enumerate(req_ids):
             host[0, row], host[1, row] = self._row(req_id)
         host[:, len(req_ids) :] = -1
+        self.stores = bool((host[1] >= 0).any())
         self._rows.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -170,6 +174,7 @@ class SinkPages:
     def clear_rows(self) -> None:
         """Every row -1, for dummy runs (profiling, capture, idle data-parallel steps)."""
         self._rows.fill_(-1)
+        self.stores = False
 
     def _row(self, req_id: str) -> tuple[int, int]:
         req = self._requests.get(req_id)

@@ -252,6 +252,7 @@ def kernels(flash: bool = False) -> None:
         if sinks is not None:
             assert torch.equal(impl.sink[0, 0].transpose(0, 1), k[2][:BS])
             assert tuple(impl.sink.shape) == (SLOTS, 2, NKV, BS, D)
+            _check_a_step_without_sink_stores(builder, sinks, seq_lens)
         print(f"kernels with two tail pages ok (sink pages {sinks is not None})")
         return
     if sinks is not None:
@@ -259,11 +260,39 @@ def kernels(flash: bool = False) -> None:
         assert torch.equal(impl.sink[0, 0].transpose(0, 1), k[2][:BS])
         assert torch.equal(impl.sink[0, 1].transpose(0, 1), v[2][:BS])
         assert (diff <= 4e-3 + 2.0**-7 * ref.abs()).all(), diff.max()
+        _check_a_step_without_sink_stores(builder, sinks, seq_lens)
         print(f"kernels with sink pages ok (max abs error {diff.max().item():.2e})")
         return
     assert diff[10:15].max() < 0.15, diff[10:15].max()  # s2 reads one 4-bit page
     assert diff[10:15].max() > 1e-4, "page 0 of s2 was read unquantized?"
     print(f"kernels ok (max abs error {diff.max().item():.2e})")
+
+
+def _check_a_step_without_sink_stores(
+    builder: Int8KVAttentionMetadataBuilder, sinks: sink_pages.SinkPages, seq_lens: list[int]
+) -> None:
+    """The next step, one token each: s2 and s3 read their sinks and none writes one, so an eager
+    step's metadata asks for no sink store launch, while a captured graph's keeps it (the graph
+    replays for later batches, whose rows may write theirs)."""
+    for s, n in enumerate(seq_lens):
+        sinks.computed(f"s{s}", n, 1)
+    sinks.assign(["s0", "s1", "s2", "s3"])
+    assert not sinks.stores and sinks.sink_of_seq.tolist()[:4] == [-1, -1, 0, 1]
+    common = common_metadata(
+        [1] * 4, [n + 1 for n in seq_lens], torch.zeros(4, 2, dtype=torch.int32)
+    )
+    md = builder.build(0, common)
+    assert md.sink_store_of_seq is None and md.sink_of_seq.tolist() == [-1, -1, 0, 1]
+    cap = builder.build_for_cudagraph_capture(common)
+    assert cap.sink_store_of_seq.data_ptr() == sinks.sink_store_of_seq.data_ptr()
+    # a new request in s0's row, its first page to come: the eager metadata asks for the launch
+    sinks.add("s4", sink_key(list(range(4000, 4100))), 0)
+    sinks.computed("s4", 0, 1)
+    sinks.assign(["s4", "s1", "s2", "s3"])
+    assert sinks.stores
+    common = common_metadata([1] * 4, [1, *(n + 1 for n in seq_lens[1:])],
+                             torch.zeros(4, 2, dtype=torch.int32))  # fmt: skip
+    assert builder.build(0, common).sink_store_of_seq.tolist() == [2, -1, -1, -1]
 
 
 if __name__ == "__main__":

@@ -40,11 +40,13 @@ def test_an_owner_writes_its_page_then_everyone_reads_it() -> None:
     pages = SinkPages(4, 8, "cpu")
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]  # reads (where its page is full) and writes sink 0
+    assert pages.stores  # a row writes its sink: the step launches the sink store
     pages.computed("a", 100, 1)
     # a prefix hit on the same first page, and a miss with the same start: both read it
     _start(pages, "b", X, 64, 36)
     _start(pages, "c", X + [7], 0, 101)
     assert _rows(pages, "a", "b", "c") == [(0, -1), (0, -1), (0, -1)]
+    assert not pages.stores  # nobody writes: an eager step launches none
 
 
 def test_a_page_still_being_written_is_read_by_nobody_else() -> None:
@@ -114,8 +116,10 @@ def test_short_prompts_and_dummy_runs_read_and_write_nothing() -> None:
     assert _rows(pages, "short", "unknown") == [(-1, -1), (-1, -1)]
     _start(pages, "a", X, 0, 100)
     assert _rows(pages, "a") == [(0, 0)]
+    assert pages.stores
     pages.clear_rows()
     assert pages.sink_of_seq.tolist() == [-1] * 8 and pages.sink_store_of_seq.tolist() == [-1] * 8
+    assert not pages.stores
 
 
 def test_from_vllms_scheduler_output() -> None:
