@@ -257,8 +257,9 @@ def run_step(builder: Any, impls: list[Any], caches: list[torch.Tensor], step: S
 def assign_rows(builder: Any, step: Step) -> None:
     """``int4``'s per-step rows, as the model runner's hooks fill them: a tail slot per request and,
     with sink pages, the sink each reads and writes. Every prompt is its own content; a request
-    whose first page is computed this step (the first chunk of ``mixed``) writes its sink, the
-    others (decodes, the ``gather`` chunk) have theirs in the cache already and write none."""
+    whose first page is computed this step (the first chunk of ``mixed``) writes its sink; the
+    others (decodes, the ``gather`` chunk) are past their first page and write none (nor read
+    one here, no earlier step having written it: a row's sink changes no launch)."""
     from int8kv_shim import sink_pages
 
     if builder.slots is None:
