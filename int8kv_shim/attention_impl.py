@@ -132,6 +132,9 @@ class Int8KVAttentionMetadata:
     # int4 with sink pages (sink_pages.py): row r's sink to read (-1: none) and to write (-1: none)
     sink_of_seq: torch.Tensor | None = None
     sink_store_of_seq: torch.Tensor | None = None
+    # whether a row writes its sink this step (host rows, SinkPages.stores): an eager step
+    # without one launches no sink store; a CUDA-graph capture launches it whatever this says
+    sink_stores: bool = True
 
 
 class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMetadata]):
@@ -231,8 +234,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         sink_of_seq = sink_store_of_seq = None
         if self.sinks is not None:
             sink_of_seq = self.sinks.sink_of_seq[: m.num_reqs]
-            if self.sinks.stores:  # else no sink store launch this step (a capture keeps it)
-                sink_store_of_seq = self.sinks.sink_store_of_seq[: m.num_reqs]
+            sink_store_of_seq = self.sinks.sink_store_of_seq[: m.num_reqs]
         split = None
         if m.max_query_len > 1:
             split, reason = self._prefill_route(
@@ -272,6 +274,7 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
             slot_is_new=slot_is_new,
             sink_of_seq=sink_of_seq,
             sink_store_of_seq=sink_store_of_seq,
+            sink_stores=self.sinks is not None and self.sinks.stores,
         )
 
     def update_block_table(
@@ -370,11 +373,8 @@ class Int8KVAttentionMetadataBuilder(AttentionMetadataBuilder[Int8KVAttentionMet
         metadata.num_decodes = metadata.num_decode_tokens = 0
         metadata.decode_rows = metadata.prefill_rows = None
         metadata.num_splits = self._decode_splits(common_attn_metadata.num_reqs)
-        if self.sinks is not None:
-            # and the sink store, which writes only the rows a later batch gives a sink to store
-            metadata.sink_store_of_seq = self.sinks.sink_store_of_seq[
-                : common_attn_metadata.num_reqs
-            ]
+        # and the sink store, which writes only the rows a later batch gives a sink to store
+        metadata.sink_stores = True
         return metadata
 
 
@@ -511,7 +511,12 @@ class Int8KVAttentionImpl(AttentionImpl):
             # Before any attention of this step, FlashAttention's first chunks included: the
             # write needs the step's metadata (do_kv_cache_update gets only the slot mapping).
             self._write_with_tail(key, value, kv_cache, md)
-            if md.sink_store_of_seq is not None and self.sink is not None:
+            if (
+                md.sink_store_of_seq is not None
+                and self.sink is not None
+                # a graph captured now replays for later batches, whose rows may write theirs
+                and (md.sink_stores or _capturing(key))
+            ):
                 write_sink_int4(key, value, self.sink, md.sink_store_of_seq,
                                 query_start_loc=md.query_start_loc, seq_lens=md.seq_lens,
                                 num_seqs=md.num_reqs)  # fmt: skip
@@ -694,6 +699,12 @@ class Int8KVAttentionImpl(AttentionImpl):
 
     def fused_rope_kvcache_supported(self) -> bool:
         return False
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s launches are being captured into a CUDA graph (vLLM's capture, or any
+    other) rather than run."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _rows(x: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:

@@ -271,9 +271,9 @@ def kernels(flash: bool = False) -> None:
 def _check_a_step_without_sink_stores(
     builder: Int8KVAttentionMetadataBuilder, sinks: sink_pages.SinkPages, seq_lens: list[int]
 ) -> None:
-    """The next step, one token each: s2 and s3 read their sinks and none writes one, so an eager
-    step's metadata asks for no sink store launch, while a captured graph's keeps it (the graph
-    replays for later batches, whose rows may write theirs)."""
+    """The next step, one token each: s2 and s3 read their sinks and none writes one, so the
+    step's metadata says no row stores (an eager forward then launches no sink store), while a
+    capture's says one may (the graph replays for later batches, whose rows may write theirs)."""
     for s, n in enumerate(seq_lens):
         sinks.computed(f"s{s}", n, 1)
     sinks.assign(["s0", "s1", "s2", "s3"])
@@ -282,9 +282,9 @@ def _check_a_step_without_sink_stores(
         [1] * 4, [n + 1 for n in seq_lens], torch.zeros(4, 2, dtype=torch.int32)
     )
     md = builder.build(0, common)
-    assert md.sink_store_of_seq is None and md.sink_of_seq.tolist() == [-1, -1, 0, 1]
-    cap = builder.build_for_cudagraph_capture(common)
-    assert cap.sink_store_of_seq.data_ptr() == sinks.sink_store_of_seq.data_ptr()
+    assert not md.sink_stores and md.sink_of_seq.tolist() == [-1, -1, 0, 1]
+    assert md.sink_store_of_seq.data_ptr() == sinks.sink_store_of_seq.data_ptr()
+    assert builder.build_for_cudagraph_capture(common).sink_stores
     # a new request in s0's row, its first page to come: the eager metadata asks for the launch
     sinks.add("s4", sink_key(list(range(4000, 4100))), 0)
     sinks.computed("s4", 0, 1)
@@ -292,7 +292,8 @@ def _check_a_step_without_sink_stores(
     assert sinks.stores
     common = common_metadata([1] * 4, [1, *(n + 1 for n in seq_lens[1:])],
                              torch.zeros(4, 2, dtype=torch.int32))  # fmt: skip
-    assert builder.build(0, common).sink_store_of_seq.tolist() == [2, -1, -1, -1]
+    md = builder.build(0, common)
+    assert md.sink_stores and md.sink_store_of_seq.tolist() == [2, -1, -1, -1]
 
 
 if __name__ == "__main__":
