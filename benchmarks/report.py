@@ -2105,12 +2105,30 @@ THROUGHPUT_STEP_PHASES = (
 )
 
 
+def _throughput_calls(result: dict) -> list[dict]:
+    """A throughput result's calls: its ``calls`` (paired calls merged), or, for a details file,
+    the file itself as one call."""
+    return result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
+
+
+def _timed_runs(
+    calls: list[dict], row_is_run: bool = False
+) -> Iterator[tuple[int, dict, int, dict]]:
+    """(call number, row, run number, run) of every timed run of ``calls``' rows; with
+    ``row_is_run``, a row without ``runs`` (one run, a details file's) as its own run."""
+    for i, call in enumerate(calls, 1):
+        for row in call["rows"]:
+            runs = row.get("runs") or ([row] if row_is_run else [])
+            for k, run in enumerate(runs, 1):
+                yield i, row, k, run
+
+
 def throughput_steps_table(path: Path) -> str:
     """``throughput.py --step-timing``: per timed run, its wall time a step beside the host time
     the engine's step timer summed by phase, in ms per engine step. A file of ``calls`` (paired
     calls merged) gives each call's runs; a details file, its rows' runs."""
     result = _load(path)
-    calls = result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
+    calls = _throughput_calls(result)
     lines = [
         _calls_caption({**result, "calls": calls}) + " Host ms per engine step by phase, each "
         "timed run's sums over its steps (n/a: the phase was not called in the run).",
@@ -2120,17 +2138,15 @@ def throughput_steps_table(path: Path) -> str:
         + " |",
         "|---|---|---|---|" + "---|" * len(THROUGHPUT_STEP_PHASES),
     ]
-    for i, call in enumerate(calls, 1):
-        for row in call["rows"]:
-            for k, run in enumerate(row.get("runs", []), 1):
-                phases = (run.get("step_timing") or {}).get("phases") or {}
-                cells = [_num((phases.get(name) or {}).get("ms_per_step"), ".2f")
-                         for name, _ in THROUGHPUT_STEP_PHASES]  # fmt: skip
-                lines.append(
-                    f"| {i} | `{row['dtype']}` | {k} | {_num(run.get('ms_per_step'), '.2f')} | "
-                    + " | ".join(cells)
-                    + " |"
-                )
+    for i, row, k, run in _timed_runs(calls):
+        phases = (run.get("step_timing") or {}).get("phases") or {}
+        cells = [_num((phases.get(name) or {}).get("ms_per_step"), ".2f")
+                 for name, _ in THROUGHPUT_STEP_PHASES]  # fmt: skip
+        lines.append(
+            f"| {i} | `{row['dtype']}` | {k} | {_num(run.get('ms_per_step'), '.2f')} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -2141,7 +2157,7 @@ def step_cost_table(path: Path) -> str:
     makes steps longer in proportion and the run no shorter. A file of ``calls`` (paired calls
     merged) gives each call's runs; a details file, its rows' runs."""
     result = _load(path)
-    calls = result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
+    calls = _throughput_calls(result)
     lines = [
         _calls_caption({**result, "calls": calls}) + " Requests running: vLLM's gauge read every "
         "0.25 s of each timed run's wall time and averaged (its ramp-up and tail included).",
@@ -2150,16 +2166,13 @@ def step_cost_table(path: Path) -> str:
         "running request | tokens a step | ms a step per 1000 tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, call in enumerate(calls, 1):
-        for row in call["rows"]:
-            for k, run in enumerate(row.get("runs") or [row], 1):
-                ms, running = run["ms_per_step"], run["mean_running"]
-                tokens = run["tokens_per_step"]
-                lines.append(
-                    f"| {i} | `{row['dtype']}` | {k} | {run['gen_tok_s']:.0f} | {ms:.2f} "
-                    f"| {running:.1f} | {ms / running * 1e3:.0f} | {tokens:.0f} "
-                    f"| {ms / tokens * 1e3:.2f} |"
-                )
+    for i, row, k, run in _timed_runs(calls, row_is_run=True):
+        ms, running, tokens = run["ms_per_step"], run["mean_running"], run["tokens_per_step"]
+        lines.append(
+            f"| {i} | `{row['dtype']}` | {k} | {run['gen_tok_s']:.0f} | {ms:.2f} "
+            f"| {running:.1f} | {ms / running * 1e3:.0f} | {tokens:.0f} "
+            f"| {ms / tokens * 1e3:.2f} |"
+        )
     return "\n".join(lines)
 
 

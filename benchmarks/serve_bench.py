@@ -931,10 +931,6 @@ def make_server(
     )
 
 
-STEP_TIMING_SITE = step_timing.SITE
-STEP_TIMING_SETTLE_S = 3 * step_timing.DUMP_EVERY_S  # the engine's sums reach their file
-
-
 def timing_on(args: argparse.Namespace) -> bool:
     return bool(args.step_timing or args.sync_debug)
 
@@ -1467,16 +1463,14 @@ def run_point(
     log_before = len(server.tail(10**9))
     timing_dir = step_timing_dir(args, spec, dtype) if timing_on(args) else None
     if timing_dir is not None:
-        time.sleep(STEP_TIMING_SETTLE_S)
-        steps_before = step_timing.read_snapshots(timing_dir)
+        steps_before = step_timing.settled_snapshots(timing_dir)
     pid = server.proc.pid if server.proc is not None else 0
     ((rc, secs, tail), cpu), figures, metrics_error = between_scrapes(
         server.base_url, name, num_prompts, lambda: bench_with_cpu(args, argv, name, budget, pid)
     )
     steps = None
     if timing_dir is not None:
-        time.sleep(STEP_TIMING_SETTLE_S)
-        steps = step_timing.difference(steps_before, step_timing.read_snapshots(timing_dir))
+        steps = step_timing.difference(steps_before, step_timing.settled_snapshots(timing_dir))
     compiles = jit_compiles_from_log(server.tail(10**9)[log_before:])
     point: dict[str, Any] = {
         "input_len": input_len,

@@ -390,6 +390,17 @@ def child_env(directory: Path, env: Mapping[str, str], sync_debug: bool = False)
     return out
 
 
+# seconds for every process's timer to write its latest sums (each writes every DUMP_EVERY_S)
+SETTLE_S = 3 * DUMP_EVERY_S
+
+
+def settled_snapshots(directory: Path) -> list[dict[str, Any]]:
+    """``read_snapshots`` once every process has written its latest sums (``SETTLE_S`` later):
+    what a benchmark reads just before and just after what it times."""
+    time.sleep(SETTLE_S)
+    return read_snapshots(directory)
+
+
 def read_snapshots(directory: Path) -> list[dict[str, Any]]:
     """Every process's latest sums (those that ran a step)."""
     out = []

@@ -460,20 +460,13 @@ def host_probe_ms(rounds: int = 5) -> float:
     return round(statistics.median(times), 2)
 
 
-# seconds for every process's step timer to write its sums (it writes every DUMP_EVERY_S)
-STEP_TIMING_SETTLE_S = 3 * step_timing.DUMP_EVERY_S
-
-
 def timed_run(
     llm: Any, prompts: list[Any], sp: Any, with_steps: bool, timing_dir: Path | None = None
 ) -> dict[str, Any]:
     """One timed ``LLM.generate``: gen_tok_s, wall, output tokens, the host probe taken just
     before it, (``with_steps``) its engine steps and (``timing_dir``, where the engine's step
     timers write) the step timers' sums over it, read outside the timed wall."""
-    timing_before = None
-    if timing_dir is not None:
-        time.sleep(STEP_TIMING_SETTLE_S)
-        timing_before = step_timing.read_snapshots(timing_dir)
+    timing_before = step_timing.settled_snapshots(timing_dir) if timing_dir is not None else None
     probe = host_probe_ms()
     steps0 = iteration_tokens(llm) if with_steps else None
     batch = BatchSampler(llm if with_steps else None)
@@ -491,9 +484,8 @@ def timed_run(
         **step_stats(steps0, steps1, wall),
         **batch.stats(),
     }
-    if timing_dir is not None and timing_before is not None:
-        time.sleep(STEP_TIMING_SETTLE_S)
-        after = step_timing.read_snapshots(timing_dir)
+    if timing_dir is not None:
+        after = step_timing.settled_snapshots(timing_dir)
         run["step_timing"] = step_timing.difference(timing_before, after)
         if not run["step_timing"]["engine_steps"]:
             # the engine core's timer wrote nothing: say so rather than leave an empty record

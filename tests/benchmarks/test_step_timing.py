@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import common, profile_summary, step_timing
-from benchmarks.serve_bench import STEP_TIMING_SITE, step_timing_env, step_timing_line
+from benchmarks.serve_bench import step_timing_env, step_timing_line
 
 
 def test_every_site_is_a_method_of_vllm_0_24() -> None:
@@ -347,7 +347,7 @@ def test_step_timing_env_leads_the_path_and_empties_the_folder(tmp_path: Path) -
     args = types.SimpleNamespace(sync_debug=True)
     env = step_timing_env(args, {"PYTHONPATH": "/bundle/site"}, folder)
     assert env["PYTHONPATH"].split(os.pathsep) == [
-        str(STEP_TIMING_SITE),
+        str(step_timing.SITE),
         str(common.REPO),
         "/bundle/site",
     ]
@@ -364,7 +364,7 @@ def test_sitecustomize_installs_and_runs_the_one_it_shadows(tmp_path: Path) -> N
     (shadowed / "sitecustomize.py").write_text("print('shadowed sitecustomize ran')\n")
     steps = tmp_path / "steps"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(STEP_TIMING_SITE), str(common.REPO), str(shadowed)])
+    env["PYTHONPATH"] = os.pathsep.join([str(step_timing.SITE), str(common.REPO), str(shadowed)])
     env[step_timing.STEP_TIMING_DIR] = str(steps)
     code = "import wrapt, sys; print('hooks', len(wrapt.importer._post_import_hooks) > 0)"
     proc = subprocess.run(

@@ -137,7 +137,7 @@ def test_timed_run_records_the_step_timers_sums_over_the_run(
     sums read before and after it (each process's file replaced as its timer writes)."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(throughput, "STEP_TIMING_SETTLE_S", 0.0)
+    monkeypatch.setattr(step_timing, "SETTLE_S", 0.0)
 
     def snapshot(pid: int, steps: int, seconds: float) -> None:
         sums = {"calls": {"engine_step": steps, "execute_model": steps},
@@ -163,7 +163,7 @@ def test_step_timing_that_timed_no_engine_step_says_so(
 ) -> None:
     from types import SimpleNamespace
 
-    monkeypatch.setattr(throughput, "STEP_TIMING_SETTLE_S", 0.0)
+    monkeypatch.setattr(step_timing, "SETTLE_S", 0.0)
 
     class _LLM:
         def generate(self, prompts, sp, use_tqdm=False):
