@@ -220,9 +220,48 @@ def test_the_cap_never_leaves_cache_that_full_length_sequences_cannot_fill() -> 
     # long sequences: the 4% goal decides; short ones: vLLM's default already fits them
     assert cap(*smol, pages=3, max_model_len=131072) == 256
     assert cap(*smol, pages=3, max_model_len=2048) is None
-    # an 8B model on a 24 GB card at 8K: 22 sequences fill the cache, where 4% holds 8
+    # an 8B model on a 24 GB card at 8K: 22 sequences fill the cache, where 4% holds 8; 22 is
+    # rounded up to 24, a CUDA-graph batch size
     llama = ("int4", 256, 6.6 * GIB, 32, 8, 128, 2)
-    assert cap(*llama, pages=3) == 8 and cap(*llama, pages=3, max_model_len=8192) == 22
+    slot = tail_pool_memory.slot_bytes("int4", 32, 8, 128, 2, pages=3)
+    assert tail_pool_memory.full_length_seqs(*llama[:1], 6.6 * GIB, 32, 8, 128, 8192, slot) == 22
+    assert cap(*llama, pages=3) == 8 and cap(*llama, pages=3, max_model_len=8192) == 24
+
+
+@pytest.mark.parametrize(
+    ("seqs", "size"),
+    [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (121, 128), (125, 128),
+     (248, 248), (250, 256), (256, 256), (257, 272), (500, 512), (512, 512), (739, 739)],
+)  # fmt: skip
+def test_graph_batch_size_is_the_next_of_vllms_capture_sizes(seqs: int, size: int) -> None:
+    assert tail_pool_memory.graph_batch_size(seqs) == size
+
+
+def test_a_capped_max_num_seqs_has_a_full_decode_graph_for_its_fullest_batch() -> None:
+    """vLLM's own capture sizes (VllmConfig._set_cudagraph_sizes on a stand-in config): with
+    max_num_seqs at graph_batch_size, the largest decode batch is a captured size, so it replays a
+    FULL graph; every max_num_seqs it skips over would have left that batch without one."""
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.config.compilation import CompilationConfig
+
+    def capture_sizes(max_num_seqs: int) -> list[int]:
+        config = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE)
+        VllmConfig._set_cudagraph_sizes(SimpleNamespace(
+            model_config=SimpleNamespace(enforce_eager=False), compilation_config=config,
+            scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
+                                             max_num_batched_tokens=16384),
+            num_speculative_tokens=0, performance_mode="balanced",
+            parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        ))  # fmt: skip
+        return config.cudagraph_capture_sizes
+
+    assert capture_sizes(125)[-1] == 248 and 125 not in capture_sizes(125)
+    for seqs in range(1, 530):
+        size = tail_pool_memory.graph_batch_size(seqs)
+        assert size >= seqs
+        assert size in capture_sizes(size) or size > 512
+        assert not any(m in capture_sizes(m) for m in range(seqs, size))
 
 
 def _weights(folder, sizes: dict[str, int]) -> None:
@@ -424,13 +463,14 @@ def test_the_warning_says_when_max_model_len_sets_the_cap(tmp_path, monkeypatch)
     args = _engine_args(tmp_path)
     args.create_model_config().max_model_len = 8192
     seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
-    # 6.6 GiB: 8 slots of 24 MiB fit 4%; 22 sequences of 8192 tokens fit the cache
-    assert seqs == 22
+    # 6.6 GiB: 8 slots of 24 MiB fit 4%; 22 sequences of 8192 tokens fit the cache: 24 slots
+    assert seqs == 24
     assert warning == (
-        "int8kv-shim: --kv-cache-dtype int4: max_num_seqs 22 instead of vLLM's default 256, as "
-        "many slots as the cache holds sequences of 8192 tokens (max_model_len); its tail pool "
-        "(24.0 MiB a sequence) takes about 8% of the KV memory (about 6.6 GiB: GPU memory x "
-        "--gpu-memory-utilization - weights); give --max-num-seqs to choose"
+        "int8kv-shim: --kv-cache-dtype int4: max_num_seqs 24 instead of vLLM's default 256, as "
+        "many slots as the cache holds sequences of 8192 tokens (max_model_len), 22 rounded up "
+        "to a batch size vLLM captures CUDA graphs for; its tail pool (24.0 MiB a sequence) "
+        "takes about 9% of the KV memory (about 6.6 GiB: GPU memory x --gpu-memory-utilization "
+        "- weights); give --max-num-seqs to choose"
     )
     # with sequences of 128K tokens the 4% goal decides, and the warning says that
     args.create_model_config().max_model_len = 131072
