@@ -2176,6 +2176,39 @@ def step_cost_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def step_kinds_table(path: Path) -> str:
+    """``throughput.py --step-timing``: per timed run, its decode steps (no prompt chunk) and
+    prompt-carrying steps apart: how many, how long (the engine step and its execute_model), and
+    how many decode steps called the attention layers on the host, which a step replaying a FULL
+    CUDA graph never does (counted in steps: the decode steps' attention calls over the layers a
+    step calls, the prompt-carrying steps' calls over their count)."""
+    result = _load(path)
+    calls = _throughput_calls(result)
+    lines = [
+        _calls_caption({**result, "calls": calls}) + " Steps by kind and host ms a step, from "
+        "each timed run's step timer.",
+        "",
+        "| call | config | run | gen tok/s | requests running | decode steps | of them with "
+        "attention on the host | ms a decode step | of it execute_model | prompt-carrying steps "
+        "| ms a prompt-carrying step | of it execute_model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, row, k, run in _timed_runs(calls):
+        phases = run["step_timing"]["phases"]
+        calls_of = {name: p["calls"] for name, p in phases.items()}
+        layers = calls_of["attention_forward.prompt"] / calls_of["engine_step.prompt"]
+        cells = [f"{run['gen_tok_s']:.0f}", f"{run['mean_running']:.1f}"]
+        for kind in ("decode", "prompt"):
+            cells.append(str(calls_of[f"engine_step.{kind}"]))
+            if kind == "decode":
+                host = calls_of.get("attention_forward.decode", 0) / layers
+                cells.append(f"{host:.0f}")
+            cells += [f"{phases[f'{name}.{kind}']['us_per_call'] / 1e3:.2f}"
+                      for name in ("engine_step", "execute_model")]  # fmt: skip
+        lines.append(f"| {i} | `{row['dtype']}` | {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _paired_run(run: dict) -> str:
     """A timed run of a paired call: generation throughput (host probe ms; ms an engine step)."""
     step = f"; {run['ms_per_step']:.1f}" if "ms_per_step" in run else ""
@@ -2689,6 +2722,12 @@ TABLES = {
     ),
     "throughput_int4_gemma3_paired_steps": lambda: step_cost_table(
         RESULTS / "throughput_int4_gemma3_paired.json"
+    ),
+    "throughput_int4_gemma3_step_kinds": lambda: step_kinds_table(
+        RESULTS / "throughput_int4_gemma3_steps.json"
+    ),
+    "throughput_int4_gemma3_step_phases": lambda: throughput_steps_table(
+        RESULTS / "throughput_int4_gemma3_steps.json"
     ),
     "int4_write_split_flush": lambda: decode_ab_table(RESULTS / "int4_write_split_flush.json"),
     "int4_decode_keys_together": lambda: decode_ab_table(

@@ -83,6 +83,8 @@ WHERE = {
     "throughput_int4_gemma3_profile_kernels": RESULTS,
     "throughput_int4_gemma3_paired": RESULTS,
     "throughput_int4_gemma3_paired_steps": RESULTS,
+    "throughput_int4_gemma3_step_kinds": RESULTS,
+    "throughput_int4_gemma3_step_phases": RESULTS,
     "int4_write_split_flush": RESULTS,
     "int4_decode_keys_together": RESULTS,
     "accuracy_bf16_prefill": RESULTS,

@@ -676,6 +676,37 @@ def test_throughput_steps_table_gives_each_runs_host_phases_per_step(tmp_path: P
     ]
 
 
+def test_step_kinds_table_counts_decode_steps_that_called_attention_on_the_host(
+    tmp_path: Path,
+) -> None:
+    def run(decode_attention_calls: int) -> dict:
+        phases = {
+            "engine_step.decode": {"calls": 100, "us_per_call": 5000.0},
+            "execute_model.decode": {"calls": 100, "us_per_call": 2000.0},
+            "engine_step.prompt": {"calls": 10, "us_per_call": 30000.0},
+            "execute_model.prompt": {"calls": 10, "us_per_call": 20000.0},
+            "attention_forward.prompt": {"calls": 180, "us_per_call": 300.0},  # 18 layers
+        }
+        if decode_attention_calls:
+            phases["attention_forward.decode"] = {"calls": decode_attention_calls,
+                                                  "us_per_call": 170.0}  # fmt: skip
+        return {"gen_tok_s": 6000.4, "mean_running": 100.04,
+                "step_timing": {"engine_steps": 110, "phases": phases}}  # fmt: skip
+
+    call = {"command": "python -m benchmarks.throughput --paired --step-timing", "rows": [
+        {"dtype": "int8", "runs": [run(0)]}, {"dtype": "int4", "runs": [run(18 * 60)]},
+    ]}  # fmt: skip
+    lines = report.step_kinds_table(write(tmp_path, {"model": "m", "calls": [call]})).splitlines()
+    assert lines[2].startswith(
+        "| call | config | run | gen tok/s | requests running | decode steps"
+    )
+    # 60 decode steps' attention calls of 18 layers each (the layers: 180 calls over 10 steps)
+    assert lines[4:] == [
+        "| 1 | `int8` | 1 | 6000 | 100.0 | 100 | 0 | 5.00 | 2.00 | 10 | 30.00 | 20.00 |",
+        "| 1 | `int4` | 1 | 6000 | 100.0 | 100 | 60 | 5.00 | 2.00 | 10 | 30.00 | 20.00 |",
+    ]
+
+
 def test_step_cost_table_divides_each_runs_step_by_its_requests_and_tokens(tmp_path: Path) -> None:
     def run(gen: float, ms: float, running: float, tokens: float) -> dict:
         return {"gen_tok_s": gen, "ms_per_step": ms, "mean_running": running,

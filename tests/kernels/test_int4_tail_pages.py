@@ -16,7 +16,8 @@ from kvbatch import assert_close_bf16, make_batch
 from test_int4_attention import random_int4_cache
 from test_int4_write import random_pool
 
-from int8kv_kernels import paged_attention_int4, write_kv_cache
+from int8kv_kernels import attention_plan, paged_attention_int4, write_kv_cache
+from int8kv_kernels.launch import clear_replays
 from int8kv_kernels.page_layout import Int4PageLayout
 from int8kv_kernels.reference import attention_ref
 from int8kv_kernels.reference_int4 import (
@@ -529,3 +530,42 @@ def test_a_hit_that_recomputes_the_page_before_the_newest_reads_what_the_miss_re
     for got in (ref, out):
         assert torch.equal(got[0], got[1]) == reads_as_the_miss
     assert_close_bf16(out.float(), ref.float())
+
+
+@pytest.mark.parametrize(("sms", "identical"), [(1, True), (132, False)])
+def test_a_hits_recomputed_chunk_reads_the_misss_keys_and_only_the_split_can_differ(
+    monkeypatch, sms, identical
+):
+    # A 1400-token prompt computed in one chunk (the miss), then in a new slot from the prefix
+    # cache's 1280 tokens (21 full pages less the one a two-page tail gives back): the recomputed
+    # 120 queries read the same keys from the same pages and tail rows as the miss's last 120.
+    # Unsplit, every query's keys are walked in the same tiles, so the outputs are the same bits.
+    # With an H100's 132 SMs the short chunk's 6 query blocks split their keys 8 ways and the long
+    # one's 67 blocks 2 ways: the same sums in another order, which a prefix-cache hit therefore
+    # changes for int4's (and int8's) prompts where BF16's FlashAttention-2 splits none.
+    monkeypatch.setattr(attention_plan, "device_sms", lambda device: sms)
+    clear_replays()  # a launch recorded under another SM count would replay its splits
+    pool = Pool2(nkv=1, d=64, num_blocks=32)
+    n, hit_tokens = 1400, 1280
+    k, v = _kv(n, pool)
+    miss = list(range(1, 23))
+    hit = miss[:20] + [30, 31]
+    _write(pool, k, v, [n], [n], [miss], [0], [1])
+    _write(pool, k[hit_tokens:], v[hit_tokens:], [n - hit_tokens], [n], [hit], [1], [1])
+    query = torch.randn(n, 3, pool.d).to(pool.dtype).to(pool.device)
+
+    def attend(rows: slice, table: list[int], slot: int) -> torch.Tensor:
+        q = query[rows].contiguous()
+        out = torch.full_like(q, float("nan"))
+        paged_attention_int4(q, pool.cache, out, num_kv_heads=1, block_size=B,
+                             query_start_loc=_i32(pool, [0, q.shape[0]]),
+                             seq_lens=_i32(pool, [n]), block_table=_i32(pool, [table]),
+                             softmax_scale=pool.d**-0.5, tail=pool.tail, tail_page=pool.tail_page,
+                             slot_of_seq=_i32(pool, [slot]), max_query_len=q.shape[0],
+                             max_seq_len=n)  # fmt: skip
+        return out
+
+    computed = attend(slice(0, n), miss, 0)[hit_tokens:]
+    recomputed = attend(slice(hit_tokens, n), hit, 1)
+    assert torch.equal(computed, recomputed) == identical
+    assert_close_bf16(recomputed.float(), computed.float())
