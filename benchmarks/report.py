@@ -2111,6 +2111,20 @@ def _throughput_calls(result: dict) -> list[dict]:
     return result.get("calls") or [{"command": result["command"], "rows": result["rows"]}]
 
 
+def _runs_table_head(path: Path, note: str, columns: list[str]) -> tuple[list[dict], list[str]]:
+    """A throughput file's calls, and the caption and header of a table with a line per timed
+    run: call, config and run, then ``columns``."""
+    result = _load(path)
+    calls = _throughput_calls(result)
+    columns = ["call", "config", "run", *columns]
+    return calls, [
+        _calls_caption({**result, "calls": calls}) + " " + note,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+
+
 def _timed_runs(
     calls: list[dict], row_is_run: bool = False
 ) -> Iterator[tuple[int, dict, int, dict]]:
@@ -2127,17 +2141,12 @@ def throughput_steps_table(path: Path) -> str:
     """``throughput.py --step-timing``: per timed run, its wall time a step beside the host time
     the engine's step timer summed by phase, in ms per engine step. A file of ``calls`` (paired
     calls merged) gives each call's runs; a details file, its rows' runs."""
-    result = _load(path)
-    calls = _throughput_calls(result)
-    lines = [
-        _calls_caption({**result, "calls": calls}) + " Host ms per engine step by phase, each "
-        "timed run's sums over its steps (n/a: the phase was not called in the run).",
-        "",
-        "| call | config | run | wall ms a step | "
-        + " | ".join(title for _, title in THROUGHPUT_STEP_PHASES)
-        + " |",
-        "|---|---|---|---|" + "---|" * len(THROUGHPUT_STEP_PHASES),
-    ]
+    calls, lines = _runs_table_head(
+        path,
+        "Host ms per engine step by phase, each timed run's sums over its steps (n/a: the phase "
+        "was not called in the run).",
+        ["wall ms a step", *(title for _, title in THROUGHPUT_STEP_PHASES)],
+    )
     for i, row, k, run in _timed_runs(calls):
         phases = (run.get("step_timing") or {}).get("phases") or {}
         cells = [_num((phases.get(name) or {}).get("ms_per_step"), ".2f")
@@ -2156,16 +2165,13 @@ def step_cost_table(path: Path) -> str:
     tokens. Where those two stay level across configurations, a cache that holds more requests
     makes steps longer in proportion and the run no shorter. A file of ``calls`` (paired calls
     merged) gives each call's runs; a details file, its rows' runs."""
-    result = _load(path)
-    calls = _throughput_calls(result)
-    lines = [
-        _calls_caption({**result, "calls": calls}) + " Requests running: vLLM's gauge read every "
-        "0.25 s of each timed run's wall time and averaged (its ramp-up and tail included).",
-        "",
-        "| call | config | run | gen tok/s | ms a step | requests running | µs a step per "
-        "running request | tokens a step | ms a step per 1000 tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    calls, lines = _runs_table_head(
+        path,
+        "Requests running: vLLM's gauge read every 0.25 s of each timed run's wall time and "
+        "averaged (its ramp-up and tail included).",
+        ["gen tok/s", "ms a step", "requests running", "µs a step per running request",
+         "tokens a step", "ms a step per 1000 tokens"],
+    )  # fmt: skip
     for i, row, k, run in _timed_runs(calls, row_is_run=True):
         ms, running, tokens = run["ms_per_step"], run["mean_running"], run["tokens_per_step"]
         lines.append(
@@ -2182,17 +2188,13 @@ def step_kinds_table(path: Path) -> str:
     how many decode steps called the attention layers on the host, which a step replaying a FULL
     CUDA graph never does (counted in steps: the decode steps' attention calls over the layers a
     step calls, the prompt-carrying steps' calls over their count)."""
-    result = _load(path)
-    calls = _throughput_calls(result)
-    lines = [
-        _calls_caption({**result, "calls": calls}) + " Steps by kind and host ms a step, from "
-        "each timed run's step timer.",
-        "",
-        "| call | config | run | gen tok/s | requests running | decode steps | of them with "
-        "attention on the host | ms a decode step | of it execute_model | prompt-carrying steps "
-        "| ms a prompt-carrying step | of it execute_model |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    calls, lines = _runs_table_head(
+        path,
+        "Steps by kind and host ms a step, from each timed run's step timer.",
+        ["gen tok/s", "requests running", "decode steps", "of them with attention on the host",
+         "ms a decode step", "of it execute_model", "prompt-carrying steps",
+         "ms a prompt-carrying step", "of it execute_model"],
+    )  # fmt: skip
     for i, row, k, run in _timed_runs(calls):
         phases = run["step_timing"]["phases"]
         calls_of = {name: p["calls"] for name, p in phases.items()}
