@@ -476,6 +476,9 @@ def cap_default_max_num_seqs(engine_args: Any, usage_context: Any = None) -> int
     vllm_default = defaults.get(usage_context, SchedulerConfig.DEFAULT_MAX_NUM_SEQS)
     if getattr(engine_args, "performance_mode", None) == "throughput":
         vllm_default *= 2  # as vLLM doubles its own default
+    batched = getattr(engine_args, "max_num_batched_tokens", None)
+    if batched:  # as vLLM lowers its own default: no more sequences than a step's tokens
+        vllm_default = min(vllm_default, batched)
     try:
         from vllm.platforms import current_platform
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,41 +212,60 @@ def capped_max_num_seqs(
     pages: int | None = None,
     max_model_len: int | None = None,
     window: SlidingWindow | None = None,
+    capture_sizes: Sequence[int] | None = None,
 ) -> int | None:
     """The largest power of two (at least ``MIN_CAPPED_SEQS``) whose tail pool of ``layers``
     layers fits ``share`` of ``kv_memory_estimate`` bytes, or, when more, the number of
     ``max_model_len``-token sequences the cache holds beside their slots
-    (:func:`full_length_seqs`, ``window``'s layers holding only their window) rounded up to a
-    CUDA-graph batch size (:func:`graph_batch_size`), when it is below ``vllm_default``; None to keep vLLM's default (no tail, or the default already fits). A slot
-    holds ``pages`` BF16 pages a layer, by default this process's (``pages_per_slot``)."""
+    (:func:`full_length_seqs`, ``window``'s layers holding only their window), rounded up to a
+    CUDA-graph batch size (:func:`graph_batch_size`, ``capture_sizes`` the user's), when it is
+    below ``vllm_default``; None to keep vLLM's default (no tail, or the default already fits). A
+    slot holds ``pages`` BF16 pages a layer, by default this process's (``pages_per_slot``)."""
     entry = load_catalogue().get_dtype(kv_dtype)
     if not entry.tail or kv_memory_estimate <= 0:
         return None
     slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes, pages)
-    fits = int(share * kv_memory_estimate // slot)
-    cap = max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits else 0)
+    cap = share_cap(int(share * kv_memory_estimate // slot))
     if max_model_len:
         cap = max(cap, full_length_seqs(kv_dtype, kv_memory_estimate, layers, num_kv_heads,
                                         head_size, max_model_len, slot, window))  # fmt: skip
-    cap = graph_batch_size(cap)
+    cap = graph_batch_size(cap, capture_sizes)
     return cap if cap < vllm_default else None
 
 
-def graph_batch_size(seqs: int) -> int:
-    """The smallest batch size at or above ``seqs`` that vLLM 0.24 captures CUDA graphs for by
-    default (``VllmConfig._set_cudagraph_sizes``: 1, 2, 4, multiples of 8 below 256, of 16 up to
-    512); ``seqs`` itself above 512, where vLLM captures none.
+def share_cap(fits: int) -> int:
+    """The largest power of two up to ``fits`` slots, never below ``MIN_CAPPED_SEQS``."""
+    return max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits > 0 else 0)
 
-    vLLM captures a FULL decode graph only for sizes up to ``max_num_seqs`` and pads a decode
-    batch up to the next size, so with ``max_num_seqs`` between two sizes its fullest decode
-    steps have no FULL graph and run piecewise, attention outside the graph: 125 sequences of
-    Gemma 3 at 8K ran 572 of 835 decode steps so (``throughput_int4_gemma3_steps.json``)."""
+
+def graph_batch_size(seqs: int, capture_sizes: Sequence[int] | None = None) -> int:
+    """The smallest batch size at or above ``seqs`` that vLLM 0.24 captures CUDA graphs for: of
+    ``capture_sizes`` when the user gave them (``seqs`` itself when none is as large), else of
+    its default sizes (``VllmConfig._set_cudagraph_sizes``: 1, 2, 4, multiples of 8 below 256,
+    then of 16, up to ``--max-cudagraph-capture-size``, 512 unless given).
+
+    vLLM captures a FULL decode graph, in its default cudagraph mode, only for sizes up to
+    ``max_num_seqs`` and pads a decode batch up to the next size, so with ``max_num_seqs`` between
+    two sizes its fullest decode steps have no FULL graph and run piecewise, attention outside the
+    graph: with 125 sequences of Gemma 3 at 8K, 572 of 835 decode steps did
+    (``throughput_int4_gemma3_steps.json``)."""
+    if capture_sizes:
+        return min((s for s in capture_sizes if s >= seqs), default=seqs)
     if seqs <= 4:
         return 1 << max(0, seqs - 1).bit_length()
-    if seqs > 512:
-        return seqs
     step = 8 if seqs <= 256 else 16
     return -(-seqs // step) * step
+
+
+def user_capture_sizes(engine_args: Any) -> list[int] | None:
+    """The CUDA-graph capture sizes the user gave (``--cudagraph-capture-sizes``, or the
+    compilation config's), None when vLLM picks them."""
+    sizes = getattr(engine_args, "cudagraph_capture_sizes", None)
+    config = getattr(engine_args, "compilation_config", None)
+    if sizes is None and config is not None:
+        get = config.get if isinstance(config, dict) else partial(getattr, config)
+        sizes = get("cudagraph_capture_sizes", None)
+    return list(sizes) if sizes else None
 
 
 def full_length_seqs(
@@ -353,9 +373,10 @@ def default_max_num_seqs(
     # without vLLM's hybrid manager a sliding-window layer keeps every token, as a full one does
     hybrid = not getattr(engine_args, "disable_hybrid_kv_cache_manager", False)
     window = sliding_window(model_config, layers) if hybrid else None
+    capture_sizes = user_capture_sizes(engine_args)
     cap = capped_max_num_seqs(
         kv_dtype, vllm_default, kv_memory, layers, kv_heads, head_size, elem_bytes,
-        max_model_len=max_model_len, window=window,
+        max_model_len=max_model_len, window=window, capture_sizes=capture_sizes,
     )  # fmt: skip
     if cap is None:
         return None
@@ -365,25 +386,31 @@ def default_max_num_seqs(
                          window)
         if max_model_len else 0
     )  # fmt: skip
-    # max_model_len's sequences decided
-    if cap == graph_batch_size(full) and cap * slot > GOAL_SHARE * kv_memory:
+    fits = int(GOAL_SHARE * kv_memory // slot)
+    rounded = (
+        f", rounded up to {cap}, a batch size vLLM captures CUDA graphs for"
+        if cap != max(full, share_cap(fits)) else ""
+    )  # fmt: skip
+    if full > share_cap(fits):  # max_model_len's sequences decided
         windowed = (
             f", {window.layers} of its {layers} layers holding their {window.tokens}-token window"
             if window else ""
         )  # fmt: skip
-        rounded = (
-            f", {full} rounded up to a batch size vLLM captures CUDA graphs for"
-            if cap != full else ""
-        )  # fmt: skip
         why = (
             f"as many slots as the cache holds sequences of {max_model_len} tokens "
-            f"(max_model_len{windowed}){rounded}; its tail pool ({slot / 2**20:.1f} MiB a "
+            f"(max_model_len{windowed}: {full}){rounded}; its tail pool ({slot / 2**20:.1f} MiB a "
             f"sequence) takes about {cap * slot / kv_memory:.0%} of the KV memory ({memory})"
+        )
+    elif fits < MIN_CAPPED_SEQS:
+        why = (
+            f"the fewest it sets{rounded}: {GOAL_SHARE:.0%} of the KV memory ({memory}) holds "
+            f"{fits} slots of its tail pool ({slot / 2**20:.1f} MiB a sequence)"
         )
     else:
         why = (
             f"so that its tail pool ({slot / 2**20:.1f} MiB a sequence) stays within "
             f"{GOAL_SHARE:.0%} of the KV memory ({memory})"
+            + (f": {share_cap(fits)} slots{rounded}" if rounded else "")
         )
     return cap, (
         f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "

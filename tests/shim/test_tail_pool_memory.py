@@ -210,8 +210,10 @@ def test_the_cap_never_leaves_cache_that_full_length_sequences_cannot_fill() -> 
     cap = tail_pool_memory.capped_max_num_seqs
     smol = ("int4", 1024, 39.6 * GIB, 30, 3, 64, 2)  # SmolLM2's 30 layers of 3 x 64
     assert cap(*smol, pages=3) == 256  # 4% of the memory: 256 slots
-    seqs = cap(*smol, pages=3, max_model_len=8192)
-    assert seqs == 739
+    seqs = tail_pool_memory.full_length_seqs(
+        "int4", 39.6 * GIB, 30, 3, 64, 8192, tail_pool_memory.slot_bytes("int4", 30, 3, 64, 2, 3)
+    )
+    assert seqs == 739 and cap(*smol, pages=3, max_model_len=8192) == 752  # a multiple of 16
     slot = tail_pool_memory.slot_bytes("int4", 30, 3, 64, 2, pages=3)
     token = 30 * 3 * INT4.bytes_per_token_head(64)
     # the cache holds that many 8192-token sequences with their slots, and not one more
@@ -231,10 +233,55 @@ def test_the_cap_never_leaves_cache_that_full_length_sequences_cannot_fill() -> 
 @pytest.mark.parametrize(
     ("seqs", "size"),
     [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (121, 128), (125, 128),
-     (248, 248), (250, 256), (256, 256), (257, 272), (500, 512), (512, 512), (739, 739)],
+     (248, 248), (250, 256), (256, 256), (257, 272), (500, 512), (512, 512), (739, 752)],
 )  # fmt: skip
 def test_graph_batch_size_is_the_next_of_vllms_capture_sizes(seqs: int, size: int) -> None:
     assert tail_pool_memory.graph_batch_size(seqs) == size
+
+
+def test_graph_batch_size_is_the_next_of_the_users_capture_sizes() -> None:
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert tail_pool_memory.graph_batch_size(72, sizes) == 128
+    assert tail_pool_memory.graph_batch_size(64, sizes) == 64
+    assert tail_pool_memory.graph_batch_size(300, sizes) == 300  # none as large: no graph anyway
+    read = tail_pool_memory.user_capture_sizes
+    assert read(SimpleNamespace(cudagraph_capture_sizes=(8, 16), compilation_config=None)) == [
+        8,
+        16,
+    ]
+    assert read(SimpleNamespace(compilation_config={"cudagraph_capture_sizes": [4]})) == [4]
+    assert read(SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=[2])))
+    assert read(SimpleNamespace(cudagraph_capture_sizes=None, compilation_config={})) is None
+    assert read(SimpleNamespace()) is None
+
+
+def test_the_users_capture_sizes_round_the_cap(tmp_path, monkeypatch) -> None:
+    _weights(tmp_path, {"model.safetensors": 15 * GIB})
+    args = _engine_args(tmp_path, cudagraph_capture_sizes=[1, 2, 4, 8, 16, 48, 64])
+    # one page a slot, 8 MiB: 4% of 6.6 GiB holds 33 slots, 32, rounded up to 48
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    assert seqs == 48 and warning.endswith(
+        "stays within 4% of the KV memory (about 6.6 GiB: GPU memory x --gpu-memory-utilization "
+        "- weights): 32 slots, rounded up to 48, a batch size vLLM captures CUDA graphs for; give "
+        "--max-num-seqs to choose"
+    )
+    # three pages a slot, 24 MiB: 22 sequences of 8192 tokens decide, rounded up to 48 too
+    monkeypatch.setenv("INT8KV_INT4_TAIL_PAGES", "2")
+    monkeypatch.setenv("INT8KV_INT4_SINK_PAGE", "1")
+    args.create_model_config().max_model_len = 8192
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
+    assert seqs == 48 and "(max_model_len: 22), rounded up to 48, a batch size" in warning
+
+
+def test_the_warning_names_the_floor_when_4_percent_holds_fewer_slots(tmp_path) -> None:
+    args = _engine_args(tmp_path, kv_cache_memory_bytes=GIB)
+    seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, None)
+    # 4% of 1 GiB holds 5 slots of 8 MiB: the floor of 8 decides, and the warning says so
+    assert seqs == tail_pool_memory.MIN_CAPPED_SEQS == 8
+    assert "max_num_seqs 8 instead of vLLM's default 256, the fewest it sets: 4% of the KV " in (
+        warning
+    )
+    assert "memory (1.0 GiB: --kv-cache-memory-bytes) holds 5 slots of its tail pool" in warning
 
 
 def test_a_capped_max_num_seqs_has_a_full_decode_graph_for_its_fullest_batch() -> None:
@@ -369,7 +416,7 @@ def test_the_warning_names_the_window_when_full_length_sequences_set_the_cap(tmp
                                                            slot, window)  # fmt: skip
     assert tail_pool_memory.full_length_seqs("int4", 6.6 * GIB, 32, 8, 128, 8192, slot) == 23
     assert "sequences of 8192 tokens (max_model_len, 16 of its 32 layers holding their " in warning
-    assert "1024-token window); its tail pool" in warning
+    assert "1024-token window: 40); its tail pool" in warning
     # without vLLM's hybrid manager every layer keeps every token: 4% decides again
     args.disable_hybrid_kv_cache_manager = True
     seqs, warning = tail_pool_memory.default_max_num_seqs(args, 256, 24 * GIB)
@@ -467,8 +514,8 @@ def test_the_warning_says_when_max_model_len_sets_the_cap(tmp_path, monkeypatch)
     assert seqs == 24
     assert warning == (
         "int8kv-shim: --kv-cache-dtype int4: max_num_seqs 24 instead of vLLM's default 256, as "
-        "many slots as the cache holds sequences of 8192 tokens (max_model_len), 22 rounded up "
-        "to a batch size vLLM captures CUDA graphs for; its tail pool (24.0 MiB a sequence) "
+        "many slots as the cache holds sequences of 8192 tokens (max_model_len: 22), rounded up "
+        "to 24, a batch size vLLM captures CUDA graphs for; its tail pool (24.0 MiB a sequence) "
         "takes about 9% of the KV memory (about 6.6 GiB: GPU memory x --gpu-memory-utilization "
         "- weights); give --max-num-seqs to choose"
     )
@@ -499,6 +546,11 @@ def test_p10_sets_the_cap_before_vllm_builds_its_config(tmp_path, monkeypatch) -
     ):
         before = args.max_num_seqs
         assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs == before
+    # vLLM's default comes down to --max-num-batched-tokens, as vLLM lowers it: 32 would not fit
+    args = _engine_args(tmp_path, max_num_batched_tokens=48)
+    assert patch.cap_default_max_num_seqs(args) == 32
+    args = _engine_args(tmp_path, max_num_batched_tokens=16)
+    assert patch.cap_default_max_num_seqs(args) is None and args.max_num_seqs is None
 
     def no_gpu(device_id: int = 0) -> int:
         raise NotImplementedError
