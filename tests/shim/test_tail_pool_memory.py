@@ -285,30 +285,41 @@ def test_the_warning_names_the_floor_when_4_percent_holds_fewer_slots(tmp_path) 
 
 
 def test_a_capped_max_num_seqs_has_a_full_decode_graph_for_its_fullest_batch() -> None:
-    """vLLM's own capture sizes (VllmConfig._set_cudagraph_sizes on a stand-in config): with
-    max_num_seqs at graph_batch_size, the largest decode batch is a captured size, so it replays a
-    FULL graph; every max_num_seqs it skips over would have left that batch without one."""
+    """vLLM's own capture sizes and dispatcher (VllmConfig._set_cudagraph_sizes and
+    CudagraphDispatcher on a stand-in config): with max_num_seqs at graph_batch_size, every decode
+    batch up to it replays a FULL graph; every max_num_seqs it skips over would have left its
+    fullest batches without one."""
     pytest.importorskip("vllm")
     from vllm.config import CUDAGraphMode, VllmConfig
     from vllm.config.compilation import CompilationConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    def capture_sizes(max_num_seqs: int) -> list[int]:
+    def eager_decodes(max_num_seqs: int) -> list[int]:
+        """The decode batch sizes that get no FULL graph at this max_num_seqs."""
         config = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE)
-        VllmConfig._set_cudagraph_sizes(SimpleNamespace(
+        vllm_config = SimpleNamespace(
             model_config=SimpleNamespace(enforce_eager=False), compilation_config=config,
             scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
                                              max_num_batched_tokens=16384),
-            num_speculative_tokens=0, performance_mode="balanced",
+            num_speculative_tokens=0, performance_mode="balanced", lora_config=None,
             parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        ))  # fmt: skip
-        return config.cudagraph_capture_sizes
+        )  # fmt: skip
+        VllmConfig._set_cudagraph_sizes(vllm_config)
+        dispatcher = CudagraphDispatcher.__new__(CudagraphDispatcher)
+        dispatcher.__dict__.update(
+            vllm_config=vllm_config, compilation_config=config, uniform_decode_query_len=1,
+            cudagraph_keys={CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()},
+            keys_initialized=False, specialize_lora_count=False, cudagraph_mode=CUDAGraphMode.NONE,
+        )  # fmt: skip
+        dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE)
+        return [n for n in range(1, max_num_seqs + 1)
+                if dispatcher.dispatch(n, uniform_decode=True)[0] != CUDAGraphMode.FULL]  # fmt: skip
 
-    assert capture_sizes(125)[-1] == 248 and 125 not in capture_sizes(125)
-    for seqs in range(1, 530):
+    assert eager_decodes(125) == [121, 122, 123, 124, 125]  # padded to 128: piecewise only
+    for seqs in [*range(1, 40), 120, 121, 125, 129, 249, 250, 256, 257, 300, 500, 512]:
         size = tail_pool_memory.graph_batch_size(seqs)
-        assert size >= seqs
-        assert size in capture_sizes(size) or size > 512
-        assert not any(m in capture_sizes(m) for m in range(seqs, size))
+        assert size >= seqs and eager_decodes(size) == []
+        assert all(eager_decodes(m) for m in range(seqs, size))
 
 
 def _weights(folder, sizes: dict[str, int]) -> None:
