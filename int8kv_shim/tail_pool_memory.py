@@ -200,6 +200,54 @@ def slot_bytes(
     return pages * layers * entry.tail_slot_bytes(num_kv_heads, head_size, elem_bytes)
 
 
+@dataclass(frozen=True)
+class CapTerms:
+    """What decides the default ``max_num_seqs``: a slot's bytes, the slots ``share`` of the KV
+    memory holds, and the ``max_model_len``-token sequences the cache holds beside their slots
+    (0 without a ``max_model_len``)."""
+
+    slot: int
+    fits: int
+    full: int
+
+    @property
+    def by_share(self) -> int:
+        """The largest power of two up to ``fits`` slots, never below ``MIN_CAPPED_SEQS``."""
+        return max(MIN_CAPPED_SEQS, 1 << (self.fits.bit_length() - 1) if self.fits > 0 else 0)
+
+    def cap(self, capture_sizes: Sequence[int] | None = None) -> int:
+        """The larger of the two, rounded up to a CUDA-graph batch size (:func:`graph_batch_size`,
+        ``capture_sizes`` the user's)."""
+        return graph_batch_size(max(self.by_share, self.full), capture_sizes)
+
+
+def cap_terms(
+    kv_dtype: str,
+    kv_memory: float,
+    layers: int,
+    num_kv_heads: int,
+    head_size: int,
+    elem_bytes: int,
+    share: float = GOAL_SHARE,
+    pages: int | None = None,
+    max_model_len: int | None = None,
+    window: SlidingWindow | None = None,
+) -> CapTerms | None:
+    """The :class:`CapTerms` of ``kv_memory`` bytes (``window``'s layers holding only their
+    window); None for a dtype without a tail pool or no memory. A slot holds ``pages`` BF16 pages
+    a layer, by default this process's (``pages_per_slot``)."""
+    entry = load_catalogue().get_dtype(kv_dtype)
+    if not entry.tail or kv_memory <= 0:
+        return None
+    slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes, pages)
+    full = (
+        full_length_seqs(kv_dtype, kv_memory, layers, num_kv_heads, head_size, max_model_len,
+                         slot, window)
+        if max_model_len else 0
+    )  # fmt: skip
+    return CapTerms(slot, int(share * kv_memory // slot), full)
+
+
 def capped_max_num_seqs(
     kv_dtype: str,
     vllm_default: int,
@@ -221,21 +269,12 @@ def capped_max_num_seqs(
     CUDA-graph batch size (:func:`graph_batch_size`, ``capture_sizes`` the user's), when it is
     below ``vllm_default``; None to keep vLLM's default (no tail, or the default already fits). A
     slot holds ``pages`` BF16 pages a layer, by default this process's (``pages_per_slot``)."""
-    entry = load_catalogue().get_dtype(kv_dtype)
-    if not entry.tail or kv_memory_estimate <= 0:
+    terms = cap_terms(kv_dtype, kv_memory_estimate, layers, num_kv_heads, head_size, elem_bytes,
+                      share, pages, max_model_len, window)  # fmt: skip
+    if terms is None:
         return None
-    slot = slot_bytes(kv_dtype, layers, num_kv_heads, head_size, elem_bytes, pages)
-    cap = share_cap(int(share * kv_memory_estimate // slot))
-    if max_model_len:
-        cap = max(cap, full_length_seqs(kv_dtype, kv_memory_estimate, layers, num_kv_heads,
-                                        head_size, max_model_len, slot, window))  # fmt: skip
-    cap = graph_batch_size(cap, capture_sizes)
+    cap = terms.cap(capture_sizes)
     return cap if cap < vllm_default else None
-
-
-def share_cap(fits: int) -> int:
-    """The largest power of two up to ``fits`` slots, never below ``MIN_CAPPED_SEQS``."""
-    return max(MIN_CAPPED_SEQS, 1 << (fits.bit_length() - 1) if fits > 0 else 0)
 
 
 def graph_batch_size(seqs: int, capture_sizes: Sequence[int] | None = None) -> int:
@@ -373,25 +412,19 @@ def default_max_num_seqs(
     # without vLLM's hybrid manager a sliding-window layer keeps every token, as a full one does
     hybrid = not getattr(engine_args, "disable_hybrid_kv_cache_manager", False)
     window = sliding_window(model_config, layers) if hybrid else None
-    capture_sizes = user_capture_sizes(engine_args)
-    cap = capped_max_num_seqs(
-        kv_dtype, vllm_default, kv_memory, layers, kv_heads, head_size, elem_bytes,
-        max_model_len=max_model_len, window=window, capture_sizes=capture_sizes,
-    )  # fmt: skip
-    if cap is None:
+    terms = cap_terms(kv_dtype, kv_memory, layers, kv_heads, head_size, elem_bytes,
+                      max_model_len=max_model_len, window=window)  # fmt: skip
+    if terms is None:
         return None
-    slot = slot_bytes(kv_dtype, layers, kv_heads, head_size, elem_bytes)
-    full = (
-        full_length_seqs(kv_dtype, kv_memory, layers, kv_heads, head_size, max_model_len, slot,
-                         window)
-        if max_model_len else 0
-    )  # fmt: skip
-    fits = int(GOAL_SHARE * kv_memory // slot)
+    cap = terms.cap(user_capture_sizes(engine_args))
+    if cap >= vllm_default:
+        return None
+    slot, fits, full = terms.slot, terms.fits, terms.full
     rounded = (
         f", rounded up to {cap}, a batch size vLLM captures CUDA graphs for"
-        if cap != max(full, share_cap(fits)) else ""
+        if cap != max(full, terms.by_share) else ""
     )  # fmt: skip
-    if full > share_cap(fits):  # max_model_len's sequences decided
+    if full > terms.by_share:  # max_model_len's sequences decided
         windowed = (
             f", {window.layers} of its {layers} layers holding their {window.tokens}-token window"
             if window else ""
@@ -410,7 +443,7 @@ def default_max_num_seqs(
         why = (
             f"so that its tail pool ({slot / 2**20:.1f} MiB a sequence) stays within "
             f"{GOAL_SHARE:.0%} of the KV memory ({memory})"
-            + (f": {share_cap(fits)} slots{rounded}" if rounded else "")
+            + (f": {terms.by_share} slots{rounded}" if rounded else "")
         )
     return cap, (
         f"int8kv-shim: --kv-cache-dtype {kv_dtype}: max_num_seqs {cap} instead of vLLM's default "
